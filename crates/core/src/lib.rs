@@ -1,0 +1,22 @@
+//! prefix-router core: routing keys, the fleet view and every routing strategy.
+//!
+//! This crate is pure and deterministic given a seed: no I/O and no async runtime, so that the
+//! HTTP server and the fleet simulator run exactly the same routing code.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod decision;
+pub mod extract;
+pub mod fleet;
+pub mod group;
+pub mod key;
+pub mod strategies;
+pub mod strategy;
+
+pub use config::{ConcurrencyThreshold, ConfigError, PrefixLength};
+pub use decision::{Decision, Reason, RouteError};
+pub use extract::{ExtractError, RequestInfo};
+pub use fleet::{Fleet, FleetSnapshot, Instance, InstanceId, InstanceSpec, InstanceState};
+pub use group::{GroupError, GroupId};
+pub use key::KeyHash;
+pub use strategy::{RouteRequest, RouteRng, Strategy, StrategyConfig, StrategyKind};

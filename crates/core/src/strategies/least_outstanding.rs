@@ -1,0 +1,1 @@
+//! Strategy least_outstanding.

@@ -1,0 +1,1 @@
+//! Strategy prefix_aware.

@@ -1,0 +1,1 @@
+//! Strategy round_robin.

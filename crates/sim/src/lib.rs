@@ -1,0 +1,2 @@
+//! Discrete-event fleet simulator.
+#![forbid(unsafe_code)]

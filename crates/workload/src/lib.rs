@@ -1,0 +1,16 @@
+//! Workloads for prefix-router: request types, seeded generators, trace files, and a
+//! deterministic text rendering so the simulator and an HTTP load generator send equal bytes for
+//! equal prefixes.
+#![forbid(unsafe_code)]
+
+pub mod generators;
+pub mod request;
+pub mod scale;
+pub mod sharegpt;
+pub mod text;
+pub mod trace;
+
+pub use generators::{Arrival, WorkloadKind, WorkloadSpec};
+pub use request::{Message, Request, Role, Segment};
+pub use scale::{ScaleEvent, ScaleParseError};
+pub use trace::TraceError;

@@ -1,0 +1,1 @@
+//! ShareGPT V3 JSON files (the format of vLLM's serving benchmark).
