@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod generators;
+pub mod ids;
 pub mod request;
 pub mod scale;
 pub mod sharegpt;

@@ -1,2 +1,201 @@
 //! Deterministic prompt text: the same segment id always renders to the same words, one word per
 //! token, in every process and release.
+//!
+//! Token `i` of segment `id` is the word `VOCABULARY[xxh3(id, i) % 256]` (xxh3-64 over the
+//! little-endian bytes of `id` then `i`, seed [`TEXT_SEED`]). Words are lowercase ASCII and are
+//! joined by single spaces, so a mock engine can tokenize by splitting on whitespace (one word,
+//! one token) and every character is one byte. The vocabulary and the seed are part of the
+//! public contract: changing either changes every rendered prompt and every routing key derived
+//! from it, so the golden test below pins them.
+//!
+//! Literal text (ShareGPT conversations, `"content"` messages of our JSONL traces) is turned into
+//! a [`Segment`] by [`text_segment`]: its whitespace-separated words are counted and its id is
+//! chained from the previous segment, the role and the words, so equal histories give equal ids.
+
+use crate::ids::CONTENT_ID_TAG;
+use crate::request::{Role, Segment};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Seed of the word choice. Part of the rendering contract: never change it.
+pub const TEXT_SEED: u64 = 0x7072_6566_6978_7274; // "prefixrt"
+
+/// Seed of the content-derived segment ids of [`text_segment`]. Part of the contract.
+pub const CONTENT_SEED: u64 = 0x636f_6e74_656e_7431; // "content1"
+
+/// The fixed word list: 256 short lowercase English words (a power of two so the choice is a
+/// mask). Part of the rendering contract: never reorder or edit it.
+pub const VOCABULARY: [&str; 256] = [
+    "able", "acid", "aged", "also", "area", "army", "away", "baby", "back", "ball", "band", "bank",
+    "base", "bath", "bear", "beat", "been", "beer", "bell", "belt", "best", "bill", "bird", "blow",
+    "blue", "boat", "body", "bomb", "bond", "bone", "book", "boom", "born", "boss", "both", "bowl",
+    "bulk", "burn", "bush", "busy", "call", "calm", "came", "camp", "card", "care", "case", "cash",
+    "cast", "cell", "chat", "chip", "city", "club", "coal", "coat", "code", "cold", "come", "cook",
+    "cool", "cope", "copy", "core", "cost", "crew", "crop", "dark", "data", "date", "dawn", "days",
+    "dead", "deal", "dean", "dear", "debt", "deep", "deny", "desk", "dial", "diet", "disc", "disk",
+    "does", "done", "door", "dose", "down", "draw", "drew", "drop", "drug", "dual", "duke", "dust",
+    "duty", "each", "earn", "ease", "east", "easy", "edge", "else", "even", "ever", "exit", "face",
+    "fact", "fail", "fair", "fall", "farm", "fast", "fate", "fear", "feed", "feel", "feet", "fell",
+    "felt", "file", "fill", "film", "find", "fine", "fire", "firm", "fish", "five", "flat", "flow",
+    "food", "foot", "ford", "form", "fort", "four", "free", "from", "fuel", "full", "fund", "gain",
+    "game", "gate", "gave", "gear", "gene", "gift", "girl", "give", "glad", "goal", "goes", "gold",
+    "golf", "gone", "good", "gray", "grew", "grey", "grow", "gulf", "hair", "half", "hall", "hand",
+    "hang", "hard", "harm", "hate", "have", "head", "hear", "heat", "held", "hell", "help", "here",
+    "hero", "high", "hill", "hire", "hold", "hole", "holy", "home", "hope", "host", "hour", "huge",
+    "hung", "hunt", "hurt", "idea", "inch", "into", "iron", "item", "jack", "jane", "jean", "john",
+    "join", "jump", "jury", "just", "keen", "keep", "kent", "kept", "kick", "kill", "kind", "king",
+    "knee", "knew", "know", "lack", "lady", "laid", "lake", "land", "lane", "last", "late", "lead",
+    "left", "less", "life", "lift", "like", "line", "link", "list", "live", "load", "loan", "lock",
+    "long", "look", "lord", "lose", "loss", "lost", "love", "luck", "made", "mail", "main", "make",
+    "male", "many", "mark", "mass",
+];
+
+/// The word of token `index` of segment `id`.
+#[inline]
+pub fn word(id: u64, index: u32) -> &'static str {
+    let mut bytes = [0u8; 12];
+    bytes[..8].copy_from_slice(&id.to_le_bytes());
+    bytes[8..].copy_from_slice(&index.to_le_bytes());
+    let h = xxh3_64_with_seed(&bytes, TEXT_SEED);
+    VOCABULARY[(h & 0xff) as usize]
+}
+
+/// Appends the first `tokens` words of segment `id` to `out`, separated by single spaces (no
+/// leading or trailing space).
+pub fn render_segment(id: u64, tokens: u32, out: &mut String) {
+    for i in 0..tokens {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(word(id, i));
+    }
+}
+
+/// Like [`render_segment`] but appends at most `max_chars` characters (cutting the last word if
+/// needed) and returns how many it appended. Costs O(`max_chars`), not O(`tokens`), so a routing
+/// key can be derived from an 8,000-token document cheaply.
+pub fn render_segment_bounded(id: u64, tokens: u32, out: &mut String, max_chars: usize) -> usize {
+    let mut written = 0usize;
+    for i in 0..tokens {
+        if written >= max_chars {
+            break;
+        }
+        if i > 0 {
+            out.push(' ');
+            written += 1;
+            if written >= max_chars {
+                break;
+            }
+        }
+        let w = word(id, i);
+        let take = w.len().min(max_chars - written);
+        // Words are ASCII, so any byte index is a character boundary.
+        out.push_str(&w[..take]);
+        written += take;
+    }
+    written
+}
+
+/// Number of characters [`render_segment`] appends for `tokens` words of segment `id`.
+pub fn rendered_len(id: u64, tokens: u32) -> usize {
+    let words: usize = (0..tokens).map(|i| word(id, i).len()).sum();
+    words + (tokens as usize).saturating_sub(1)
+}
+
+/// Turns literal text into a segment: one token per whitespace-separated word, with an id chained
+/// from `parent` (the previous segment's id in the prompt, or 0 at the start), the role and the
+/// words, so equal histories give equal ids. Returns `None` for text without words.
+///
+/// The id lives in the content id space ([`CONTENT_ID_TAG`]) so it never equals a generator or
+/// Mooncake id. Rendering the segment gives vocabulary words, not the original text: the token
+/// count and the sharing structure are kept, the wording is not.
+pub fn text_segment(parent: u64, role: Role, text: &str) -> Option<Segment> {
+    let mut words = 0u32;
+    let mut h = xxh3_64_with_seed(&parent.to_le_bytes(), CONTENT_SEED ^ role_tag(role));
+    for w in text.split_whitespace() {
+        words = words.saturating_add(1);
+        // Chain word by word so "a b" and "ab" differ; the whitespace between words is
+        // normalized, as one-word-one-token tokenization implies.
+        h = xxh3_64_with_seed(w.as_bytes(), h);
+    }
+    (words > 0).then(|| Segment {
+        id: CONTENT_ID_TAG | (h >> 2),
+        tokens: words,
+    })
+}
+
+fn role_tag(role: Role) -> u64 {
+    match role {
+        Role::System => 1,
+        Role::User => 2,
+        Role::Assistant => 3,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn golden_first_words() {
+        // Pins the vocabulary, the seed and the hash input layout: if this changes, every
+        // rendered prompt and routing key changes with it.
+        let mut s = String::new();
+        render_segment(42, 8, &mut s);
+        assert_eq!(s, GOLDEN_42);
+    }
+
+    const GOLDEN_42: &str = "dead flat from king held kill bulk jack";
+
+    #[test]
+    fn vocabulary_is_lowercase_ascii_words_without_duplicates() {
+        let mut seen = std::collections::HashSet::new();
+        for w in VOCABULARY {
+            assert!(!w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase()), "{w}");
+            assert!(seen.insert(w), "duplicate {w}");
+        }
+    }
+
+    #[test]
+    fn zero_tokens_render_nothing() {
+        let mut s = String::new();
+        render_segment(1, 0, &mut s);
+        assert!(s.is_empty());
+        assert_eq!(rendered_len(1, 0), 0);
+    }
+
+    #[test]
+    fn text_segment_counts_words_and_chains() {
+        let a = text_segment(0, Role::User, "hello  big\nworld").unwrap();
+        assert_eq!(a.tokens, 3);
+        assert_eq!(a, text_segment(0, Role::User, "hello big world").unwrap());
+        assert_ne!(a.id, text_segment(1, Role::User, "hello big world").unwrap().id);
+        assert_ne!(a.id, text_segment(0, Role::Assistant, "hello big world").unwrap().id);
+        assert_ne!(a.id, text_segment(0, Role::User, "hellobig world").unwrap().id);
+        assert_eq!(a.id >> 62, 0b10);
+        assert!(text_segment(0, Role::User, "  \n").is_none());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn one_word_per_token(id in any::<u64>(), tokens in 0u32..300) {
+            let mut s = String::new();
+            render_segment(id, tokens, &mut s);
+            prop_assert_eq!(s.split_whitespace().count(), tokens as usize);
+            prop_assert_eq!(s.len(), rendered_len(id, tokens));
+            prop_assert!(!s.contains("  "));
+        }
+
+        #[test]
+        fn bounded_is_a_prefix_of_full(id in any::<u64>(), tokens in 0u32..200, max in 0usize..1500) {
+            let mut full = String::new();
+            render_segment(id, tokens, &mut full);
+            let mut cut = String::new();
+            let n = render_segment_bounded(id, tokens, &mut cut, max);
+            prop_assert_eq!(n, cut.len());
+            prop_assert_eq!(cut.len(), full.len().min(max));
+            prop_assert!(full.starts_with(&cut));
+        }
+    }
+}
