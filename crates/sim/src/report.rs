@@ -1,0 +1,120 @@
+//! The machine-readable result of a simulation (serialized as the `--json` file).
+//!
+//! Field names are a contract: later checks read `workload`, `fleet`, `oracle_hit_rate` and, per
+//! result, `strategy`, `requests`, `ttft_ms`, `e2e_ms`, `kv_hit_rate`, `throughput_rps`,
+//! `output_tokens_per_s`, `instance_share` and `overflow_rate`. Other fields are extras.
+
+use std::collections::BTreeMap;
+
+use prefix_router_engine_model::EngineConfig;
+use prefix_router_workload::ScaleEvent;
+
+use crate::stats::{HitRateBucket, LatencySummary};
+use crate::{Driver, WorkloadSource};
+
+/// Everything a simulation produced, in the JSON shape later checks read.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    /// What was replayed.
+    pub workload: WorkloadSummary,
+    /// What it was replayed on.
+    pub fleet: FleetSummary,
+    /// Hit rate of one infinite cache seeing every request in order: the ceiling for any router.
+    pub oracle_hit_rate: f64,
+    /// One entry per strategy, in the order they were given.
+    pub results: Vec<StrategyResult>,
+}
+
+/// The workload as the report describes it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkloadSummary {
+    /// Short name.
+    pub name: String,
+    /// Generator spec or trace file.
+    #[serde(flatten)]
+    pub source: WorkloadSource,
+    /// Requests replayed.
+    pub requests: u64,
+    /// How clients sent them.
+    pub driver: Driver,
+    /// Mean prompt length, tokens.
+    pub mean_prompt_tokens: f64,
+    /// Mean output length, tokens.
+    pub mean_output_tokens: f64,
+    /// Last arrival time minus first (open loop), seconds.
+    pub arrival_span_s: f64,
+}
+
+/// The fleet and router settings as the report describes them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FleetSummary {
+    /// Instances at the start.
+    pub instances: u32,
+    /// Engine preset name.
+    pub preset: String,
+    /// The preset's engine configuration.
+    pub engine: EngineConfig,
+    /// Routing-key length in characters.
+    pub prefix_length: usize,
+    /// Router RNG seed.
+    pub seed: u64,
+    /// Instances added or removed during the run.
+    pub scale_events: Vec<ScaleEvent>,
+    /// Settings of each strategy, in run order.
+    pub strategies: Vec<StrategySettings>,
+}
+
+/// A strategy's settings as the report records them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StrategySettings {
+    /// Strategy name.
+    pub strategy: String,
+    /// Prefix-aware overflow threshold (in-flight requests).
+    pub concurrency_threshold: u32,
+    /// `next-in-order` or `least-outstanding`.
+    pub overflow: String,
+    /// Bounded-load factor, if any.
+    pub balance_factor: Option<f64>,
+}
+
+/// What one strategy achieved on the workload.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StrategyResult {
+    /// Strategy name.
+    pub strategy: String,
+    /// Requests completed.
+    pub requests: u64,
+    /// Time to first token (arrival to first output token), milliseconds.
+    pub ttft_ms: LatencySummary,
+    /// End-to-end latency (arrival to last output token), milliseconds.
+    pub e2e_ms: LatencySummary,
+    /// Prompt tokens served from the engines' prefix caches over all prompt tokens (0..1).
+    pub kv_hit_rate: f64,
+    /// Completed requests over (last finish − first arrival).
+    pub throughput_rps: f64,
+    /// Output tokens over the same span.
+    pub output_tokens_per_s: f64,
+    /// Fraction of requests dispatched to each instance (every instance that ever existed, in
+    /// creation order).
+    pub instance_share: Vec<f64>,
+    /// Fraction of decisions that skipped the key's preferred instance because of load (0..1).
+    pub overflow_rate: f64,
+    /// Instance ids matching `instance_share`.
+    pub instance_ids: Vec<String>,
+    /// Requests dispatched to each instance.
+    pub instance_requests: Vec<u64>,
+    /// Decisions by reason label (`preferred`, `overflow`, `random`, ...).
+    pub decisions: BTreeMap<String, u64>,
+    /// Prompt tokens of all requests.
+    pub prompt_tokens: u64,
+    /// Of those, served from cache.
+    pub cached_tokens: u64,
+    /// Output tokens of all requests.
+    pub output_tokens: u64,
+    /// Last finish minus first arrival, seconds.
+    pub makespan_s: f64,
+    /// TTFT percentiles 0, 1, ..., 100 in milliseconds (a compact CDF).
+    pub ttft_percentiles_ms: Vec<f64>,
+    /// Hit rate of requests by the time of their first token.
+    pub hit_rate_over_time: Vec<HitRateBucket>,
+}

@@ -1,0 +1,267 @@
+//! One strategy's run: the event loop over arrivals, engine steps and scale events.
+
+use std::collections::BTreeMap;
+
+use prefix_router_core::{KeyHash, RouteRequest, RouteRng, Strategy};
+use prefix_router_engine_model::{EngineConfig, EngineEvent, EngineRequest};
+use prefix_router_workload::Request;
+use rand::SeedableRng;
+
+use crate::members::{Life, SimFleet};
+use crate::queue::{Event, EventQueue};
+use crate::{Driver, SimConfig, SimError};
+
+/// How often (in finished requests) the progress callback is called.
+pub const PROGRESS_EVERY: u64 = 4096;
+
+/// What happened to one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestRecord {
+    /// When the client sent it (its arrival at the router), seconds.
+    pub start_s: f64,
+    /// When its first output token came (NaN until then).
+    pub first_token_s: f64,
+    /// When its last output token came (NaN until then).
+    pub finish_s: f64,
+    /// Prompt tokens served from cache.
+    pub cached_tokens: u32,
+    /// Instance it was dispatched to (`u32::MAX` until dispatched).
+    pub instance: u32,
+}
+
+impl RequestRecord {
+    const PENDING: Self =
+        Self { start_s: f64::NAN, first_token_s: f64::NAN, finish_s: f64::NAN, cached_tokens: 0, instance: u32::MAX };
+}
+
+/// Raw outcome of one run, before summarizing.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// One record per request, in workload order.
+    pub records: Vec<RequestRecord>,
+    /// Requests dispatched to each instance ever created.
+    pub dispatched: Vec<u64>,
+    /// Decisions by reason label.
+    pub decisions: BTreeMap<String, u64>,
+    /// Decisions that overflowed.
+    pub overflows: u64,
+}
+
+/// Inputs shared by every strategy's run.
+#[derive(Debug, Clone, Copy)]
+pub struct RunInputs<'a> {
+    /// The workload's requests, sorted by arrival.
+    pub requests: &'a [Request],
+    /// Each request's routing key, derived once with the server's extraction code.
+    pub keys: &'a [KeyHash],
+    /// Engine configuration of every instance.
+    pub engine: &'a EngineConfig,
+    /// Fleet, driver and scale settings.
+    pub config: &'a SimConfig,
+}
+
+struct Loop<'a> {
+    inputs: RunInputs<'a>,
+    strategy: &'a dyn Strategy,
+    fleet: SimFleet,
+    queue: EventQueue,
+    rng: RouteRng,
+    records: Vec<RequestRecord>,
+    decisions: BTreeMap<&'static str, u64>,
+    overflows: u64,
+    finished: u64,
+    next_unsent: usize,
+    scratch: Vec<EngineEvent>,
+}
+
+/// Replays the workload through `strategy` on a fresh fleet; `progress(finished)` is called every
+/// [`PROGRESS_EVERY`] finished requests.
+pub fn run_strategy(
+    inputs: RunInputs<'_>,
+    strategy: &dyn Strategy,
+    progress: &mut dyn FnMut(u64),
+) -> Result<RunOutcome, SimError> {
+    let config = inputs.config;
+    let n = inputs.requests.len();
+    let mut lp = Loop {
+        inputs,
+        strategy,
+        fleet: SimFleet::new(inputs.engine.clone(), config.instances as usize),
+        queue: EventQueue::new(),
+        rng: RouteRng::seed_from_u64(config.seed),
+        records: vec![RequestRecord::PENDING; n],
+        decisions: BTreeMap::new(),
+        overflows: 0,
+        finished: 0,
+        next_unsent: 0,
+        scratch: Vec::with_capacity(64),
+    };
+    for index in config.scale_order() {
+        lp.queue.push(config.scale[index].at_s, Event::Scale { index });
+    }
+    match config.driver {
+        Driver::OpenLoop => {
+            if let Some(first) = inputs.requests.first() {
+                lp.queue.push(first.arrival_s, Event::Arrival { request: 0 });
+                lp.next_unsent = 1;
+            }
+        }
+        Driver::ClosedLoop { clients } => {
+            let first = (clients as usize).min(n);
+            for request in 0..first {
+                lp.queue.push(0.0, Event::Arrival { request });
+            }
+            lp.next_unsent = first;
+        }
+    }
+
+    while let Some((now, event)) = lp.queue.pop() {
+        match event {
+            Event::Arrival { request } => lp.arrive(now, request)?,
+            Event::EngineStep { engine, generation } => lp.step(now, engine, generation, progress)?,
+            Event::Scale { index } => lp.scale(now, index),
+        }
+    }
+
+    let unfinished = lp.records.iter().filter(|r| r.finish_s.is_nan()).count();
+    if unfinished > 0 {
+        return Err(SimError::Stalled { strategy: strategy.name().to_string(), unfinished, total: n });
+    }
+    progress(lp.finished);
+    Ok(RunOutcome {
+        records: lp.records,
+        dispatched: lp.fleet.instances.iter().map(|i| i.dispatched).collect(),
+        decisions: lp.decisions.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        overflows: lp.overflows,
+    })
+}
+
+impl Loop<'_> {
+    /// Routes request `request` at `now` and hands it to the chosen engine.
+    fn arrive(&mut self, now: f64, request: usize) -> Result<(), SimError> {
+        let inputs = self.inputs;
+        if inputs.config.driver == Driver::OpenLoop {
+            if let Some(next) = inputs.requests.get(self.next_unsent) {
+                self.queue.push(next.arrival_s, Event::Arrival { request: self.next_unsent });
+                self.next_unsent += 1;
+            }
+        }
+        let req = &inputs.requests[request];
+        let route = RouteRequest { key: Some(inputs.keys[request]), model: req.model.as_deref() };
+        let decision = self.strategy.select(&route, self.fleet.snapshot(), &mut self.rng).map_err(|source| {
+            SimError::Route { strategy: self.strategy.name().to_string(), request, source }
+        })?;
+        let instance = self.fleet.instance_at(decision.index).ok_or_else(|| SimError::InvalidConfig {
+            field: "strategies",
+            why: format!("strategy '{}' chose position {} outside the fleet", self.strategy.name(), decision.index),
+        })?;
+        if decision.reason.is_overflow() {
+            self.overflows += 1;
+        }
+        *self.decisions.entry(decision.reason.label()).or_insert(0) += 1;
+
+        let record = &mut self.records[request];
+        record.start_s = now;
+        record.instance = instance as u32;
+        let inst = &mut self.fleet.instances[instance];
+        inst.view.acquire();
+        inst.dispatched += 1;
+        inst.engine.submit(
+            now,
+            EngineRequest {
+                id: request as u64,
+                block_hashes: req.block_hashes(inputs.engine.block_tokens),
+                prompt_tokens: req.prompt_tokens(),
+                output_tokens: req.output_tokens,
+            },
+        );
+        self.reschedule(instance, now, false)
+    }
+
+    /// Runs engine `instance`'s step that ends at `now` and records what it produced.
+    fn step(
+        &mut self,
+        now: f64,
+        instance: usize,
+        generation: u64,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<(), SimError> {
+        let Some(inst) = self.fleet.instances.get_mut(instance) else { return Ok(()) };
+        if inst.generation != generation {
+            return Ok(()); // replaced by a later schedule
+        }
+        inst.scheduled = None;
+        let mut events = std::mem::take(&mut self.scratch);
+        events.clear();
+        inst.engine.advance(now, &mut events);
+        let mut drained = false;
+        for event in &events {
+            match *event {
+                EngineEvent::FirstToken { id, at, cached_tokens } => {
+                    if let Some(r) = self.records.get_mut(id as usize) {
+                        r.first_token_s = at;
+                        r.cached_tokens = cached_tokens;
+                    }
+                }
+                EngineEvent::Finished { id, at } => {
+                    let Some(r) = self.records.get_mut(id as usize) else { continue };
+                    r.finish_s = at;
+                    if r.first_token_s.is_nan() {
+                        r.first_token_s = at; // an engine that reports both at once
+                    }
+                    let view = &self.fleet.instances[instance].view;
+                    view.release();
+                    drained |= view.in_flight() == 0 && self.fleet.instances[instance].life == Life::Draining;
+                    self.finished += 1;
+                    if self.finished % PROGRESS_EVERY == 0 {
+                        progress(self.finished);
+                    }
+                    if let Driver::ClosedLoop { .. } = self.inputs.config.driver {
+                        if self.next_unsent < self.inputs.requests.len() {
+                            self.queue.push(at.max(now), Event::Arrival { request: self.next_unsent });
+                            self.next_unsent += 1;
+                        }
+                    }
+                }
+            }
+        }
+        self.scratch = events;
+        if drained {
+            self.fleet.remove_drained();
+        }
+        self.reschedule(instance, now, true)
+    }
+
+    /// Applies scale event `index`.
+    fn scale(&mut self, _now: f64, index: usize) {
+        let delta = self.inputs.config.scale[index].delta;
+        if delta > 0 {
+            self.fleet.add(delta as usize);
+        } else {
+            self.fleet.drain(delta.unsigned_abs() as usize);
+        }
+    }
+
+    /// Makes sure the queue holds exactly one live entry for the engine's next step.
+    /// `after_advance`: the engine has just run every step ending at or before `now`.
+    fn reschedule(&mut self, instance: usize, now: f64, after_advance: bool) -> Result<(), SimError> {
+        let inst = &mut self.fleet.instances[instance];
+        let next = inst.engine.next_event_at();
+        if next == inst.scheduled {
+            return Ok(());
+        }
+        if let Some(at) = next {
+            // advance(now) ran every step ending at or before `now`; a next step that does not
+            // lie in the future would spin forever.
+            if at < now || (at == now && after_advance) {
+                return Err(SimError::EngineClock { instance, now, next: at });
+            }
+        }
+        inst.generation += 1;
+        inst.scheduled = next;
+        if let Some(at) = next {
+            self.queue.push(at, Event::EngineStep { engine: instance, generation: inst.generation });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,164 @@
+//! The side-by-side text table printed after a simulation.
+
+use std::fmt::Write;
+
+use crate::{Driver, Report, StrategyResult, WorkloadSource};
+
+/// Renders the report as a text table with a header that says what ran, one row per strategy,
+/// the oracle's ceiling, a legend and, when both ran, prefix-aware against random.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let w = &report.workload;
+    let f = &report.fleet;
+    let source = match &w.source {
+        WorkloadSource::Generated { spec } => format!("generated, workload seed {}", spec.seed),
+        WorkloadSource::Trace { path, format } => format!("{format} trace {path}"),
+    };
+    let driver = match w.driver {
+        Driver::OpenLoop => format!("open loop, arrivals over {:.0} s", w.arrival_span_s),
+        Driver::ClosedLoop { clients } => format!("closed loop, {clients} concurrent clients"),
+    };
+    let _ = writeln!(
+        out,
+        "Workload: {} ({source}): {} requests, mean prompt {:.0} tokens, mean output {:.0} tokens, {driver}",
+        w.name, w.requests, w.mean_prompt_tokens, w.mean_output_tokens
+    );
+    let scale = if f.scale_events.is_empty() {
+        String::new()
+    } else {
+        let items: Vec<String> = f.scale_events.iter().map(|e| format!("{:+}@{}s", e.delta, e.at_s)).collect();
+        format!(", scale events {}", items.join(","))
+    };
+    let _ = writeln!(
+        out,
+        "Fleet:    {} x {} (KV cache {} blocks of {} tokens each), routing key = first {} characters, router seed {}{scale}",
+        f.instances, f.preset, f.engine.kv_capacity_blocks, f.engine.block_tokens, f.prefix_length, f.seed
+    );
+    out.push('\n');
+
+    let header = [
+        "strategy",
+        "requests",
+        "TTFT p50 ms",
+        "TTFT p90 ms",
+        "TTFT p99 ms",
+        "e2e p50 s",
+        "hit rate",
+        "req/s",
+        "output tok/s",
+        "overflow",
+        "share min-max",
+    ];
+    let rows: Vec<Vec<String>> = report.results.iter().map(row).collect();
+    out.push_str(&align(&header, &rows));
+    out.push('\n');
+    let _ = writeln!(
+        out,
+        "Oracle hit rate (one infinite cache seeing every request: the ceiling for any router): {}",
+        pct(report.oracle_hit_rate)
+    );
+    if let Some(line) = comparison(report) {
+        let _ = writeln!(out, "{line}");
+    }
+    out.push('\n');
+    out.push_str(
+        "hit rate: prompt tokens served from the engines' prefix caches over all prompt tokens.\n\
+         overflow: requests sent away from their key's preferred instance because it was busy.\n\
+         share min-max: smallest and largest fraction of requests one instance received.\n",
+    );
+    out
+}
+
+fn row(r: &StrategyResult) -> Vec<String> {
+    let min = r.instance_share.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = r.instance_share.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let share = if r.instance_share.is_empty() { "-".to_string() } else { format!("{}-{}", pct(min), pct(max)) };
+    vec![
+        r.strategy.clone(),
+        r.requests.to_string(),
+        format!("{:.1}", r.ttft_ms.p50),
+        format!("{:.1}", r.ttft_ms.p90),
+        format!("{:.1}", r.ttft_ms.p99),
+        format!("{:.2}", r.e2e_ms.p50 / 1000.0),
+        pct(r.kv_hit_rate),
+        format!("{:.2}", r.throughput_rps),
+        format!("{:.0}", r.output_tokens_per_s),
+        pct(r.overflow_rate),
+        share,
+    ]
+}
+
+/// `prefix-aware vs random: ...` when both strategies ran.
+fn comparison(report: &Report) -> Option<String> {
+    let find = |name: &str| report.results.iter().find(|r| r.strategy == name);
+    let (pa, rnd) = (find("prefix-aware")?, find("random")?);
+    Some(format!(
+        "prefix-aware vs random: TTFT P50 {}, TTFT P90 {}, hit rate {} -> {}, throughput {}",
+        change(rnd.ttft_ms.p50, pa.ttft_ms.p50),
+        change(rnd.ttft_ms.p90, pa.ttft_ms.p90),
+        pct(rnd.kv_hit_rate),
+        pct(pa.kv_hit_rate),
+        change(rnd.throughput_rps, pa.throughput_rps),
+    ))
+}
+
+/// Relative change from `before` to `after` as a signed percentage.
+fn change(before: f64, after: f64) -> String {
+    if before == 0.0 {
+        return "n/a".to_string();
+    }
+    format!("{:+.1}%", (after - before) / before * 100.0)
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+/// Left-aligns the first column, right-aligns the others, two spaces between columns.
+fn align(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (i, (cell, w)) in cells.zip(&widths).enumerate() {
+            if i == 0 {
+                let _ = write!(text, "{cell:<w$}");
+            } else {
+                let _ = write!(text, "  {cell:>w$}");
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for r in rows {
+        line(&mut r.iter().map(String::as_str));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_line_up() {
+        let t = align(&["name", "n"], &[vec!["random".into(), "12345".into()], vec!["x".into(), "1".into()]]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "name        n");
+        assert_eq!(lines[1], "random  12345");
+        assert_eq!(lines[2], "x           1");
+    }
+
+    #[test]
+    fn change_is_signed_percent() {
+        assert_eq!(change(200.0, 50.0), "-75.0%");
+        assert_eq!(change(10.0, 11.5), "+15.0%");
+        assert_eq!(change(0.0, 1.0), "n/a");
+    }
+}
