@@ -48,6 +48,11 @@ impl PrefixLength {
 pub struct ConcurrencyThreshold(u32);
 
 impl ConcurrencyThreshold {
+    /// Smallest allowed threshold.
+    pub const MIN: ConcurrencyThreshold = ConcurrencyThreshold(1);
+    /// Largest allowed threshold.
+    pub const MAX: ConcurrencyThreshold = ConcurrencyThreshold(1024);
+
     /// Validates `n`.
     pub fn new(n: u64) -> Result<Self, ConfigError> {
         if (1..=1024).contains(&n) {

@@ -1,12 +1,36 @@
 //! The fleet view: instances, their state and in-flight counts, read through immutable snapshots.
+//!
+//! Routing reads one [`FleetSnapshot`] per decision; membership changes build a new snapshot and
+//! swap it in ([`arc_swap::ArcSwap`]), so they never block routing. An instance that stays in the
+//! fleet across a change keeps its counters: requests in flight on it are still counted and
+//! released against the same atomics.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Seed of [`Instance::id_hash`] (xxh3-64 of the id's UTF-8 bytes). Part of the routing
+/// contract like [`crate::key::KEY_SEED`]: changing it reshuffles every key's placement.
+pub const INSTANCE_SEED: u64 = 0x696e_7374_616e_6365; // "instance"
 
 /// Stable identity of an instance (its URL or a configured name). Rendezvous scores derive from
 /// it, so two independently built fleets with the same ids route keys identically.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct InstanceId(pub Arc<str>);
+
+impl InstanceId {
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// Whether an instance may receive new requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +44,16 @@ pub enum InstanceState {
     Ejected = 2,
 }
 
+impl InstanceState {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => InstanceState::Healthy,
+            1 => InstanceState::Draining,
+            _ => InstanceState::Ejected,
+        }
+    }
+}
+
 /// What configuration or discovery says about an instance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InstanceSpec {
@@ -27,10 +61,18 @@ pub struct InstanceSpec {
     pub id: String,
     /// Base URL, e.g. `http://10.0.0.5:8000`.
     pub url: String,
-    /// Relative capacity for weighted rendezvous (1 = normal).
+    /// Relative capacity for weighted rendezvous (1 = normal; 0 is treated as 1).
     pub weight: u32,
     /// Models and adapters it serves; empty means "serves any model".
     pub models: Vec<String>,
+}
+
+impl InstanceSpec {
+    /// A weight-1 spec serving any model, whose id is its URL (the common configuration).
+    pub fn from_url(url: impl Into<String>) -> Self {
+        let url = url.into();
+        Self { id: url.clone(), url, weight: 1, models: Vec::new() }
+    }
 }
 
 /// One instance as routing sees it. Shared (`Arc`) between snapshots so that in-flight counts
@@ -40,15 +82,23 @@ pub struct Instance {
     id: InstanceId,
     spec: InstanceSpec,
     id_hash: u64,
-    state: AtomicU8,
-    in_flight: AtomicU32,
+    // Behind `Arc`s so that an instance whose spec changes (new weight, new models) can be
+    // rebuilt while sharing its counters with the old one still held by in-flight requests.
+    state: Arc<AtomicU8>,
+    in_flight: Arc<AtomicU32>,
 }
 
 impl Instance {
     /// Builds a healthy instance with nothing in flight.
     pub fn new(spec: InstanceSpec) -> Self {
-        todo!("{spec:?}")
+        Self::with_counters(spec, Arc::new(AtomicU8::new(InstanceState::Healthy as u8)), Arc::new(AtomicU32::new(0)))
     }
+
+    fn with_counters(spec: InstanceSpec, state: Arc<AtomicU8>, in_flight: Arc<AtomicU32>) -> Self {
+        let id_hash = xxh3_64_with_seed(spec.id.as_bytes(), INSTANCE_SEED);
+        Self { id: InstanceId(Arc::from(spec.id.as_str())), spec, id_hash, state, in_flight }
+    }
+
     /// Identity.
     pub fn id(&self) -> &InstanceId {
         &self.id
@@ -57,17 +107,25 @@ impl Instance {
     pub fn spec(&self) -> &InstanceSpec {
         &self.spec
     }
-    /// Hash of the id used for rendezvous scores.
+    /// Hash of the id used for rendezvous scores (xxh3-64, seed [`INSTANCE_SEED`]).
     pub fn id_hash(&self) -> u64 {
         self.id_hash
     }
+    /// Rendezvous weight: the configured weight, at least 1.
+    pub fn weight(&self) -> u32 {
+        self.spec.weight.max(1)
+    }
     /// Current state.
     pub fn state(&self) -> InstanceState {
-        todo!("{:?}", self.state.load(Ordering::Relaxed))
+        InstanceState::from_u8(self.state.load(Ordering::Relaxed))
     }
     /// Changes the state (health checks, drain).
     pub fn set_state(&self, state: InstanceState) {
         self.state.store(state as u8, Ordering::Relaxed)
+    }
+    /// Whether it may receive new requests.
+    pub fn is_healthy(&self) -> bool {
+        self.state() == InstanceState::Healthy
     }
     /// Requests sent and not finished, as this router counts them.
     pub fn in_flight(&self) -> u32 {
@@ -77,13 +135,23 @@ impl Instance {
     pub fn acquire(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
     }
-    /// Counts one request finished.
+    /// Counts one request finished. Never goes below zero: an unmatched release is a caller bug
+    /// (caught by a debug assertion) but must not wrap the count to 4 billion in production.
     pub fn release(&self) {
-        todo!()
+        let prev = self.in_flight.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        debug_assert!(prev.is_ok(), "release() without a matching acquire() on instance {}", self.id);
     }
-    /// Whether it serves `model` (None: any instance is eligible).
+    /// Whether it serves `model` (None: any instance is eligible). An empty model list serves
+    /// every model; otherwise the name must match exactly.
     pub fn serves(&self, model: Option<&str>) -> bool {
-        todo!("{model:?}")
+        match model {
+            None => true,
+            Some(m) => self.spec.models.is_empty() || self.spec.models.iter().any(|s| s == m),
+        }
+    }
+    /// Healthy and serves `model`: may receive this request.
+    pub fn is_eligible(&self, model: Option<&str>) -> bool {
+        self.is_healthy() && self.serves(model)
     }
 }
 
@@ -91,16 +159,39 @@ impl Instance {
 #[derive(Debug, Default, Clone)]
 pub struct FleetSnapshot {
     instances: Vec<Arc<Instance>>,
+    uniform_weight: bool,
 }
 
 impl FleetSnapshot {
     /// Builds a snapshot from instances.
     pub fn new(instances: Vec<Arc<Instance>>) -> Self {
-        Self { instances }
+        let uniform_weight = instances.windows(2).all(|w| w[0].weight() == w[1].weight());
+        Self { instances, uniform_weight }
     }
     /// All instances, in configuration order.
     pub fn instances(&self) -> &[Arc<Instance>] {
         &self.instances
+    }
+    /// Number of instances (any state).
+    pub fn len(&self) -> usize {
+        self.instances.len()
+    }
+    /// Whether the snapshot has no instance at all.
+    pub fn is_empty(&self) -> bool {
+        self.instances.is_empty()
+    }
+    /// Whether every instance has the same rendezvous weight (lets prefix-aware routing compare
+    /// integer scores instead of computing logarithms).
+    pub fn uniform_weight(&self) -> bool {
+        self.uniform_weight
+    }
+    /// The instance with this id and its index.
+    pub fn get(&self, id: &str) -> Option<(usize, &Arc<Instance>)> {
+        self.instances.iter().enumerate().find(|(_, i)| i.id().as_str() == id)
+    }
+    /// Instances that may take a request for `model` (healthy and serving it), with their index.
+    pub fn eligible<'s>(&'s self, model: Option<&'s str>) -> impl Iterator<Item = (usize, &'s Arc<Instance>)> + 's {
+        self.instances.iter().enumerate().filter(move |(_, i)| i.is_eligible(model))
     }
 }
 
@@ -111,16 +202,153 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Builds a fleet from specs.
+    /// Builds a fleet from specs. A repeated id keeps its first spec (ids are identities).
     pub fn new(specs: Vec<InstanceSpec>) -> Self {
-        todo!("{specs:?}")
+        let fleet = Fleet::default();
+        fleet.set_members(specs);
+        fleet
     }
     /// The snapshot to route one request with.
     pub fn snapshot(&self) -> Arc<FleetSnapshot> {
         self.current.load_full()
     }
     /// Replaces the member list; instances whose id persists keep their state and in-flight count.
+    /// An unchanged spec keeps the very same `Arc<Instance>`; a changed one (weight, URL,
+    /// models) gets a new `Instance` sharing the old counters. A repeated id keeps its first spec.
     pub fn set_members(&self, specs: Vec<InstanceSpec>) {
-        todo!("{specs:?}")
+        // rcu: concurrent set_members calls each see the other's result, never a lost update.
+        self.current.rcu(|old| {
+            let by_id: HashMap<&str, &Arc<Instance>> =
+                old.instances.iter().map(|i| (i.id().as_str(), i)).collect();
+            let mut seen = std::collections::HashSet::with_capacity(specs.len());
+            let mut instances = Vec::with_capacity(specs.len());
+            for spec in &specs {
+                if !seen.insert(spec.id.as_str()) {
+                    continue;
+                }
+                let inst = match by_id.get(spec.id.as_str()) {
+                    Some(existing) if existing.spec == *spec => Arc::clone(existing),
+                    Some(existing) => Arc::new(Instance::with_counters(
+                        spec.clone(),
+                        Arc::clone(&existing.state),
+                        Arc::clone(&existing.in_flight),
+                    )),
+                    None => Arc::new(Instance::new(spec.clone())),
+                };
+                instances.push(inst);
+            }
+            FleetSnapshot::new(instances)
+        });
+    }
+    /// Sets the state of the instance with this id; false when no such instance exists.
+    pub fn set_state(&self, id: &str, state: InstanceState) -> bool {
+        match self.snapshot().get(id) {
+            Some((_, inst)) => {
+                inst.set_state(state);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str, models: &[&str]) -> InstanceSpec {
+        InstanceSpec { id: id.into(), url: format!("http://{id}"), weight: 1, models: models.iter().map(|m| m.to_string()).collect() }
+    }
+
+    #[test]
+    fn new_instance_is_healthy_and_idle() {
+        let i = Instance::new(spec("a", &[]));
+        assert_eq!(i.state(), InstanceState::Healthy);
+        assert_eq!(i.in_flight(), 0);
+        assert_eq!(i.id().as_str(), "a");
+        assert_eq!(i.id_hash(), xxh3_64_with_seed(b"a", INSTANCE_SEED));
+    }
+
+    #[test]
+    fn acquire_release_and_state() {
+        let i = Instance::new(spec("a", &[]));
+        i.acquire();
+        i.acquire();
+        assert_eq!(i.in_flight(), 2);
+        i.release();
+        assert_eq!(i.in_flight(), 1);
+        for s in [InstanceState::Draining, InstanceState::Ejected, InstanceState::Healthy] {
+            i.set_state(s);
+            assert_eq!(i.state(), s);
+        }
+    }
+
+    #[test]
+    #[cfg(not(debug_assertions))]
+    fn release_saturates_at_zero() {
+        let i = Instance::new(spec("a", &[]));
+        i.release();
+        assert_eq!(i.in_flight(), 0);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn unmatched_release_is_caught_in_debug_and_does_not_wrap() {
+        let i = Arc::new(Instance::new(spec("a", &[])));
+        let j = Arc::clone(&i);
+        let r = std::thread::spawn(move || j.release()).join();
+        assert!(r.is_err(), "debug assertion should fire");
+        assert_eq!(i.in_flight(), 0);
+    }
+
+    #[test]
+    fn serves_models() {
+        let any = Instance::new(spec("a", &[]));
+        assert!(any.serves(None) && any.serves(Some("llama")));
+        let some = Instance::new(spec("b", &["llama", "lora-1"]));
+        assert!(some.serves(None) && some.serves(Some("lora-1")));
+        assert!(!some.serves(Some("lora")));
+    }
+
+    #[test]
+    fn set_members_keeps_persisting_instances() {
+        let fleet = Fleet::new(vec![spec("a", &[]), spec("b", &[])]);
+        let snap = fleet.snapshot();
+        let a = Arc::clone(&snap.instances()[0]);
+        let b = Arc::clone(&snap.instances()[1]);
+        a.acquire();
+        b.acquire();
+        b.set_state(InstanceState::Draining);
+        let mut b2 = spec("b", &["m"]);
+        b2.weight = 3;
+        fleet.set_members(vec![spec("c", &[]), spec("a", &[]), b2, spec("a", &["dup"])]);
+        let snap2 = fleet.snapshot();
+        assert_eq!(snap2.len(), 3);
+        let (ai, a_new) = snap2.get("a").expect("a persists");
+        assert_eq!(ai, 1);
+        assert!(Arc::ptr_eq(a_new, &a));
+        assert!(a_new.spec().models.is_empty(), "first spec of a repeated id wins");
+        let (_, b_new) = snap2.get("b").expect("b persists");
+        assert_eq!(b_new.weight(), 3);
+        assert_eq!(b_new.in_flight(), 1);
+        assert_eq!(b_new.state(), InstanceState::Draining);
+        b.release();
+        assert_eq!(b_new.in_flight(), 0, "old and new instance share the counter");
+        assert_eq!(snap2.get("c").map(|(_, c)| c.in_flight()), Some(0));
+        // The old snapshot is untouched.
+        assert_eq!(snap.len(), 2);
+    }
+
+    #[test]
+    fn eligible_filters_state_and_model() {
+        let fleet = Fleet::new(vec![spec("a", &["m"]), spec("b", &[]), spec("c", &["x"])]);
+        assert!(fleet.set_state("b", InstanceState::Ejected));
+        assert!(!fleet.set_state("zz", InstanceState::Ejected));
+        let snap = fleet.snapshot();
+        let ids: Vec<usize> = snap.eligible(Some("m")).map(|(i, _)| i).collect();
+        assert_eq!(ids, vec![0]);
+        let ids: Vec<usize> = snap.eligible(None).map(|(i, _)| i).collect();
+        assert_eq!(ids, vec![0, 2]);
+        assert!(snap.uniform_weight());
     }
 }

@@ -1,6 +1,12 @@
-//! The strategies, one file each.
+//! The strategies, one file each, plus the selection helpers they share.
 
+mod common;
 pub mod least_outstanding;
 pub mod prefix_aware;
 pub mod random;
 pub mod round_robin;
+
+pub use least_outstanding::LeastOutstanding;
+pub use prefix_aware::PrefixAware;
+pub use random::Random;
+pub use round_robin::RoundRobin;

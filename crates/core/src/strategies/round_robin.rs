@@ -1,1 +1,29 @@
-//! Strategy round_robin.
+//! `round-robin`: classic rotation over the eligible healthy instances.
+
+use super::common::{count_eligible, no_instance, nth_eligible};
+use crate::{Decision, FleetSnapshot, Reason, RouteError, RouteRequest, RouteRng, Strategy};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Rotation: the n-th request goes to eligible instance `n mod count`. The counter is shared by
+/// all models, so per-model rotation is only approximately even when models differ.
+#[derive(Debug, Default)]
+pub struct RoundRobin {
+    next: AtomicUsize,
+}
+
+impl Strategy for RoundRobin {
+    fn name(&self) -> &'static str {
+        "round-robin"
+    }
+
+    fn select(&self, req: &RouteRequest<'_>, fleet: &FleetSnapshot, _rng: &mut RouteRng) -> Result<Decision, RouteError> {
+        let n = count_eligible(fleet, req.model);
+        if n == 0 {
+            return Err(no_instance(req.model));
+        }
+        let k = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        nth_eligible(fleet, req.model, k)
+            .map(|index| Decision { index, reason: Reason::RoundRobin })
+            .ok_or_else(|| no_instance(req.model))
+    }
+}
