@@ -11,7 +11,10 @@ pub mod sharegpt;
 pub mod text;
 pub mod trace;
 
-pub use generators::{Arrival, WorkloadKind, WorkloadSpec};
+pub use generators::{
+    generate, Arrival, Generator, SpecError, TokenDist, TokenRange, UnknownWorkload, WorkloadKind,
+    WorkloadParams, WorkloadSpec,
+};
 pub use request::{Message, Request, Role, Segment};
-pub use scale::{ScaleEvent, ScaleParseError};
+pub use scale::{parse_scale_events, ScaleEvent, ScaleParseError};
 pub use trace::TraceError;
