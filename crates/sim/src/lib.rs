@@ -29,3 +29,6 @@ pub use input::{SimWorkload, WorkloadSource};
 pub use report::{FleetSummary, Report, StrategyResult, StrategySettings, WorkloadSummary};
 pub use simulate::{engine_config, routing_keys, simulate, Progress};
 pub use stats::{HitRateBucket, LatencySummary};
+
+#[cfg(test)]
+mod testkit;

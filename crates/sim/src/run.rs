@@ -265,3 +265,72 @@ impl Loop<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate::{engine_config, routing_keys};
+    use crate::testkit::{config, shared_docs, PRESET};
+    use prefix_router_core::{StrategyConfig, StrategyKind};
+    use prefix_router_workload::ScaleEvent;
+    use proptest::prelude::*;
+
+    fn run(w: &crate::SimWorkload, c: &SimConfig, kind: StrategyKind) -> RunOutcome {
+        let engine = engine_config(PRESET).expect("test preset exists");
+        let keys = routing_keys(&w.requests, c).expect("keys");
+        let strategy = StrategyConfig::new(kind).build().expect("strategy builds");
+        let inputs = RunInputs { requests: &w.requests, keys: &keys, engine: &engine, config: c };
+        run_strategy(inputs, strategy.as_ref(), &mut |_| {}).expect("run completes")
+    }
+
+    #[test]
+    fn drained_instances_get_nothing_after_the_drain() {
+        let w = shared_docs(500, 20, 25.0, 11);
+        let mut c = config(4, &[]);
+        c.scale = vec![ScaleEvent { at_s: 8.0, delta: -2 }];
+        for kind in StrategyKind::ALL {
+            let out = run(&w, &c, kind);
+            for r in &out.records {
+                if r.start_s > 8.0 {
+                    assert!(r.instance < 2, "{kind:?}: request at {} went to drained sim-{}", r.start_s, r.instance);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn added_instances_get_work_only_after_they_exist() {
+        let w = shared_docs(500, 20, 25.0, 12);
+        let mut c = config(2, &[]);
+        c.scale = vec![ScaleEvent { at_s: 6.0, delta: 1 }];
+        let out = run(&w, &c, StrategyKind::RoundRobin);
+        assert_eq!(out.dispatched.len(), 3);
+        assert!(out.dispatched[2] > 0);
+        assert!(out.records.iter().filter(|r| r.instance == 2).all(|r| r.start_s >= 6.0));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+        #[test]
+        fn every_request_is_served_once_in_time_order(
+            n in 1usize..120,
+            docs in 1u64..15,
+            rate in 1.0f64..200.0,
+            instances in 1u32..6,
+            kind in 0usize..4,
+            seed in 0u64..1000,
+        ) {
+            let w = shared_docs(n, docs, rate, seed);
+            let c = config(instances, &[]);
+            let out = run(&w, &c, StrategyKind::ALL[kind]);
+            prop_assert_eq!(out.dispatched.iter().sum::<u64>(), n as u64);
+            prop_assert_eq!(out.decisions.values().sum::<u64>(), n as u64);
+            for (r, q) in out.records.iter().zip(&w.requests) {
+                prop_assert!(r.start_s == q.arrival_s);
+                prop_assert!(r.start_s <= r.first_token_s && r.first_token_s <= r.finish_s);
+                prop_assert!(r.cached_tokens <= q.prompt_tokens());
+                prop_assert!((r.instance as usize) < out.dispatched.len());
+            }
+        }
+    }
+}

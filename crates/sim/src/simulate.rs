@@ -159,3 +159,110 @@ fn workload_summary(workload: &SimWorkload, config: &SimConfig) -> WorkloadSumma
         arrival_span_s: last - first,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{config, shared_docs};
+    use crate::Driver;
+    use prefix_router_core::StrategyKind;
+    use prefix_router_workload::ScaleEvent;
+
+    fn quiet(_: Progress<'_>) {}
+
+    #[test]
+    fn every_request_finishes_and_shares_add_up() {
+        let w = shared_docs(300, 20, 20.0, 1);
+        let report = simulate(&w, &config(4, &StrategyKind::ALL), &mut quiet).expect("simulation runs");
+        assert_eq!(report.results.len(), 4);
+        for r in &report.results {
+            assert_eq!(r.requests, 300, "{}", r.strategy);
+            assert_eq!(r.instance_share.len(), 4);
+            assert!((r.instance_share.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+            assert!(r.ttft_ms.p50 > 0.0 && r.ttft_ms.p50 <= r.e2e_ms.p50);
+            assert!((0.0..=1.0).contains(&r.kv_hit_rate));
+            assert!(r.kv_hit_rate <= report.oracle_hit_rate + 1e-9, "{} beats the oracle", r.strategy);
+            assert!(r.throughput_rps > 0.0 && r.output_tokens_per_s > 0.0);
+            assert_eq!(r.decisions.values().sum::<u64>(), 300);
+        }
+    }
+
+    #[test]
+    fn prefix_aware_hits_more_than_random_on_shared_documents() {
+        let w = shared_docs(400, 12, 10.0, 2);
+        let report = simulate(&w, &config(4, &[StrategyKind::Random, StrategyKind::PrefixAware]), &mut quiet)
+            .expect("simulation runs");
+        let (random, aware) = (&report.results[0], &report.results[1]);
+        assert!(aware.kv_hit_rate > random.kv_hit_rate + 0.1, "{} vs {}", aware.kv_hit_rate, random.kv_hit_rate);
+    }
+
+    #[test]
+    fn same_seed_gives_byte_identical_json() {
+        let w = shared_docs(200, 10, 30.0, 3);
+        let c = config(3, &StrategyKind::ALL);
+        let a = serde_json::to_string(&simulate(&w, &c, &mut quiet).expect("runs")).expect("serializes");
+        let b = serde_json::to_string(&simulate(&w, &c, &mut quiet).expect("runs")).expect("serializes");
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn closed_loop_never_exceeds_its_clients() {
+        let w = shared_docs(200, 10, 1.0, 4);
+        let mut c = config(3, &[StrategyKind::LeastOutstanding]);
+        c.driver = Driver::ClosedLoop { clients: 5 };
+        let report = simulate(&w, &c, &mut quiet).expect("runs");
+        let r = &report.results[0];
+        assert_eq!(r.requests, 200);
+        // 5 clients back to back: the run is far shorter than the open-loop arrival span (~200 s).
+        assert!(r.makespan_s < 100.0, "makespan {}", r.makespan_s);
+    }
+
+    #[test]
+    fn scale_events_add_and_drain_instances() {
+        let w = shared_docs(600, 30, 20.0, 5);
+        let mut c = config(3, &[StrategyKind::RoundRobin, StrategyKind::PrefixAware]);
+        c.scale = vec![ScaleEvent { at_s: 10.0, delta: 2 }, ScaleEvent { at_s: 20.0, delta: -3 }];
+        let report = simulate(&w, &c, &mut quiet).expect("runs");
+        for r in &report.results {
+            assert_eq!(r.instance_share.len(), 5, "{}", r.strategy);
+            assert_eq!(r.instance_ids, vec!["sim-0", "sim-1", "sim-2", "sim-3", "sim-4"]);
+            assert!(r.instance_share[3] > 0.0 && r.instance_share[4] > 0.0, "{}: new instances got work", r.strategy);
+            assert_eq!(r.requests, 600);
+        }
+    }
+
+    #[test]
+    fn invalid_inputs_are_typed_errors() {
+        let w = shared_docs(10, 2, 1.0, 6);
+        let empty = SimWorkload { requests: Vec::new(), ..w.clone() };
+        assert!(matches!(simulate(&empty, &config(2, &StrategyKind::ALL), &mut quiet), Err(SimError::EmptyWorkload)));
+        assert!(matches!(simulate(&w, &config(0, &StrategyKind::ALL), &mut quiet), Err(SimError::ZeroInstances)));
+        let mut bad_preset = config(2, &StrategyKind::ALL);
+        bad_preset.preset = "no-such-gpu".into();
+        let e = simulate(&w, &bad_preset, &mut quiet).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains("no-such-gpu"), "{e}");
+        let mut all_gone = config(2, &StrategyKind::ALL);
+        all_gone.scale = vec![ScaleEvent { at_s: 1.0, delta: -2 }];
+        assert!(matches!(
+            simulate(&w, &all_gone, &mut quiet),
+            Err(SimError::InvalidConfig { field: "scale", .. })
+        ));
+        let mut unsorted = w.clone();
+        unsorted.requests.swap(0, 5);
+        assert!(matches!(
+            simulate(&unsorted, &config(2, &StrategyKind::ALL), &mut quiet),
+            Err(SimError::InvalidRequest { .. })
+        ));
+    }
+
+    #[test]
+    fn progress_reaches_the_total() {
+        let w = shared_docs(50, 5, 10.0, 8);
+        let mut last = None;
+        simulate(&w, &config(2, &[StrategyKind::Random, StrategyKind::PrefixAware]), &mut |p| {
+            last = Some((p.done_total(), p.grand_total()))
+        })
+        .expect("runs");
+        assert_eq!(last, Some((100, 100)));
+    }
+}

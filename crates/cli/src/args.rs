@@ -1,0 +1,200 @@
+//! Command-line flags (clap derive). Values are validated here with the library's own checks, so
+//! a bad flag fails before anything runs, with a one-line message that names it.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use prefix_router_core::strategy::OverflowPolicy;
+use prefix_router_core::{ConcurrencyThreshold, PrefixLength, StrategyKind};
+use prefix_router_workload::scale::parse_scale_events;
+use prefix_router_workload::ScaleEvent;
+
+/// Default routing-key length in characters; see the `--prefix-length` help for why.
+pub const DEFAULT_PREFIX_LENGTH: u32 = 1024;
+
+/// prefix-router: a prefix-cache-aware router for fleets of LLM inference servers.
+#[derive(Debug, Parser)]
+#[command(name = "prefix-router", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Simulate a fleet of engines behind the router, once per strategy, and compare them.
+    Simulate(Box<SimulateArgs>),
+    /// List the engine presets and built-in workloads.
+    Presets,
+}
+
+/// Where `--overflow` sends a request whose preferred instance is busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OverflowArg {
+    /// The next instance in the key's rendezvous order that has room (a stable second home).
+    NextInOrder,
+    /// The instance with the fewest requests in flight.
+    LeastOutstanding,
+}
+
+impl From<OverflowArg> for OverflowPolicy {
+    fn from(a: OverflowArg) -> Self {
+        match a {
+            OverflowArg::NextInOrder => OverflowPolicy::NextInOrder,
+            OverflowArg::LeastOutstanding => OverflowPolicy::LeastOutstanding,
+        }
+    }
+}
+
+/// Flags of `simulate`.
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// Built-in workload to generate (see `prefix-router presets`); long-context when neither
+    /// --workload nor --trace is given.
+    #[arg(long, value_name = "NAME", conflicts_with = "trace")]
+    pub workload: Option<String>,
+
+    /// Replay a trace file instead (our JSONL or Mooncake's format).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+
+    /// Instances (engines) in the fleet at the start.
+    #[arg(long, value_name = "N", default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub instances: u32,
+
+    /// Engine preset of every instance (see `prefix-router presets`).
+    #[arg(long, value_name = "P", default_value = "llama-3.1-70b-h100x8")]
+    pub preset: String,
+
+    /// Strategies to compare, comma-separated, run one after another on the same requests.
+    #[arg(
+        long,
+        value_name = "a,b,...",
+        value_delimiter = ',',
+        default_value = "random,round-robin,least-outstanding,prefix-aware",
+        value_parser = parse_strategy
+    )]
+    pub strategies: Vec<StrategyKind>,
+
+    /// Seed of the workload generator and of the router's random choices.
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    pub seed: u64,
+
+    /// Number of requests (generators: how many to make; traces: the first N lines).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub requests: Option<u64>,
+
+    /// Open loop: Poisson arrivals at R requests per second (traces: timestamps rescaled to a
+    /// mean of R per second).
+    #[arg(long, value_name = "R", conflicts_with = "concurrency", value_parser = parse_rate)]
+    pub rate: Option<f64>,
+
+    /// Closed loop: C clients, each sending its next request when the previous one finishes.
+    #[arg(long, value_name = "C", value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: Option<u32>,
+
+    /// Characters of the chat text (roles and message text, in order) that form the routing
+    /// key, 1024..=65536. Default 1024, the smallest allowed: at five characters per token that
+    /// is about 200 tokens, already unique per shared document or conversation start in the
+    /// built-in workloads, while a longer key would also take in the part that differs between
+    /// requests sharing a prefix (a ShareGPT chat's next turn, a question after a short
+    /// document) and scatter them. Raise it when every request starts with a long shared
+    /// system prompt, or all traffic gets one key.
+    #[arg(long, value_name = "N", default_value_t = u64::from(DEFAULT_PREFIX_LENGTH), value_parser = parse_prefix_length)]
+    pub prefix_length: u64,
+
+    /// Prefix-aware: in-flight requests at which the preferred instance overflows (1..=1024;
+    /// default: the strategy's own default).
+    #[arg(long, value_name = "N", value_parser = parse_threshold)]
+    pub concurrency_threshold: Option<u32>,
+
+    /// Prefix-aware: where overflow goes.
+    #[arg(long, value_enum, value_name = "POLICY", default_value = "next-in-order")]
+    pub overflow: OverflowArg,
+
+    /// Prefix-aware: bounded-load factor c > 1 (an instance may hold at most
+    /// ceil(c x average in-flight)); off by default.
+    #[arg(long, value_name = "C", value_parser = parse_balance_factor)]
+    pub balance_factor: Option<f64>,
+
+    /// Instances added or removed during the run, e.g. +1@600s,-2@1800s (m suffix: minutes).
+    #[arg(long, value_name = "EVENTS", value_parser = parse_scale)]
+    pub scale: Option<Vec<ScaleEvent>>,
+
+    /// Write the full report as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Write an SVG with the TTFT CDF, the per-instance share and the hit rate over time.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+}
+
+fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
+    s.trim().parse::<StrategyKind>().map_err(|e| e.to_string())
+}
+
+fn parse_prefix_length(s: &str) -> Result<u64, String> {
+    let n: u64 = s.trim().parse().map_err(|_| format!("prefix_length must be a whole number, got '{s}'"))?;
+    PrefixLength::new(n).map(|p| p.get() as u64).map_err(|e| e.to_string())
+}
+
+fn parse_threshold(s: &str) -> Result<u32, String> {
+    let n: u64 = s.trim().parse().map_err(|_| format!("concurrency_threshold must be a whole number, got '{s}'"))?;
+    ConcurrencyThreshold::new(n).map(|t| t.get()).map_err(|e| e.to_string())
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("rate must be a positive number of requests per second, got '{s}'")),
+    }
+}
+
+fn parse_balance_factor(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(c) if c.is_finite() && c > 1.0 => Ok(c),
+        _ => Err(format!("balance_factor must be a finite number greater than 1, got '{s}'")),
+    }
+}
+
+fn parse_scale(s: &str) -> Result<Vec<ScaleEvent>, String> {
+    parse_scale_events(s).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults() {
+        let cli = Cli::try_parse_from(["prefix-router", "simulate"]).map_err(|e| e.to_string());
+        let Ok(Cli { command: Command::Simulate(a) }) = cli else { panic!("parse failed: {cli:?}") };
+        assert_eq!(a.instances, 7);
+        assert_eq!(a.preset, "llama-3.1-70b-h100x8");
+        assert_eq!(a.strategies, StrategyKind::ALL.to_vec());
+        assert_eq!(a.prefix_length, u64::from(DEFAULT_PREFIX_LENGTH));
+        assert_eq!(a.seed, 1);
+    }
+
+    #[test]
+    fn prefix_length_out_of_range_names_the_setting() {
+        let e = Cli::try_parse_from(["prefix-router", "simulate", "--prefix-length", "5"]).map(|_| ()).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("--prefix-length"), "{text}");
+        assert!(text.contains("prefix_length must be within 1024..=65536, got 5"), "{text}");
+    }
+
+    #[test]
+    fn rate_and_concurrency_conflict() {
+        assert!(Cli::try_parse_from(["prefix-router", "simulate", "--rate", "2", "--concurrency", "3"]).is_err());
+    }
+}

@@ -1,0 +1,49 @@
+//! A progress bar on stderr that appears only once a run has taken more than a second (short
+//! runs stay quiet) and never when stderr is not a terminal.
+
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use prefix_router_sim::Progress;
+
+/// How long a run must take before the bar shows.
+const SHOW_AFTER: Duration = Duration::from_secs(1);
+
+/// Lazily created progress bar fed by the simulator's progress callback.
+#[derive(Debug)]
+pub struct DelayedBar {
+    started: Instant,
+    bar: Option<ProgressBar>,
+}
+
+impl DelayedBar {
+    /// A bar that will show once the run is older than a second.
+    pub fn new() -> Self {
+        Self { started: Instant::now(), bar: None }
+    }
+
+    /// Records where the simulation is.
+    pub fn update(&mut self, p: Progress<'_>) {
+        if self.bar.is_none() {
+            if self.started.elapsed() < SHOW_AFTER {
+                return;
+            }
+            let bar = ProgressBar::with_draw_target(Some(p.grand_total()), ProgressDrawTarget::stderr());
+            let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} requests {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
+            bar.set_style(style);
+            self.bar = Some(bar);
+        }
+        if let Some(bar) = &self.bar {
+            bar.set_position(p.done_total());
+            bar.set_message(format!("({} {}/{})", p.strategy, p.strategy_index + 1, p.strategies));
+        }
+    }
+
+    /// Removes the bar from the terminal.
+    pub fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}

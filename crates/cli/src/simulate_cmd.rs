@@ -1,0 +1,146 @@
+//! `prefix-router simulate`: builds the workload and fleet settings from flags, runs the
+//! simulator, prints the table and writes the JSON and SVG files asked for.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use prefix_router_core::{ConcurrencyThreshold, PrefixLength, StrategyConfig};
+use prefix_router_sim::{plot, simulate, table, Driver, SimConfig, SimWorkload, WorkloadSource};
+use prefix_router_workload::{generators, trace, Arrival, Request, WorkloadKind, WorkloadSpec};
+
+use crate::args::SimulateArgs;
+use crate::progress::DelayedBar;
+
+/// Workload used when neither `--workload` nor `--trace` is given: the published experiment.
+pub const DEFAULT_WORKLOAD: &str = "long-context";
+
+/// Buckets of the hit-rate-over-time series.
+const HIT_RATE_BUCKETS: usize = 50;
+
+/// Runs `simulate`.
+pub fn run(args: SimulateArgs) -> Result<()> {
+    let workload = load_workload(&args)?;
+    let config = sim_config(&args, &workload)?;
+    let started = Instant::now();
+    let mut bar = DelayedBar::new();
+    let report = simulate(&workload, &config, &mut |p| bar.update(p));
+    bar.finish();
+    let report = report?;
+    let wall = started.elapsed().as_secs_f64();
+
+    print!("{}", table::render(&report));
+    eprintln!(
+        "simulated {} requests x {} strategies in {wall:.1} s",
+        workload.requests.len(),
+        config.strategies.len()
+    );
+    if let Some(path) = &args.json {
+        let mut json = serde_json::to_string_pretty(&report).context("serializing the report")?;
+        json.push('\n');
+        std::fs::write(path, json).with_context(|| format!("--json: cannot write {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        plot::write_svg(&report, path).with_context(|| format!("--plot {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The simulator settings the flags ask for.
+fn sim_config(args: &SimulateArgs, workload: &SimWorkload) -> Result<SimConfig> {
+    let prefix_length = PrefixLength::new(args.prefix_length).context("--prefix-length")?;
+    let threshold = args
+        .concurrency_threshold
+        .map(|t| ConcurrencyThreshold::new(u64::from(t)))
+        .transpose()
+        .context("--concurrency-threshold")?;
+    let strategies = args
+        .strategies
+        .iter()
+        .map(|&kind| {
+            let mut s = StrategyConfig::new(kind);
+            if let Some(t) = threshold {
+                s.concurrency_threshold = t;
+            }
+            s.overflow = args.overflow.into();
+            s.balance_factor = args.balance_factor;
+            s
+        })
+        .collect();
+    let driver = match (&workload.source, args.concurrency) {
+        (_, Some(clients)) => Driver::ClosedLoop { clients },
+        (WorkloadSource::Generated { spec }, None) => match spec.arrival {
+            Arrival::Closed { clients } => Driver::ClosedLoop { clients },
+            Arrival::Poisson { .. } => Driver::OpenLoop,
+        },
+        (WorkloadSource::Trace { .. }, None) => Driver::OpenLoop,
+    };
+    Ok(SimConfig {
+        preset: args.preset.clone(),
+        instances: args.instances,
+        strategies,
+        prefix_length,
+        seed: args.seed,
+        driver,
+        scale: args.scale.clone().unwrap_or_default(),
+        hit_rate_buckets: HIT_RATE_BUCKETS,
+    })
+}
+
+/// Generates the named workload or reads the trace, applying `--requests`, `--rate` and
+/// `--concurrency`.
+fn load_workload(args: &SimulateArgs) -> Result<SimWorkload> {
+    if let Some(path) = &args.trace {
+        return load_trace(args, path);
+    }
+    let name = args.workload.as_deref().unwrap_or(DEFAULT_WORKLOAD);
+    let kind = WorkloadKind::from_str(name).with_context(|| format!("--workload {name}"))?;
+    let mut spec = WorkloadSpec::default_for(kind);
+    // The documented defaults of each workload, with the run's seed and the flags on top.
+    spec.seed = args.seed;
+    if let Some(n) = args.requests {
+        spec.requests = n;
+    }
+    if let Some(rate) = args.rate {
+        spec.arrival = Arrival::Poisson { rate };
+    }
+    if let Some(clients) = args.concurrency {
+        spec.arrival = Arrival::Closed { clients };
+    }
+    spec.validate().context("--workload")?;
+    let requests: Vec<Request> = generators::generate(&spec).collect();
+    Ok(SimWorkload { name: name.to_string(), source: WorkloadSource::Generated { spec }, requests })
+}
+
+fn load_trace(args: &SimulateArgs, path: &Path) -> Result<SimWorkload> {
+    let mut requests = trace::load_trace(path).with_context(|| format!("--trace {}", path.display()))?;
+    if let Some(n) = args.requests {
+        requests.truncate(usize::try_from(n).unwrap_or(usize::MAX));
+    }
+    if let Some(rate) = args.rate {
+        rescale_arrivals(&mut requests, rate);
+    }
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    Ok(SimWorkload {
+        name,
+        source: WorkloadSource::Trace { path: path.display().to_string(), format: "auto".into() },
+        requests,
+    })
+}
+
+/// Stretches or squeezes arrival times (keeping their shape) so the mean rate becomes `rate`.
+fn rescale_arrivals(requests: &mut [Request], rate: f64) {
+    let (Some(first), Some(last)) = (requests.first().map(|r| r.arrival_s), requests.last().map(|r| r.arrival_s))
+    else {
+        return;
+    };
+    let span = last - first;
+    if requests.len() < 2 || span <= 0.0 {
+        return;
+    }
+    let factor = (requests.len() - 1) as f64 / rate / span;
+    for r in requests.iter_mut() {
+        r.arrival_s = (r.arrival_s - first) * factor;
+    }
+}

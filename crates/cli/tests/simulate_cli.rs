@@ -1,0 +1,161 @@
+//! Runs the built `prefix-router` binary on small simulations.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_prefix-router"))
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("the binary starts")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("prefix-router-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir.join(name)
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+const SMALL: &[&str] = &["simulate", "--preset", "small", "--requests", "300", "--instances", "4"];
+
+fn small_run(extra: &[&str], json: &PathBuf) -> Output {
+    let json_s = json.to_str().expect("utf-8 temp path");
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--json", json_s]);
+    run(&args)
+}
+
+fn read_json(path: &PathBuf) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("json written");
+    serde_json::from_str(&text).expect("valid json")
+}
+
+#[test]
+fn json_has_the_contract_fields() {
+    let json = tmp("fields.json");
+    let out = small_run(&["--workload", "long-context"], &json);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let v = read_json(&json);
+    assert!(v["workload"].is_object());
+    assert!(v["fleet"].is_object());
+    assert!(v["oracle_hit_rate"].is_f64());
+    let results = v["results"].as_array().expect("results array");
+    let names: Vec<&str> = results.iter().filter_map(|r| r["strategy"].as_str()).collect();
+    assert_eq!(names, ["random", "round-robin", "least-outstanding", "prefix-aware"]);
+    for r in results {
+        assert_eq!(r["requests"].as_u64(), Some(300));
+        for lat in ["ttft_ms", "e2e_ms"] {
+            for k in ["p50", "p90", "p99", "mean"] {
+                assert!(r[lat][k].is_f64(), "{lat}.{k} missing in {r}");
+            }
+        }
+        for k in ["kv_hit_rate", "throughput_rps", "output_tokens_per_s", "overflow_rate"] {
+            assert!(r[k].is_f64(), "{k} missing");
+        }
+        for k in ["kv_hit_rate", "overflow_rate"] {
+            let x = r[k].as_f64().unwrap_or(-1.0);
+            assert!((0.0..=1.0).contains(&x), "{k} = {x}");
+        }
+        let shares = r["instance_share"].as_array().expect("instance_share array");
+        assert_eq!(shares.len(), 4);
+        let sum: f64 = shares.iter().filter_map(|s| s.as_f64()).sum();
+        assert!((sum - 1.0).abs() < 1e-9);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("prefix-aware vs random"), "{stdout}");
+    assert!(stdout.contains("Oracle hit rate"), "{stdout}");
+}
+
+#[test]
+fn same_seed_same_bytes() {
+    let (a, b) = (tmp("det-a.json"), tmp("det-b.json"));
+    let args = ["--workload", "sharegpt", "--seed", "9"];
+    assert!(small_run(&args, &a).status.success());
+    assert!(small_run(&args, &b).status.success());
+    let (ta, tb) = (std::fs::read(&a).expect("a"), std::fs::read(&b).expect("b"));
+    assert_eq!(ta, tb);
+}
+
+#[test]
+fn bad_prefix_length_is_one_line_naming_the_flag() {
+    let out = run(&["simulate", "--prefix-length", "5"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("--prefix-length"), "{err}");
+    assert!(err.contains("prefix_length must be within 1024..=65536, got 5"), "{err}");
+}
+
+#[test]
+fn bad_values_name_their_flag() {
+    for (args, needle) in [
+        (vec!["simulate", "--strategies", "random,fastest"], "--strategies"),
+        (vec!["simulate", "--concurrency-threshold", "0"], "--concurrency-threshold"),
+        (vec!["simulate", "--scale", "+1@soon"], "--scale"),
+        (vec!["simulate", "--instances", "0"], "--instances"),
+        (vec!["simulate", "--preset", "no-such-gpu", "--requests", "10"], "no-such-gpu"),
+        (vec!["simulate", "--workload", "no-such-workload", "--requests", "10"], "--workload"),
+        (vec!["simulate", "--trace", "/no/such/file.jsonl", "--preset", "small"], "--trace"),
+    ] {
+        let out = run(&args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn mooncake_trace_runs() {
+    let trace = repo_root().join("data/traces/mooncake_synthetic_trace.jsonl");
+    let json = tmp("mooncake.json");
+    let out = run(&[
+        "simulate",
+        "--trace",
+        trace.to_str().expect("utf-8 path"),
+        "--preset",
+        "small",
+        "--requests",
+        "200",
+        "--strategies",
+        "random,prefix-aware",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let v = read_json(&json);
+    assert_eq!(v["results"][0]["requests"].as_u64(), Some(200));
+    assert!(v["oracle_hit_rate"].as_f64().unwrap_or(0.0) > 0.0);
+}
+
+#[test]
+fn plot_is_an_svg_and_scale_events_show() {
+    let plot = tmp("plot.svg");
+    let json = tmp("plot.json");
+    let out = small_run(
+        &["--workload", "long-context", "--scale", "+1@20s", "--plot", plot.to_str().expect("utf-8")],
+        &json,
+    );
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let svg = std::fs::read_to_string(&plot).expect("svg written");
+    assert!(svg.starts_with("<svg") || svg.contains("<svg"), "not an svg");
+    assert!(svg.contains("Time to first token"));
+    let v = read_json(&json);
+    assert_eq!(v["results"][0]["instance_share"].as_array().map(Vec::len), Some(5));
+}
+
+#[test]
+fn presets_lists_presets_and_workloads() {
+    let out = run(&["presets"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in ["llama-3.1-70b-h100x8", "small", "long-context", "sharegpt"] {
+        assert!(text.contains(needle), "{needle} missing from: {text}");
+    }
+}
