@@ -7,6 +7,7 @@
 //! plausibly have been generated plus a think (or tool) time, and each turn resends the history.
 
 mod distributions;
+pub(crate) use distributions::exponential;
 mod kinds;
 pub(crate) mod schedule;
 

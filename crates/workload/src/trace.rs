@@ -1,12 +1,370 @@
 //! Trace files: our JSONL and Mooncake's.
+//!
+//! # Our JSONL format
+//!
+//! One JSON object per line (blank lines are skipped), one request per object:
+//!
+//! ```json
+//! {"t": 0.25, "messages": [{"role": "system", "segments": [[4611686018427387905, 512]]},
+//!                          {"role": "user", "content": "what does clause 4 say?"}],
+//!  "output_tokens": 120, "group": "tenant-a", "model": "llama-3.1-8b"}
+//! ```
+//!
+//! - `t` (required): arrival time, seconds from the start (finite, not negative). Requests are
+//!   sorted by `t` (stably) and numbered 0.. in that order.
+//! - `messages` (required): `role` is `system`, `user` or `assistant`, and the content is
+//!   either `segments`, a list of `[id, tokens]` pairs of prefix-chained content ids (equal id
+//!   means equal content *and* equal everything before it; ids are unsigned 64-bit integers, read
+//!   them exactly), or `content`, literal text: one token per whitespace-separated word, with a
+//!   content id chained from the previous segment, the role and the words
+//!   ([`crate::text::text_segment`]), so replaying your own logs keeps their sharing structure.
+//! - `output_tokens` (required, at least 1): tokens to generate.
+//! - `group` (optional): the routing group (`prompt_cache_key`); `model` (optional).
+//!
+//! [`write_jsonl`] always writes the `segments` form, so reading back gives the same requests.
+//!
+//! # Mooncake format
+//!
+//! One JSON object per line with `timestamp` (milliseconds), `input_length`, `output_length`
+//! and `hash_ids`: one id per 512-token block, prefix-chained. Each line becomes one user message
+//! whose segments are the blocks ([`crate::ids::mooncake_id`] of each hash id, 512 tokens).
+//! When `input_length` does not match the ids: if it is shorter, the last used block is truncated
+//! and surplus ids are dropped; if it is longer than `512 * hash_ids.len()`, the excess becomes
+//! one tail segment unique to the request (its content is unknown, so nothing is assumed
+//! shared). `output_length` 0 is read as 1 (an engine generates at least one token).
+
+use crate::ids::{block_hash, mooncake_id, mooncake_tail_id};
+use crate::request::{Message, Request, Role, Segment};
+use crate::text::text_segment;
+use std::collections::HashSet;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io::Write;
+use std::path::Path;
+
+/// Tokens per Mooncake hash id.
+pub const MOONCAKE_BLOCK_TOKENS: u32 = 512;
 
 /// A trace file that cannot be read; names the line and field.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// Reading failed.
     #[error("cannot read {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
     /// A line does not parse.
     #[error("{path}:{line}: {why}")]
-    Line { path: String, line: usize, why: String },
+    Line {
+        /// The file.
+        path: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong, naming the field.
+        why: String,
+    },
+    /// The file as a whole is unusable (e.g. it holds no request).
+    #[error("{path}: {why}")]
+    Format {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        why: String,
+    },
 }
+
+/// One line of a Mooncake trace.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MooncakeRecord {
+    /// Arrival, milliseconds from the start.
+    pub timestamp: f64,
+    /// Prompt tokens.
+    pub input_length: u32,
+    /// Tokens generated.
+    pub output_length: u32,
+    /// One id per 512-token block of the prompt, prefix-chained.
+    pub hash_ids: Vec<u64>,
+}
+
+impl MooncakeRecord {
+    /// The request of this record (see the module doc for mismatched lengths); `line` numbers
+    /// the record (it salts the unique tail segment) and becomes the request id.
+    pub fn to_request(&self, line: u64) -> Result<Request, String> {
+        if !(self.timestamp.is_finite() && self.timestamp >= 0.0) {
+            return Err("timestamp: must be a finite, non-negative number of milliseconds".into());
+        }
+        if self.input_length == 0 {
+            return Err("input_length: must be at least 1".into());
+        }
+        let mut left = self.input_length;
+        let mut segments = Vec::with_capacity(self.hash_ids.len() + 1);
+        let mut last = 0u64;
+        for &h in &self.hash_ids {
+            if left == 0 {
+                break;
+            }
+            let tokens = left.min(MOONCAKE_BLOCK_TOKENS);
+            last = mooncake_id(h);
+            segments.push(Segment { id: last, tokens });
+            left -= tokens;
+        }
+        if left > 0 {
+            segments.push(Segment { id: mooncake_tail_id(last, line), tokens: left });
+        }
+        Ok(Request {
+            id: line,
+            arrival_s: self.timestamp / 1000.0,
+            group: None,
+            model: None,
+            messages: vec![Message::new(Role::User, segments)],
+            output_tokens: self.output_length.max(1),
+        })
+    }
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct LineMessage {
+    role: Role,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    segments: Option<Vec<(u64, u32)>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Line {
+    t: f64,
+    messages: Vec<LineMessage>,
+    output_tokens: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    model: Option<String>,
+}
+
+impl Line {
+    fn into_request(self, id: u64) -> Result<Request, String> {
+        if !(self.t.is_finite() && self.t >= 0.0) {
+            return Err("t: must be a finite, non-negative number of seconds".into());
+        }
+        if self.output_tokens == 0 {
+            return Err("output_tokens: must be at least 1".into());
+        }
+        let mut parent = 0u64;
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.into_iter().enumerate() {
+            let segments = match (m.segments, m.content) {
+                (Some(s), None) => {
+                    let mut out = Vec::with_capacity(s.len());
+                    for (id, tokens) in s {
+                        if tokens == 0 {
+                            return Err(format!("messages[{i}].segments: a segment has 0 tokens"));
+                        }
+                        out.push(Segment { id, tokens });
+                    }
+                    out
+                }
+                (None, Some(text)) => text_segment(parent, m.role, &text).into_iter().collect(),
+                _ => {
+                    return Err(format!(
+                        "messages[{i}]: needs exactly one of `segments` and `content`"
+                    ))
+                }
+            };
+            if let Some(s) = segments.last() {
+                parent = s.id;
+            }
+            messages.push(Message::new(m.role, segments));
+        }
+        Ok(Request {
+            id,
+            arrival_s: self.t,
+            group: self.group,
+            model: self.model,
+            messages,
+            output_tokens: self.output_tokens,
+        })
+    }
+}
+
+/// Writes `requests` in our JSONL format (segments form), one line each.
+pub fn write_jsonl<W: Write>(requests: &[Request], mut out: W) -> std::io::Result<()> {
+    for r in requests {
+        let line = Line {
+            t: r.arrival_s,
+            messages: r
+                .messages
+                .iter()
+                .map(|m| LineMessage {
+                    role: m.role,
+                    segments: Some(m.segments.iter().map(|s| (s.id, s.tokens)).collect()),
+                    content: None,
+                })
+                .collect(),
+            output_tokens: r.output_tokens,
+            group: r.group.clone(),
+            model: r.model.clone(),
+        };
+        serde_json::to_writer(&mut out, &line)?;
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+/// Non-blank lines with their 1-based numbers.
+fn numbered_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())).filter(|(_, l)| !l.is_empty())
+}
+
+/// Parses our JSONL text; `path` only labels errors. Requests are sorted by `t` and numbered.
+pub fn parse_jsonl(text: &str, path: &str) -> Result<Vec<Request>, TraceError> {
+    let mut out = Vec::new();
+    for (n, l) in numbered_lines(text) {
+        let err = |why: String| TraceError::Line { path: path.to_string(), line: n, why };
+        let line: Line = serde_json::from_str(l).map_err(|e| err(e.to_string()))?;
+        out.push(line.into_request(0).map_err(err)?);
+    }
+    out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    for (i, r) in out.iter_mut().enumerate() {
+        r.id = i as u64;
+    }
+    Ok(out)
+}
+
+/// Parses Mooncake JSONL text into records; `path` only labels errors.
+pub fn parse_mooncake_records(text: &str, path: &str) -> Result<Vec<MooncakeRecord>, TraceError> {
+    numbered_lines(text)
+        .map(|(n, l)| {
+            serde_json::from_str(l).map_err(|e| TraceError::Line {
+                path: path.to_string(),
+                line: n,
+                why: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Parses Mooncake JSONL text into requests (sorted by timestamp, numbered in that order).
+pub fn parse_mooncake(text: &str, path: &str) -> Result<Vec<Request>, TraceError> {
+    let mut out = Vec::new();
+    for (i, (n, l)) in numbered_lines(text).enumerate() {
+        let err = |why: String| TraceError::Line { path: path.to_string(), line: n, why };
+        let record: MooncakeRecord = serde_json::from_str(l).map_err(|e| err(e.to_string()))?;
+        out.push(record.to_request(i as u64).map_err(err)?);
+    }
+    out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    for (i, r) in out.iter_mut().enumerate() {
+        r.id = i as u64;
+    }
+    Ok(out)
+}
+
+/// The formats [`load_trace`] recognizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// Our JSONL.
+    Jsonl,
+    /// Mooncake JSONL (lines carry `hash_ids`).
+    Mooncake,
+    /// A ShareGPT JSON array.
+    Sharegpt,
+}
+
+/// Guesses the format of trace text: a JSON array is ShareGPT; a first line with `hash_ids` is
+/// Mooncake; anything else is ours.
+pub fn detect_format(text: &str) -> TraceFormat {
+    if text.trim_start().starts_with('[') {
+        return TraceFormat::Sharegpt;
+    }
+    let first = numbered_lines(text).next().map(|(_, l)| l).unwrap_or("");
+    match serde_json::from_str::<serde_json::Value>(first) {
+        Ok(v) if v.get("hash_ids").is_some() => TraceFormat::Mooncake,
+        _ => TraceFormat::Jsonl,
+    }
+}
+
+/// Reads a trace file of any recognized format ([`detect_format`]); ShareGPT files are replayed
+/// with [`crate::sharegpt::ReplayOptions::default`]. Errors name the file, line and field.
+pub fn load_trace(path: impl AsRef<Path>) -> Result<Vec<Request>, TraceError> {
+    let path = path.as_ref();
+    let label = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| TraceError::Io { path: label.clone(), source })?;
+    let requests = match detect_format(&text) {
+        TraceFormat::Sharegpt => {
+            crate::sharegpt::parse_sharegpt(&text, &label, &Default::default())?.requests
+        }
+        TraceFormat::Mooncake => parse_mooncake(&text, &label)?,
+        TraceFormat::Jsonl => parse_jsonl(&text, &label)?,
+    };
+    if requests.is_empty() {
+        return Err(TraceError::Format { path: label, why: "holds no request".into() });
+    }
+    Ok(requests)
+}
+
+/// A hasher for keys that are already uniform 64-bit hashes: passes them through.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type HashSet64 = HashSet<u64, BuildHasherDefault<PassThrough>>;
+
+/// The ceiling on any router's hit rate: the fraction of prompt tokens one infinite prefix cache,
+/// seeing every request in order, would serve from cache. A request hits its longest run of
+/// leading full `block_tokens` blocks seen before (as an engine's prefix cache does); partial
+/// blocks never hit. 0 when there are no prompt tokens.
+pub fn oracle_hit_rate(requests: &[Request], block_tokens: u32) -> f64 {
+    let mut seen = HashSet64::default();
+    let mut hashes = Vec::new();
+    let (mut hit, mut total) = (0u64, 0u64);
+    for r in requests {
+        total += u64::from(r.prompt_tokens());
+        r.block_hashes_into(block_tokens, &mut hashes);
+        let leading = hashes.iter().take_while(|h| seen.contains(h)).count() as u64;
+        hit += leading * u64::from(block_tokens);
+        seen.extend(hashes.iter().copied());
+    }
+    if total == 0 {
+        0.0
+    } else {
+        hit as f64 / total as f64
+    }
+}
+
+/// The Mooncake trace's own measure: the fraction of `hash_ids` (partial last blocks included)
+/// already seen in an earlier record, counting each record's leading run.
+pub fn hash_id_hit_rate(records: &[MooncakeRecord]) -> f64 {
+    let mut seen = HashSet64::default();
+    let (mut hit, mut total) = (0u64, 0u64);
+    for r in records {
+        total += r.hash_ids.len() as u64;
+        // Mooncake ids are small integers; spread them before the pass-through set.
+        let ids: Vec<u64> = r.hash_ids.iter().map(|&h| block_hash(h, 0)).collect();
+        hit += ids.iter().take_while(|h| seen.contains(h)).count() as u64;
+        seen.extend(ids);
+    }
+    if total == 0 {
+        0.0
+    } else {
+        hit as f64 / total as f64
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,144 @@
+use super::*;
+use crate::generators::{generate, WorkloadKind, WorkloadSpec};
+use proptest::prelude::*;
+
+const MOONCAKE: &str = include_str!("../../../../data/traces/mooncake_synthetic_trace.jsonl");
+
+#[test]
+fn mooncake_trace_facts() {
+    let records = parse_mooncake_records(MOONCAKE, "mooncake").unwrap();
+    assert_eq!(records.len(), 3_993);
+    let rate = hash_id_hit_rate(&records);
+    assert!((rate - 0.640).abs() < 0.0005, "{rate}");
+    let requests = parse_mooncake(MOONCAKE, "mooncake").unwrap();
+    assert_eq!(requests.len(), 3_993);
+    let tokens: u64 = requests.iter().map(|r| u64::from(r.prompt_tokens())).sum();
+    let want: u64 = records.iter().map(|r| u64::from(r.input_length)).sum();
+    assert_eq!(tokens, want);
+    // Counting prompt tokens in full 512-token blocks (partial last blocks never hit).
+    let oracle = oracle_hit_rate(&requests, MOONCAKE_BLOCK_TOKENS);
+    assert!((oracle - 0.650).abs() < 0.0005, "{oracle}");
+    // Engine-sized blocks also hit inside shared partial blocks: a little higher.
+    let fine = oracle_hit_rate(&requests, 16);
+    assert!(fine > oracle && fine < 0.66, "{fine}");
+    assert!(requests.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
+    assert!((requests.last().unwrap().arrival_s - 1022.025).abs() < 1e-9);
+}
+
+#[test]
+fn mooncake_lengths_that_do_not_match_the_ids() {
+    let rec = |input_length, ids: Vec<u64>| MooncakeRecord {
+        timestamp: 1500.0,
+        input_length,
+        output_length: 0,
+        hash_ids: ids,
+    };
+    let short = rec(600, vec![1, 2, 3]).to_request(0).unwrap();
+    let segs = &short.messages[0].segments;
+    assert_eq!(segs.iter().map(|s| s.tokens).collect::<Vec<_>>(), vec![512, 88]);
+    assert_eq!(segs[0].id, mooncake_id(1));
+    assert_eq!(short.output_tokens, 1);
+    assert_eq!(short.arrival_s, 1.5);
+    let long = rec(1100, vec![1, 2]).to_request(5).unwrap();
+    let segs = &long.messages[0].segments;
+    assert_eq!(segs.len(), 3);
+    assert_eq!(segs[2].tokens, 76);
+    assert_ne!(segs[2].id, rec(1100, vec![1, 2]).to_request(6).unwrap().messages[0].segments[2].id);
+    assert!(rec(0, vec![1]).to_request(0).unwrap_err().contains("input_length"));
+    let err = parse_mooncake("{\"timestamp\": 0, \"input_length\": 0, \"output_length\": 1, \"hash_ids\": []}", "m.jsonl").unwrap_err();
+    assert_eq!(err.to_string(), "m.jsonl:1: input_length: must be at least 1");
+}
+
+#[test]
+fn jsonl_round_trip() {
+    let mut spec = WorkloadSpec::default_for(WorkloadKind::Sharegpt);
+    spec.requests = 200;
+    spec.groups = Some(3);
+    let mut requests: Vec<Request> = generate(&spec).collect();
+    requests[3].model = Some("lora-\"x\"".into());
+    let mut buf = Vec::new();
+    write_jsonl(&requests, &mut buf).unwrap();
+    let text = String::from_utf8(buf).unwrap();
+    assert_eq!(text.lines().count(), 200);
+    assert_eq!(detect_format(&text), TraceFormat::Jsonl);
+    assert_eq!(parse_jsonl(&text, "rt.jsonl").unwrap(), requests);
+}
+
+#[test]
+fn jsonl_content_messages_chain_like_text_segments() {
+    let text = r#"
+{"t": 2, "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}], "output_tokens": 5}
+{"t": 1, "messages": [{"role": "system", "content": "be  brief"}, {"role": "user", "segments": [[7, 3]]}], "output_tokens": 4, "group": "g"}
+"#;
+    let r = parse_jsonl(text, "mine.jsonl").unwrap();
+    assert_eq!(r[0].arrival_s, 1.0);
+    assert_eq!(r[0].id, 0);
+    assert_eq!(r[0].group.as_deref(), Some("g"));
+    assert_eq!(r[1].messages[0], r[0].messages[0]);
+    assert_eq!(r[1].prompt_tokens(), 4);
+    assert_eq!(r[0].prompt_tokens(), 5);
+}
+
+#[test]
+fn jsonl_errors_name_line_and_field() {
+    let cases = [
+        ("{\"t\": 1, \"messages\": [], \"output_tokens\": 0}", "output_tokens"),
+        ("{\"t\": -1, \"messages\": [], \"output_tokens\": 3}", "t:"),
+        ("{\"messages\": [], \"output_tokens\": 3}", "missing field `t`"),
+        ("{\"t\": 1, \"messages\": [{\"role\": \"user\"}], \"output_tokens\": 3}", "messages[0]"),
+        ("{\"t\": 1, \"messages\": [{\"role\": \"bot\", \"content\": \"x\"}], \"output_tokens\": 3}", "bot"),
+        ("{\"t\": 1, \"messages\": [{\"role\": \"user\", \"segments\": [[1, 0]]}], \"output_tokens\": 3}", "0 tokens"),
+    ];
+    for (line, field) in cases {
+        let text = format!("\n{line}\n");
+        let err = parse_jsonl(&text, "bad.jsonl").unwrap_err().to_string();
+        assert!(err.starts_with("bad.jsonl:2: "), "{err}");
+        assert!(err.contains(field), "{err}");
+    }
+}
+
+#[test]
+fn load_trace_detects_formats_and_reports_io() {
+    let dir = std::env::temp_dir().join(format!("prefix-router-workload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mooncake = dir.join("m.jsonl");
+    std::fs::write(&mooncake, MOONCAKE.lines().take(10).collect::<Vec<_>>().join("\n")).unwrap();
+    assert_eq!(load_trace(&mooncake).unwrap().len(), 10);
+    let sharegpt = dir.join("s.json");
+    std::fs::write(&sharegpt, include_str!("../../tests/fixtures/sharegpt_small.json")).unwrap();
+    assert_eq!(load_trace(&sharegpt).unwrap().len(), 4);
+    let empty = dir.join("e.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    assert!(load_trace(&empty).unwrap_err().to_string().contains("no request"));
+    let missing = dir.join("missing.jsonl");
+    assert!(load_trace(&missing).unwrap_err().to_string().contains("missing.jsonl"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn oracle_counts_leading_blocks() {
+    let mut spec = WorkloadSpec::default_for(WorkloadKind::LongContext);
+    spec.requests = 50;
+    if let crate::generators::WorkloadParams::LongContext(p) = &mut spec.params {
+        p.documents = 1;
+    }
+    let r: Vec<Request> = generate(&spec).collect();
+    let rate = oracle_hit_rate(&r, 16);
+    // 49 of 50 requests hit the 8,000-token document (500 full blocks).
+    let total: u64 = r.iter().map(|q| u64::from(q.prompt_tokens())).sum();
+    assert!((rate - 49.0 * 8000.0 / total as f64).abs() < 1e-12, "{rate}");
+    assert_eq!(oracle_hit_rate(&[], 16), 0.0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+    #[test]
+    fn round_trip_any_workload(seed in any::<u64>(), kind in 0usize..5, n in 0u64..40) {
+        let spec = WorkloadSpec { seed, requests: n, ..WorkloadSpec::default_for(WorkloadKind::ALL[kind]) };
+        let requests: Vec<Request> = generate(&spec).collect();
+        let mut buf = Vec::new();
+        write_jsonl(&requests, &mut buf).unwrap();
+        let back = parse_jsonl(std::str::from_utf8(&buf).unwrap(), "p").unwrap();
+        prop_assert_eq!(back, requests);
+    }
+}
