@@ -1,0 +1,445 @@
+//! The canonical text of an OpenAI request, built identically by both JSON back ends.
+//!
+//! A back end hands this module raw JSON values ([`JsonNode`]: the value's exact text plus a way
+//! to walk its elements or entries); everything that decides what text a request contributes,
+//! which types are accepted and which error names which field lives here, so the serde_json and
+//! sonic-rs extractors cannot drift apart.
+
+use super::text::{decode_json_str, decode_owned, PrefixText};
+use super::{ExtractError, RequestInfo, MESSAGE_END, PART_STAND_IN, PROMPT_SEPARATOR, ROLE_SEPARATOR, TOOL_CALL_START};
+use crate::{GroupId, KeyHash};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Seed of the hash that stands in for a non-text content part (xxh3-64 of the part's JSON text).
+pub const PART_SEED: u64 = 0x7061_7274_2d73_6565; // "part-see"
+
+const PROMPT_EXPECTED: &str = "a string, an array of strings, an array of token ids or an array of token-id arrays";
+
+/// A raw JSON value as a back end sees it.
+pub(crate) trait JsonNode: Sized {
+    /// The value's exact JSON text (no surrounding whitespace).
+    fn raw(&self) -> &str;
+    /// Calls `f` on each element of this array value (the caller has checked it is one).
+    fn for_each_element(&self, f: impl FnMut(Self) -> Result<(), ExtractError>) -> Result<(), ExtractError>;
+    /// Calls `f` on each entry of this object value (the caller has checked it is one).
+    fn for_each_entry(&self, f: impl FnMut(&str, Self) -> Result<(), ExtractError>) -> Result<(), ExtractError>;
+}
+
+/// JSON type of a raw value, read from its first byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Null,
+    Bool,
+    Number,
+    String,
+    Array,
+    Object,
+}
+
+pub(crate) fn kind(raw: &str) -> Kind {
+    match raw.as_bytes().first() {
+        Some(b'"') => Kind::String,
+        Some(b'[') => Kind::Array,
+        Some(b'{') => Kind::Object,
+        Some(b'n') => Kind::Null,
+        Some(b't' | b'f') => Kind::Bool,
+        _ => Kind::Number,
+    }
+}
+
+/// Which OpenAI API a body belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Api {
+    /// `/v1/chat/completions`: text from `messages`.
+    Chat,
+    /// `/v1/completions`: text from `prompt`.
+    Completion,
+}
+
+impl Api {
+    fn main_field(self) -> &'static str {
+        match self {
+            Api::Chat => "messages",
+            Api::Completion => "prompt",
+        }
+    }
+}
+
+/// Top-level fields the extractor reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TopField {
+    Main,
+    Model,
+    Stream,
+    Group,
+    Other,
+}
+
+const SEEN_MAIN: u8 = 1;
+const SEEN_MODEL: u8 = 2;
+const SEEN_STREAM: u8 = 4;
+const SEEN_GROUP: u8 = 8;
+
+/// Accumulates what the router needs from one body.
+#[derive(Debug)]
+pub(crate) struct Canon<'b> {
+    api: Api,
+    text: PrefixText<'b>,
+    model: Option<String>,
+    stream: bool,
+    group: Option<String>,
+    seen: u8,
+}
+
+impl<'b> Canon<'b> {
+    pub(crate) fn new(api: Api, buf: &'b mut String, max_chars: usize) -> Self {
+        Self { api, text: PrefixText::new(buf, max_chars), model: None, stream: false, group: None, seen: 0 }
+    }
+
+    /// Which API the body belongs to.
+    pub(crate) fn api(&self) -> Api {
+        self.api
+    }
+
+    /// Classifies a top-level key.
+    pub(crate) fn top_field(&self, key: &str) -> TopField {
+        match key {
+            "model" => TopField::Model,
+            "stream" => TopField::Stream,
+            "prompt_cache_key" => TopField::Group,
+            k if k == self.api.main_field() => TopField::Main,
+            _ => TopField::Other,
+        }
+    }
+
+    /// Refuses a repeated top-level field (which copy would the engine use?).
+    pub(crate) fn mark(&mut self, field: TopField) -> Result<(), ExtractError> {
+        let (bit, name) = match field {
+            TopField::Main => (SEEN_MAIN, self.api.main_field()),
+            TopField::Model => (SEEN_MODEL, "model"),
+            TopField::Stream => (SEEN_STREAM, "stream"),
+            TopField::Group => (SEEN_GROUP, "prompt_cache_key"),
+            TopField::Other => return Ok(()),
+        };
+        if self.seen & bit != 0 {
+            return Err(duplicate(name));
+        }
+        self.seen |= bit;
+        Ok(())
+    }
+
+    /// Handles one top-level entry (lazy back ends); `mark` is applied here.
+    pub(crate) fn top_entry<N: JsonNode>(&mut self, key: &str, value: N) -> Result<(), ExtractError> {
+        let field = self.top_field(key);
+        self.mark(field)?;
+        match field {
+            TopField::Main => match self.api {
+                Api::Chat => self.messages(value),
+                Api::Completion => self.prompt(value),
+            },
+            TopField::Model => self.model(value.raw()),
+            TopField::Stream => self.stream(value.raw()),
+            TopField::Group => self.group(value.raw()),
+            TopField::Other => Ok(()),
+        }
+    }
+
+    /// `model`: a string, or null (absent).
+    pub(crate) fn model(&mut self, raw: &str) -> Result<(), ExtractError> {
+        self.model = match kind(raw) {
+            Kind::Null => None,
+            Kind::String => Some(decode_owned(raw, "model")?),
+            _ => return Err(ExtractError::FieldType { field: "model", expected: "a string" }),
+        };
+        Ok(())
+    }
+
+    /// `stream`: a boolean, or null (false).
+    pub(crate) fn stream(&mut self, raw: &str) -> Result<(), ExtractError> {
+        self.stream = match raw {
+            "true" => true,
+            "false" | "null" => false,
+            _ => return Err(ExtractError::FieldType { field: "stream", expected: "a boolean" }),
+        };
+        Ok(())
+    }
+
+    /// `prompt_cache_key`: a routing group id (1-64 printable ASCII), or null (no group).
+    pub(crate) fn group(&mut self, raw: &str) -> Result<(), ExtractError> {
+        match kind(raw) {
+            Kind::Null => self.group = None,
+            Kind::String => {
+                let mut id = String::new();
+                let mut total = 0usize;
+                decode_json_str(raw, "prompt_cache_key", |piece| {
+                    total += piece.len();
+                    if total <= GroupId::MAX_LEN {
+                        id.push_str(piece);
+                    }
+                    true
+                })?;
+                if total > GroupId::MAX_LEN {
+                    return Err(crate::GroupError::Length(total).into());
+                }
+                GroupId::parse(id.as_bytes())?;
+                self.group = Some(id);
+            }
+            _ => return Err(ExtractError::FieldType { field: "prompt_cache_key", expected: "a string" }),
+        }
+        Ok(())
+    }
+
+    /// `messages`: an array of message objects.
+    pub(crate) fn messages<N: JsonNode>(&mut self, node: N) -> Result<(), ExtractError> {
+        if kind(node.raw()) != Kind::Array {
+            return Err(ExtractError::FieldType { field: "messages", expected: "an array of message objects" });
+        }
+        node.for_each_element(|m| self.message_node(m))
+    }
+
+    fn message_node<N: JsonNode>(&mut self, node: N) -> Result<(), ExtractError> {
+        if kind(node.raw()) != Kind::Object {
+            return Err(ExtractError::FieldType { field: "messages[]", expected: "an object" });
+        }
+        let mut fields = MessageFields::default();
+        node.for_each_entry(|k, v| fields.set(k, v))?;
+        self.message(fields)
+    }
+
+    /// Appends one message: role, separator, content, tool calls, terminator.
+    pub(crate) fn message<N: JsonNode>(&mut self, m: MessageFields<N>) -> Result<(), ExtractError> {
+        let role = m.role.ok_or(ExtractError::Missing("messages[].role"))?;
+        if kind(role.raw()) != Kind::String {
+            return Err(ExtractError::FieldType { field: "messages[].role", expected: "a string" });
+        }
+        self.text.push_json_str(role.raw(), "messages[].role")?;
+        self.text.push_char(ROLE_SEPARATOR);
+        if let Some(content) = m.content {
+            match kind(content.raw()) {
+                Kind::Null => {}
+                Kind::String => self.text.push_json_str(content.raw(), "messages[].content")?,
+                Kind::Array => content.for_each_element(|part| self.part(part))?,
+                _ => {
+                    return Err(ExtractError::FieldType {
+                        field: "messages[].content",
+                        expected: "a string, an array of content parts or null",
+                    })
+                }
+            }
+        }
+        if let Some(calls) = m.tool_calls {
+            match kind(calls.raw()) {
+                Kind::Null => {}
+                Kind::Array => calls.for_each_element(|c| self.tool_call(c))?,
+                _ => {
+                    return Err(ExtractError::FieldType { field: "messages[].tool_calls", expected: "an array or null" })
+                }
+            }
+        }
+        self.text.push_char(MESSAGE_END);
+        Ok(())
+    }
+
+    fn part<N: JsonNode>(&mut self, part: N) -> Result<(), ExtractError> {
+        if kind(part.raw()) != Kind::Object {
+            return Err(ExtractError::FieldType { field: "messages[].content[]", expected: "an object" });
+        }
+        let mut ty: Option<N> = None;
+        let mut text: Option<N> = None;
+        part.for_each_entry(|k, v| {
+            match k {
+                "type" => set_once(&mut ty, v, "messages[].content[].type")?,
+                "text" => set_once(&mut text, v, "messages[].content[].text")?,
+                _ => {}
+            }
+            Ok(())
+        })?;
+        let ty = ty.ok_or(ExtractError::Missing("messages[].content[].type"))?;
+        if kind(ty.raw()) != Kind::String {
+            return Err(ExtractError::FieldType { field: "messages[].content[].type", expected: "a string" });
+        }
+        if is_text_type(ty.raw())? {
+            let text = text.ok_or(ExtractError::Missing("messages[].content[].text"))?;
+            if kind(text.raw()) != Kind::String {
+                return Err(ExtractError::FieldType { field: "messages[].content[].text", expected: "a string" });
+            }
+            self.text.push_json_str(text.raw(), "messages[].content[].text")?;
+        } else if !self.text.is_full() {
+            // Hash only when the stand-in is used: a text part's JSON may be long.
+            let hash = xxh3_64_with_seed(part.raw().as_bytes(), PART_SEED);
+            self.text.push_char(PART_STAND_IN);
+            self.text.push_str(&format!("{hash:016x}"));
+        }
+        Ok(())
+    }
+
+    fn tool_call<N: JsonNode>(&mut self, call: N) -> Result<(), ExtractError> {
+        if kind(call.raw()) != Kind::Object {
+            return Err(ExtractError::FieldType { field: "messages[].tool_calls[]", expected: "an object" });
+        }
+        let mut function: Option<N> = None;
+        call.for_each_entry(|k, v| if k == "function" { set_once(&mut function, v, "messages[].tool_calls[].function") } else { Ok(()) })?;
+        self.text.push_char(TOOL_CALL_START);
+        let Some(function) = function else { return Ok(()) };
+        match kind(function.raw()) {
+            Kind::Null => return Ok(()),
+            Kind::Object => {}
+            _ => {
+                return Err(ExtractError::FieldType {
+                    field: "messages[].tool_calls[].function",
+                    expected: "an object",
+                })
+            }
+        }
+        let mut name: Option<N> = None;
+        let mut args: Option<N> = None;
+        function.for_each_entry(|k, v| match k {
+            "name" => set_once(&mut name, v, "messages[].tool_calls[].function.name"),
+            "arguments" => set_once(&mut args, v, "messages[].tool_calls[].function.arguments"),
+            _ => Ok(()),
+        })?;
+        for (value, field) in [
+            (name, "messages[].tool_calls[].function.name"),
+            (args, "messages[].tool_calls[].function.arguments"),
+        ] {
+            match value.as_ref().map(|v| kind(v.raw())) {
+                None | Some(Kind::Null) => {}
+                Some(Kind::String) => {
+                    if let Some(v) = &value {
+                        self.text.push_json_str(v.raw(), field)?;
+                    }
+                }
+                Some(_) => return Err(ExtractError::FieldType { field, expected: "a string" }),
+            }
+            if field.ends_with("name") {
+                self.text.push_char(ROLE_SEPARATOR);
+            }
+        }
+        Ok(())
+    }
+
+    /// `prompt`: a string, an array of strings, an array of token ids, or an array of such arrays.
+    pub(crate) fn prompt<N: JsonNode>(&mut self, node: N) -> Result<(), ExtractError> {
+        let wrong = || ExtractError::FieldType { field: "prompt", expected: PROMPT_EXPECTED };
+        match kind(node.raw()) {
+            Kind::String => self.text.push_json_str(node.raw(), "prompt"),
+            Kind::Array => {
+                let mut mode: Option<Kind> = None;
+                node.for_each_element(|el| {
+                    let k = kind(el.raw());
+                    match (mode, k) {
+                        (None, Kind::String | Kind::Number | Kind::Array) => mode = Some(k),
+                        (Some(m), _) if m == k => match k {
+                            Kind::Number => self.text.push_char(' '),
+                            _ => self.text.push_char(PROMPT_SEPARATOR),
+                        },
+                        _ => return Err(wrong()),
+                    }
+                    match k {
+                        Kind::String => self.text.push_json_str(el.raw(), "prompt"),
+                        Kind::Number => self.token(el.raw()),
+                        _ => {
+                            let mut first = true;
+                            el.for_each_element(|t| {
+                                if kind(t.raw()) != Kind::Number {
+                                    return Err(wrong());
+                                }
+                                if !first {
+                                    self.text.push_char(' ');
+                                }
+                                first = false;
+                                self.token(t.raw())
+                            })
+                        }
+                    }
+                })
+            }
+            _ => Err(wrong()),
+        }
+    }
+
+    fn token(&mut self, raw: &str) -> Result<(), ExtractError> {
+        // A token id is a non-negative integer that fits in u64; JSON forbids leading zeros, so
+        // the raw digits are already the canonical decimal rendering.
+        if raw.bytes().all(|b| b.is_ascii_digit()) && raw.parse::<u64>().is_ok() {
+            self.text.push_str(raw);
+            Ok(())
+        } else {
+            Err(ExtractError::FieldType { field: "prompt", expected: "token ids that are non-negative 64-bit integers" })
+        }
+    }
+
+    /// The request info, or `Missing` when the main field never appeared.
+    pub(crate) fn finish(self) -> Result<RequestInfo, ExtractError> {
+        if self.seen & SEEN_MAIN == 0 {
+            return Err(ExtractError::Missing(self.api.main_field()));
+        }
+        Ok(RequestInfo {
+            key: KeyHash::new(self.group.as_deref(), self.text.as_str().as_bytes()),
+            model: self.model,
+            stream: self.stream,
+        })
+    }
+}
+
+/// The fields of one message the canonical text uses, collected in any document order.
+#[derive(Debug)]
+pub(crate) struct MessageFields<N> {
+    pub(crate) role: Option<N>,
+    pub(crate) content: Option<N>,
+    pub(crate) tool_calls: Option<N>,
+}
+
+impl<N> Default for MessageFields<N> {
+    fn default() -> Self {
+        Self { role: None, content: None, tool_calls: None }
+    }
+}
+
+impl<N> MessageFields<N> {
+    /// Records `key: value` if the key is one the canonical text uses; a repeat is an error.
+    pub(crate) fn set(&mut self, key: &str, value: N) -> Result<(), ExtractError> {
+        match key {
+            "role" => set_once(&mut self.role, value, "messages[].role"),
+            "content" => set_once(&mut self.content, value, "messages[].content"),
+            "tool_calls" => set_once(&mut self.tool_calls, value, "messages[].tool_calls"),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `key` is one of the fields collected here.
+    pub(crate) fn wants(key: &str) -> bool {
+        matches!(key, "role" | "content" | "tool_calls")
+    }
+}
+
+fn set_once<N>(slot: &mut Option<N>, value: N, field: &'static str) -> Result<(), ExtractError> {
+    if slot.is_some() {
+        return Err(duplicate(field));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn duplicate(field: &str) -> ExtractError {
+    ExtractError::Json(format!("duplicate field '{field}'"))
+}
+
+/// Whether a part's raw `type` string decodes to exactly `text` (decoding at most 5 characters).
+fn is_text_type(raw: &str) -> Result<bool, ExtractError> {
+    let mut buf = [0u8; 5];
+    let mut len = 0usize;
+    let mut overflow = false;
+    decode_json_str(raw, "messages[].content[].type", |piece| {
+        for &b in piece.as_bytes() {
+            if len == buf.len() {
+                overflow = true;
+                return false;
+            }
+            buf[len] = b;
+            len += 1;
+        }
+        true
+    })?;
+    Ok(!overflow && &buf[..len] == b"text")
+}

@@ -1,0 +1,261 @@
+//! Bounded text helpers for key extraction: the prefix buffer that stops at `prefix_length`
+//! characters, and a JSON string decoder that works on the raw (still escaped) string text so
+//! that the part of a long string beyond the prefix is never copied.
+
+use super::ExtractError;
+
+/// Expected-type text used when a decoded string holds an escaped lone surrogate.
+pub(crate) const NO_LONE_SURROGATE: &str = "a string without unpaired UTF-16 surrogate escapes";
+
+/// The canonical text of a request, cut at a number of Unicode scalar values.
+#[derive(Debug)]
+pub(crate) struct PrefixText<'b> {
+    buf: &'b mut String,
+    remaining: usize,
+}
+
+impl<'b> PrefixText<'b> {
+    /// An empty prefix that will hold at most `max_chars` characters, reusing `buf`.
+    pub(crate) fn new(buf: &'b mut String, max_chars: usize) -> Self {
+        buf.clear();
+        Self { buf, remaining: max_chars }
+    }
+
+    /// Whether `prefix_length` characters have been taken (everything else is ignored).
+    pub(crate) fn is_full(&self) -> bool {
+        self.remaining == 0
+    }
+
+    /// The text taken so far.
+    pub(crate) fn as_str(&self) -> &str {
+        self.buf
+    }
+
+    /// Appends one character if there is room.
+    pub(crate) fn push_char(&mut self, c: char) {
+        if self.remaining > 0 {
+            self.buf.push(c);
+            self.remaining -= 1;
+        }
+    }
+
+    /// Appends as much of `s` as fits, never cutting a character.
+    pub(crate) fn push_str(&mut self, s: &str) {
+        if self.remaining == 0 {
+            return;
+        }
+        let (head, n) = take_chars(s, self.remaining);
+        self.buf.push_str(head);
+        self.remaining -= n;
+    }
+
+    /// Decodes the raw JSON string `raw` (with its quotes) into the prefix, stopping when full.
+    pub(crate) fn push_json_str(&mut self, raw: &str, field: &'static str) -> Result<(), ExtractError> {
+        decode_json_str(raw, field, |piece| {
+            self.push_str(piece);
+            !self.is_full()
+        })
+    }
+}
+
+/// The longest head of `s` holding at most `n` characters, and its character count. Counts
+/// character starts in vectorisable blocks instead of walking `char_indices` one by one.
+pub(crate) fn take_chars(s: &str, n: usize) -> (&str, usize) {
+    let bytes = s.as_bytes();
+    if bytes.len() <= n {
+        // At most n bytes, hence at most n characters.
+        return (s, count_char_starts(bytes));
+    }
+    let mut end = 0usize;
+    let mut taken = 0usize;
+    // Each byte starts at most one character, so advancing by `n - taken` bytes never
+    // overshoots the n-th character start.
+    while taken < n && end < bytes.len() {
+        let next = (end + (n - taken)).min(bytes.len());
+        taken += count_char_starts(&bytes[end..next]);
+        end = next;
+    }
+    // `end` may sit inside the last started character: include its continuation bytes.
+    while end < bytes.len() && !s.is_char_boundary(end) {
+        end += 1;
+    }
+    (&s[..end], taken)
+}
+
+/// Number of UTF-8 character starts (bytes that are not continuation bytes 0b10xx_xxxx).
+#[inline]
+fn count_char_starts(bytes: &[u8]) -> usize {
+    bytes.iter().filter(|&&b| (b as i8) >= -0x40).count()
+}
+
+/// Decodes the JSON string `raw` (including its surrounding quotes), handing decoded pieces to
+/// `sink` until it returns false. The parser has already checked the string's structure; this
+/// function still refuses, naming `field`, a malformed `\u` escape or an unpaired surrogate in
+/// the part it decodes (a string whose text is used must be valid Unicode).
+pub(crate) fn decode_json_str(
+    raw: &str,
+    field: &'static str,
+    mut sink: impl FnMut(&str) -> bool,
+) -> Result<(), ExtractError> {
+    let inner = raw
+        .strip_prefix('"')
+        .and_then(|r| r.strip_suffix('"'))
+        .ok_or(ExtractError::FieldType { field, expected: "a string" })?;
+    let bytes = inner.as_bytes();
+    let mut pos = 0usize;
+    while pos < bytes.len() {
+        let run_end = inner[pos..].find('\\').map_or(bytes.len(), |i| pos + i);
+        if run_end > pos && !sink(&inner[pos..run_end]) {
+            return Ok(());
+        }
+        if run_end == bytes.len() {
+            break;
+        }
+        // An escape at run_end.
+        let esc = bytes.get(run_end + 1).copied().ok_or_else(|| bad_escape(field))?;
+        let (c, used) = match esc {
+            b'"' => ('"', 2),
+            b'\\' => ('\\', 2),
+            b'/' => ('/', 2),
+            b'b' => ('\u{8}', 2),
+            b'f' => ('\u{c}', 2),
+            b'n' => ('\n', 2),
+            b'r' => ('\r', 2),
+            b't' => ('\t', 2),
+            b'u' => {
+                let hi = hex4(bytes, run_end + 2).ok_or_else(|| bad_escape(field))?;
+                match hi {
+                    0xD800..=0xDBFF => {
+                        let lo = if bytes.get(run_end + 6) == Some(&b'\\') && bytes.get(run_end + 7) == Some(&b'u') {
+                            hex4(bytes, run_end + 8).ok_or_else(|| bad_escape(field))?
+                        } else {
+                            return Err(lone_surrogate(field));
+                        };
+                        if !(0xDC00..=0xDFFF).contains(&lo) {
+                            return Err(lone_surrogate(field));
+                        }
+                        let cp = 0x10000 + ((u32::from(hi) - 0xD800) << 10) + (u32::from(lo) - 0xDC00);
+                        (char::from_u32(cp).ok_or_else(|| lone_surrogate(field))?, 12)
+                    }
+                    0xDC00..=0xDFFF => return Err(lone_surrogate(field)),
+                    _ => (char::from_u32(u32::from(hi)).ok_or_else(|| lone_surrogate(field))?, 6),
+                }
+            }
+            _ => return Err(bad_escape(field)),
+        };
+        let mut tmp = [0u8; 4];
+        if !sink(c.encode_utf8(&mut tmp)) {
+            return Ok(());
+        }
+        pos = run_end + used;
+    }
+    Ok(())
+}
+
+fn hex4(bytes: &[u8], at: usize) -> Option<u16> {
+    let digits = bytes.get(at..at + 4)?;
+    let mut v = 0u16;
+    for &d in digits {
+        v = (v << 4) | (char::from(d).to_digit(16)? as u16);
+    }
+    Some(v)
+}
+
+fn bad_escape(field: &'static str) -> ExtractError {
+    ExtractError::Json(format!("invalid escape sequence in field '{field}'"))
+}
+
+fn lone_surrogate(field: &'static str) -> ExtractError {
+    ExtractError::FieldType { field, expected: NO_LONE_SURROGATE }
+}
+
+/// Decodes a whole JSON string into an owned `String` (for short fields such as `model`).
+pub(crate) fn decode_owned(raw: &str, field: &'static str) -> Result<String, ExtractError> {
+    let mut out = String::with_capacity(raw.len().saturating_sub(2));
+    decode_json_str(raw, field, |p| {
+        out.push_str(p);
+        true
+    })?;
+    Ok(out)
+}
+
+/// Position of the first `needle` byte in `hay` at or after `from`, a word at a time.
+pub(crate) fn find_byte(hay: &[u8], from: usize, needle: u8) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let pattern = LO.wrapping_mul(u64::from(needle));
+    let rest = hay.get(from..)?;
+    let mut chunks = rest.chunks_exact(8);
+    let mut offset = from;
+    for chunk in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(w) ^ pattern;
+        if (x.wrapping_sub(LO) & !x & HI) != 0 {
+            return chunk.iter().position(|&b| b == needle).map(|i| offset + i);
+        }
+        offset += 8;
+    }
+    chunks.remainder().iter().position(|&b| b == needle).map(|i| offset + i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn take_chars_never_cuts_a_character() {
+        assert_eq!(take_chars("héllo", 2), ("hé", 2));
+        assert_eq!(take_chars("日本語", 2), ("日本", 2));
+        assert_eq!(take_chars("ab", 5), ("ab", 2));
+        assert_eq!(take_chars("😀😀😀", 1), ("😀", 1));
+    }
+
+    #[test]
+    fn decodes_escapes_and_pairs() {
+        assert_eq!(decode_owned(r#""a\nb\u00e9\ud83d\ude00\"\\\/""#, "f"), Ok("a\nbé😀\"\\/".to_string()));
+    }
+
+    #[test]
+    fn refuses_lone_surrogates_and_bad_hex_naming_the_field() {
+        let lone = ExtractError::FieldType { field: "f", expected: NO_LONE_SURROGATE };
+        assert_eq!(decode_owned(r#""\ud800""#, "f"), Err(lone.clone()));
+        assert_eq!(decode_owned(r#""\udc00x""#, "f"), Err(lone.clone()));
+        assert_eq!(decode_owned(r#""\ud800\u0041""#, "f"), Err(lone));
+        assert!(matches!(decode_owned(r#""\uZZZZ""#, "f"), Err(ExtractError::Json(m)) if m.contains("'f'")));
+    }
+
+    #[test]
+    fn prefix_stops_at_the_limit() {
+        let mut buf = String::new();
+        let mut p = PrefixText::new(&mut buf, 4);
+        assert_eq!(p.push_json_str(r#""ab\u00e9\ud83d\ude00zz""#, "f"), Ok(()));
+        assert!(p.is_full());
+        p.push_char('x');
+        assert_eq!(p.as_str(), "abé😀");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn take_chars_matches_naive(s in "\\PC{0,40}", n in 0usize..50) {
+            let naive: String = s.chars().take(n).collect();
+            let (head, count) = take_chars(&s, n);
+            prop_assert_eq!(head, naive.as_str());
+            prop_assert_eq!(count, naive.chars().count());
+        }
+
+        #[test]
+        fn decode_matches_serde_json(s in "\\PC{0,40}") {
+            let raw = serde_json::to_string(&s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(decode_owned(&raw, "f"), Ok(s));
+        }
+
+        #[test]
+        fn find_byte_matches_position(hay in proptest::collection::vec(any::<u8>(), 0..64), from in 0usize..70) {
+            let expected = hay.get(from..).and_then(|r| r.iter().position(|&b| b == b'\\')).map(|i| i + from);
+            prop_assert_eq!(find_byte(&hay, from, b'\\'), expected);
+        }
+    }
+}
