@@ -201,8 +201,18 @@ impl Default for SharegptParams {
         SharegptParams {
             mean_turns: 3.0,
             max_turns: 10,
-            user_tokens: TokenDist { median: 60.0, sigma: 1.0, min: 10, max: 300 },
-            assistant_tokens: TokenDist { median: 180.0, sigma: 0.6, min: 50, max: 400 },
+            user_tokens: TokenDist {
+                median: 60.0,
+                sigma: 1.0,
+                min: 10,
+                max: 300,
+            },
+            assistant_tokens: TokenDist {
+                median: 180.0,
+                sigma: 0.6,
+                min: 50,
+                max: 400,
+            },
             system_prompt_share: 0.05,
             system_prompts: 3,
             system_prompt_tokens: 120,
@@ -276,8 +286,18 @@ impl Default for AgentParams {
             task_tokens: TokenRange::new(50, 200),
             mean_steps: 15.0,
             max_steps: 40,
-            tool_result_tokens: TokenDist { median: 250.0, sigma: 1.0, min: 20, max: 2_000 },
-            action_tokens: TokenDist { median: 80.0, sigma: 0.6, min: 10, max: 400 },
+            tool_result_tokens: TokenDist {
+                median: 250.0,
+                sigma: 1.0,
+                min: 20,
+                max: 2_000,
+            },
+            action_tokens: TokenDist {
+                median: 80.0,
+                sigma: 0.6,
+                min: 10,
+                max: 400,
+            },
             tool_time_s: 1.5,
             decode_s_per_token: 0.03,
         }
@@ -403,14 +423,21 @@ impl WorkloadSpec {
     /// line should report the mistake instead.
     pub fn validate(&self) -> Result<(), SpecError> {
         let fail = |field: &'static str, why: &str| {
-            Err(SpecError { kind: self.kind, field, why: why.to_string() })
+            Err(SpecError {
+                kind: self.kind,
+                field,
+                why: why.to_string(),
+            })
         };
         if self.params.kind() != self.kind {
             return fail("params", &format!("are for {}", self.params.kind()));
         }
         match self.arrival {
             Arrival::Poisson { rate } if !(rate.is_finite() && rate > 0.0) => {
-                return fail("arrival.rate", "must be a positive number of requests per second")
+                return fail(
+                    "arrival.rate",
+                    "must be a positive number of requests per second",
+                )
             }
             Arrival::Closed { clients: 0 } => return fail("arrival.clients", "must be at least 1"),
             _ => {}
@@ -538,15 +565,27 @@ pub fn generate(spec: &WorkloadSpec) -> Generator {
             docs_root: root,
             groups,
         }),
-        WorkloadParams::Sharegpt(p) => Box::new(kinds::Sharegpt { p: p.clone(), root, groups }),
+        WorkloadParams::Sharegpt(p) => Box::new(kinds::Sharegpt {
+            p: p.clone(),
+            root,
+            groups,
+        }),
         WorkloadParams::Rag(p) => Box::new(kinds::Rag {
             p: p.clone(),
             root,
             zipf: ZipfRanks::new(u64::from(p.corpus_chunks), p.zipf_exponent),
             groups,
         }),
-        WorkloadParams::Agent(p) => Box::new(kinds::Agent { p: p.clone(), root, groups }),
-        WorkloadParams::HotPrefix(p) => Box::new(kinds::HotPrefix { p: p.clone(), root, groups }),
+        WorkloadParams::Agent(p) => Box::new(kinds::Agent {
+            p: p.clone(),
+            root,
+            groups,
+        }),
+        WorkloadParams::HotPrefix(p) => Box::new(kinds::HotPrefix {
+            p: p.clone(),
+            root,
+            groups,
+        }),
     };
     Generator {
         driver: schedule::Driver::new(rng, source, spec.requests, spec.arrival.nominal_rate()),

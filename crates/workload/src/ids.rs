@@ -58,6 +58,13 @@ pub fn block_hash(segment_id: u64, end: u64) -> u64 {
     hash_pair(segment_id, end, BLOCK_SEED)
 }
 
+/// The id of the unique tail segment of a Mooncake request whose `input_length` runs past its
+/// `hash_ids` (the content there is unknown, so it is assumed shared with nothing): chained from
+/// the last hash id's segment (or 0) and the request's line number.
+pub fn mooncake_tail_id(parent: u64, line: u64) -> u64 {
+    MOONCAKE_ID_TAG | (hash_pair(parent, line, MOONCAKE_SEED ^ 1) & LOW_62)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,11 +86,4 @@ mod tests {
 
     const GOLDEN_BLOCK: u64 = 435_526_049_711_127_095;
     const GOLDEN_MOONCAKE: u64 = 6_532_268_480_181_923_984;
-}
-
-/// The id of the unique tail segment of a Mooncake request whose `input_length` runs past its
-/// `hash_ids` (the content there is unknown, so it is assumed shared with nothing): chained from
-/// the last hash id's segment (or 0) and the request's line number.
-pub fn mooncake_tail_id(parent: u64, line: u64) -> u64 {
-    MOONCAKE_ID_TAG | (hash_pair(parent, line, MOONCAKE_SEED ^ 1) & LOW_62)
 }

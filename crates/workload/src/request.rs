@@ -77,7 +77,9 @@ impl Message {
 
     /// Tokens of this message (its segments' sum, saturating).
     pub fn tokens(&self) -> u32 {
-        self.segments.iter().fold(0u32, |a, s| a.saturating_add(s.tokens))
+        self.segments
+            .iter()
+            .fold(0u32, |a, s| a.saturating_add(s.tokens))
     }
 
     /// Appends this message's text (its segments rendered, joined by single spaces) to `out`.
@@ -117,7 +119,9 @@ impl Message {
 impl Request {
     /// Prompt length in tokens (all segments of all messages; saturates at `u32::MAX`).
     pub fn prompt_tokens(&self) -> u32 {
-        self.messages.iter().fold(0u32, |a, m| a.saturating_add(m.tokens()))
+        self.messages
+            .iter()
+            .fold(0u32, |a, m| a.saturating_add(m.tokens()))
     }
 
     /// Chained hash of every full `block_tokens`-token block of the prompt, in order: equal
@@ -201,7 +205,11 @@ impl Request {
         }
         out.push_str("],\"max_tokens\":");
         out.push_str(&self.output_tokens.to_string());
-        out.push_str(if stream { ",\"stream\":true" } else { ",\"stream\":false" });
+        out.push_str(if stream {
+            ",\"stream\":true"
+        } else {
+            ",\"stream\":false"
+        });
         if let Some(g) = &self.group {
             out.push_str(",\"prompt_cache_key\":");
             push_json_string(&mut out, g);

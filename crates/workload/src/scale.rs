@@ -96,7 +96,9 @@ mod tests {
 
     #[test]
     fn rejects_bad_items_naming_them() {
-        for bad in ["+1", "x@10s", "0@10s", "+1@", "+1@-5s", "+1@10h", "+1@nan", "+1@10s,,"] {
+        for bad in [
+            "+1", "x@10s", "0@10s", "+1@", "+1@-5s", "+1@10h", "+1@nan", "+1@10s,,",
+        ] {
             let err = parse_scale_events(bad).unwrap_err();
             assert!(bad.contains(err.item.as_str()), "{bad}: {err}");
             assert!(err.to_string().contains("expected e.g."), "{err}");

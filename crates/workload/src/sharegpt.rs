@@ -15,12 +15,12 @@
 //! process in file order and later turns arrive after the previous answer plus a think time, as
 //! in the generated `sharegpt` workload.
 
+use crate::generators::exponential;
 use crate::generators::schedule::{Driver, Session, SessionSource, Turn};
 use crate::generators::Arrival;
 use crate::request::{Message, Request, Role};
 use crate::text::text_segment;
 use crate::trace::TraceError;
-use crate::generators::exponential;
 use rand::SeedableRng;
 use rand_pcg::Pcg64Mcg;
 use std::collections::VecDeque;
@@ -104,7 +104,9 @@ fn script_of(raw: RawConversation, skipped: &mut usize) -> Script {
             parent = s.id;
         }
         let answers = role == Role::Assistant
-            && pending.last().is_some_and(|p: &Message| p.role != Role::Assistant);
+            && pending
+                .last()
+                .is_some_and(|p: &Message| p.role != Role::Assistant);
         if answers {
             let tokens = segment.map_or(1, |s| s.tokens.max(1));
             script.push((std::mem::take(&mut pending), tokens));
@@ -135,9 +137,17 @@ impl SessionSource for Conversations {
                 }
             };
             previous_output = Some(output_tokens);
-            turns.push_back(Turn { new_messages, output_tokens, gap_s });
+            turns.push_back(Turn {
+                new_messages,
+                output_tokens,
+                gap_s,
+            });
         }
-        Some(Session { prefix: Vec::new(), turns, group: None })
+        Some(Session {
+            prefix: Vec::new(),
+            turns,
+            group: None,
+        })
     }
     fn mean_turns(&self) -> f64 {
         self.mean_turns
@@ -152,7 +162,11 @@ fn skip_whitespace(text: &str, pos: &mut usize) {
 }
 
 fn line_at(text: &str, pos: usize) -> usize {
-    text.as_bytes()[..pos.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
+    text.as_bytes()[..pos.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 /// Parses ShareGPT JSON text (`path` labels errors) and replays it with `options`.
@@ -172,7 +186,10 @@ pub fn parse_sharegpt(
     let mut pos = 0usize;
     skip_whitespace(text, &mut pos);
     if !text[pos..].starts_with('[') {
-        return Err(line_err(pos, "a ShareGPT file is a JSON array: expected '['".into()));
+        return Err(line_err(
+            pos,
+            "a ShareGPT file is a JSON array: expected '['".into(),
+        ));
     }
     pos += 1;
     let limit = options.max_conversations.unwrap_or(usize::MAX);
@@ -217,14 +234,21 @@ pub fn parse_sharegpt(
                 break;
             }
             Some(_) => {
-                return Err(line_err(pos, "expected ',' or ']' after a conversation".into()))
+                return Err(line_err(
+                    pos,
+                    "expected ',' or ']' after a conversation".into(),
+                ))
             }
         }
     }
     let without = scripts.iter().filter(|s| s.is_empty()).count();
     scripts.retain(|s| !s.is_empty());
     let turns: usize = scripts.iter().map(Vec::len).sum();
-    let mean_turns = if scripts.is_empty() { 1.0 } else { turns as f64 / scripts.len() as f64 };
+    let mean_turns = if scripts.is_empty() {
+        1.0
+    } else {
+        turns as f64 / scripts.len() as f64
+    };
     let source = Conversations {
         scripts: scripts.into_iter(),
         mean_turns,
@@ -232,8 +256,13 @@ pub fn parse_sharegpt(
         decode_s_per_token: options.decode_s_per_token,
     };
     let rng = Pcg64Mcg::seed_from_u64(options.seed);
-    let requests: Vec<Request> =
-        Driver::new(rng, Box::new(source), u64::MAX, options.arrival.nominal_rate()).collect();
+    let requests: Vec<Request> = Driver::new(
+        rng,
+        Box::new(source),
+        u64::MAX,
+        options.arrival.nominal_rate(),
+    )
+    .collect();
     Ok(ShareGptReplay {
         requests,
         conversations,
@@ -250,8 +279,10 @@ pub fn load_sharegpt(
 ) -> Result<ShareGptReplay, TraceError> {
     let path = path.as_ref();
     let label = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| TraceError::Io { path: label.clone(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
+        path: label.clone(),
+        source,
+    })?;
     parse_sharegpt(&text, &label, options)
 }
 
@@ -271,14 +302,21 @@ mod tests {
         assert_eq!(r.skipped_messages, 1);
         // conv 1: two answered turns; conv 2: one (system + human + gpt); conv 3: one.
         assert_eq!(r.requests.len(), 4);
-        assert!(r.requests.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
+        assert!(r
+            .requests
+            .windows(2)
+            .all(|w| w[0].arrival_s <= w[1].arrival_s));
         let first = r.requests.iter().find(|q| q.messages.len() == 1).unwrap();
         assert_eq!(first.messages[0].tokens(), 5); // "What is a KV cache?"
         assert_eq!(first.output_tokens, 9);
         let second = r.requests.iter().find(|q| q.messages.len() == 3).unwrap();
         assert_eq!(&second.messages[..1], &first.messages[..]);
         assert_eq!(second.messages[1].tokens(), first.output_tokens);
-        let with_system = r.requests.iter().find(|q| q.messages[0].role == Role::System).unwrap();
+        let with_system = r
+            .requests
+            .iter()
+            .find(|q| q.messages[0].role == Role::System)
+            .unwrap();
         assert_eq!(with_system.messages.len(), 2);
     }
 
@@ -286,7 +324,11 @@ mod tests {
     fn equal_histories_share_ids() {
         let r = parse_sharegpt(FIXTURE, "small.json", &ReplayOptions::default()).unwrap();
         // Conversations 1 and 4 open with the same question.
-        let firsts: Vec<_> = r.requests.iter().filter(|q| q.messages.len() == 1).collect();
+        let firsts: Vec<_> = r
+            .requests
+            .iter()
+            .filter(|q| q.messages.len() == 1)
+            .collect();
         assert_eq!(firsts.len(), 2);
         assert_eq!(firsts[0].messages, firsts[1].messages);
     }
@@ -319,7 +361,10 @@ mod tests {
 
     #[test]
     fn max_conversations_limits() {
-        let o = ReplayOptions { max_conversations: Some(1), ..Default::default() };
+        let o = ReplayOptions {
+            max_conversations: Some(1),
+            ..Default::default()
+        };
         let r = parse_sharegpt(FIXTURE, "small.json", &o).unwrap();
         assert_eq!(r.conversations, 1);
         assert_eq!(r.requests.len(), 2);

@@ -117,7 +117,7 @@ pub fn text_segment(parent: u64, role: Role, text: &str) -> Option<Segment> {
         // normalized, as one-word-one-token tokenization implies.
         h = xxh3_64_with_seed(w.as_bytes(), h);
     }
-    (words > 0).then(|| Segment {
+    (words > 0).then_some(Segment {
         id: CONTENT_ID_TAG | (h >> 2),
         tokens: words,
     })
@@ -151,7 +151,10 @@ mod tests {
     fn vocabulary_is_lowercase_ascii_words_without_duplicates() {
         let mut seen = std::collections::HashSet::new();
         for w in VOCABULARY {
-            assert!(!w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase()), "{w}");
+            assert!(
+                !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase()),
+                "{w}"
+            );
             assert!(seen.insert(w), "duplicate {w}");
         }
     }
@@ -169,9 +172,20 @@ mod tests {
         let a = text_segment(0, Role::User, "hello  big\nworld").unwrap();
         assert_eq!(a.tokens, 3);
         assert_eq!(a, text_segment(0, Role::User, "hello big world").unwrap());
-        assert_ne!(a.id, text_segment(1, Role::User, "hello big world").unwrap().id);
-        assert_ne!(a.id, text_segment(0, Role::Assistant, "hello big world").unwrap().id);
-        assert_ne!(a.id, text_segment(0, Role::User, "hellobig world").unwrap().id);
+        assert_ne!(
+            a.id,
+            text_segment(1, Role::User, "hello big world").unwrap().id
+        );
+        assert_ne!(
+            a.id,
+            text_segment(0, Role::Assistant, "hello big world")
+                .unwrap()
+                .id
+        );
+        assert_ne!(
+            a.id,
+            text_segment(0, Role::User, "hellobig world").unwrap().id
+        );
         assert_eq!(a.id >> 62, 0b10);
         assert!(text_segment(0, Role::User, "  \n").is_none());
     }

@@ -111,7 +111,10 @@ impl MooncakeRecord {
             left -= tokens;
         }
         if left > 0 {
-            segments.push(Segment { id: mooncake_tail_id(last, line), tokens: left });
+            segments.push(Segment {
+                id: mooncake_tail_id(last, line),
+                tokens: left,
+            });
         }
         Ok(Request {
             id: line,
@@ -215,14 +218,21 @@ pub fn write_jsonl<W: Write>(requests: &[Request], mut out: W) -> std::io::Resul
 
 /// Non-blank lines with their 1-based numbers.
 fn numbered_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
-    text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())).filter(|(_, l)| !l.is_empty())
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty())
 }
 
 /// Parses our JSONL text; `path` only labels errors. Requests are sorted by `t` and numbered.
 pub fn parse_jsonl(text: &str, path: &str) -> Result<Vec<Request>, TraceError> {
     let mut out = Vec::new();
     for (n, l) in numbered_lines(text) {
-        let err = |why: String| TraceError::Line { path: path.to_string(), line: n, why };
+        let err = |why: String| TraceError::Line {
+            path: path.to_string(),
+            line: n,
+            why,
+        };
         let line: Line = serde_json::from_str(l).map_err(|e| err(e.to_string()))?;
         out.push(line.into_request(0).map_err(err)?);
     }
@@ -250,7 +260,11 @@ pub fn parse_mooncake_records(text: &str, path: &str) -> Result<Vec<MooncakeReco
 pub fn parse_mooncake(text: &str, path: &str) -> Result<Vec<Request>, TraceError> {
     let mut out = Vec::new();
     for (i, (n, l)) in numbered_lines(text).enumerate() {
-        let err = |why: String| TraceError::Line { path: path.to_string(), line: n, why };
+        let err = |why: String| TraceError::Line {
+            path: path.to_string(),
+            line: n,
+            why,
+        };
         let record: MooncakeRecord = serde_json::from_str(l).map_err(|e| err(e.to_string()))?;
         out.push(record.to_request(i as u64).map_err(err)?);
     }
@@ -290,8 +304,10 @@ pub fn detect_format(text: &str) -> TraceFormat {
 pub fn load_trace(path: impl AsRef<Path>) -> Result<Vec<Request>, TraceError> {
     let path = path.as_ref();
     let label = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| TraceError::Io { path: label.clone(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
+        path: label.clone(),
+        source,
+    })?;
     let requests = match detect_format(&text) {
         TraceFormat::Sharegpt => {
             crate::sharegpt::parse_sharegpt(&text, &label, &Default::default())?.requests
@@ -300,7 +316,10 @@ pub fn load_trace(path: impl AsRef<Path>) -> Result<Vec<Request>, TraceError> {
         TraceFormat::Jsonl => parse_jsonl(&text, &label)?,
     };
     if requests.is_empty() {
-        return Err(TraceError::Format { path: label, why: "holds no request".into() });
+        return Err(TraceError::Format {
+            path: label,
+            why: "holds no request".into(),
+        });
     }
     Ok(requests)
 }

@@ -47,8 +47,16 @@ impl TokenDist {
     pub fn sample(&self, rng: &mut Pcg64Mcg) -> u32 {
         let (lo, hi) = (self.min.min(self.max), self.min.max(self.max));
         let z: f64 = StandardNormal.sample(rng);
-        let sigma = if self.sigma.is_finite() && self.sigma >= 0.0 { self.sigma } else { 0.0 };
-        let median = if self.median.is_finite() && self.median > 0.0 { self.median } else { 1.0 };
+        let sigma = if self.sigma.is_finite() && self.sigma >= 0.0 {
+            self.sigma
+        } else {
+            0.0
+        };
+        let median = if self.median.is_finite() && self.median > 0.0 {
+            self.median
+        } else {
+            1.0
+        };
         let x = (median.ln() + sigma * z).exp().round();
         // `as` saturates (and maps NaN to 0); the clamp then applies the bounds.
         (x as u32).clamp(lo, hi)
@@ -101,7 +109,11 @@ impl ZipfRanks {
     /// Ranks over `n` items (at least 1) with exponent `s`.
     pub fn new(n: u64, s: f64) -> Self {
         let n = n.max(1);
-        let zipf = if s.is_finite() && s >= 0.0 { Zipf::new(n, s).ok() } else { None };
+        let zipf = if s.is_finite() && s >= 0.0 {
+            Zipf::new(n, s).ok()
+        } else {
+            None
+        };
         ZipfRanks { n, zipf }
     }
 
@@ -125,9 +137,19 @@ mod tests {
         for _ in 0..1000 {
             let t = TokenRange::new(9, 3).sample(&mut rng);
             assert!((3..=9).contains(&t));
-            let d = TokenDist { median: f64::NAN, sigma: -1.0, min: 5, max: 2 };
+            let d = TokenDist {
+                median: f64::NAN,
+                sigma: -1.0,
+                min: 5,
+                max: 2,
+            };
             assert!((2..=5).contains(&d.sample(&mut rng)));
-            let d = TokenDist { median: 100.0, sigma: 3.0, min: 10, max: 300 };
+            let d = TokenDist {
+                median: 100.0,
+                sigma: 3.0,
+                min: 10,
+                max: 300,
+            };
             assert!((10..=300).contains(&d.sample(&mut rng)));
             assert!((1..=4).contains(&geometric(&mut rng, 3.0, 4)));
             assert_eq!(exponential(&mut rng, f64::NAN), 0.0);
@@ -140,7 +162,9 @@ mod tests {
     fn geometric_mean_matches_samples() {
         let mut rng = Pcg64Mcg::seed_from_u64(2);
         let n = 20_000;
-        let sum: u64 = (0..n).map(|_| u64::from(geometric(&mut rng, 3.0, 10))).sum();
+        let sum: u64 = (0..n)
+            .map(|_| u64::from(geometric(&mut rng, 3.0, 10)))
+            .sum();
         let got = sum as f64 / n as f64;
         let want = geometric_mean(3.0, 10);
         assert!((got - want).abs() < 0.1, "{got} vs {want}");

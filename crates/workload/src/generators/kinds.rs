@@ -4,9 +4,7 @@
 
 use super::distributions::{exponential, geometric, geometric_mean, ZipfRanks};
 use super::schedule::{Session, SessionSource, Turn};
-use super::{
-    AgentParams, HotPrefixParams, LongContextParams, RagParams, SharegptParams,
-};
+use super::{AgentParams, HotPrefixParams, LongContextParams, RagParams, SharegptParams};
 use crate::ids::generator_id;
 use crate::request::{Message, Role, Segment};
 use rand::Rng;
@@ -21,13 +19,25 @@ fn seg(id: u64, tokens: u32) -> Segment {
 }
 
 fn msg(role: Role, segments: Vec<Segment>) -> Message {
-    Message::new(role, segments.into_iter().filter(|s| s.tokens > 0).collect())
+    Message::new(
+        role,
+        segments.into_iter().filter(|s| s.tokens > 0).collect(),
+    )
 }
 
-fn single(prefix: Vec<Message>, new_messages: Vec<Message>, output: u32, group: Option<String>) -> Session {
+fn single(
+    prefix: Vec<Message>,
+    new_messages: Vec<Message>,
+    output: u32,
+    group: Option<String>,
+) -> Session {
     Session {
         prefix,
-        turns: VecDeque::from([Turn { new_messages, output_tokens: output.max(1), gap_s: 0.0 }]),
+        turns: VecDeque::from([Turn {
+            new_messages,
+            output_tokens: output.max(1),
+            gap_s: 0.0,
+        }]),
         group,
     }
 }
@@ -41,7 +51,10 @@ pub(crate) struct Groups {
 
 impl Groups {
     pub(crate) fn new(root: u64, groups: Option<u32>) -> Self {
-        Groups { root, groups: groups.filter(|&g| g > 0) }
+        Groups {
+            root,
+            groups: groups.filter(|&g| g > 0),
+        }
     }
     pub(crate) fn of(&self, entity: u64) -> Option<String> {
         self.groups
@@ -68,7 +81,12 @@ impl SessionSource for LongContext {
                 seg(generator_id(doc_id, UNIQUE_SALT | index), question),
             ],
         );
-        Some(single(Vec::new(), vec![user], output, self.groups.of(u64::from(doc))))
+        Some(single(
+            Vec::new(),
+            vec![user],
+            output,
+            self.groups.of(u64::from(doc)),
+        ))
     }
     fn mean_turns(&self) -> f64 {
         1.0
@@ -85,7 +103,11 @@ impl SessionSource for Sharegpt {
     fn next_session(&mut self, rng: &mut Pcg64Mcg, index: u64) -> Option<Session> {
         let p = &self.p;
         let mut prefix = Vec::new();
-        let share = if p.system_prompt_share.is_finite() { p.system_prompt_share.clamp(0.0, 1.0) } else { 0.0 };
+        let share = if p.system_prompt_share.is_finite() {
+            p.system_prompt_share.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         if p.system_prompts > 0 && p.system_prompt_tokens > 0 && rng.gen_bool(share) {
             let which = rng.gen_range(0..p.system_prompts);
             let id = generator_id(generator_id(self.root, 0), u64::from(which));
@@ -109,10 +131,18 @@ impl SessionSource for Sharegpt {
                         + exponential(rng, p.think_time_s),
                 ),
             };
-            script.push_back(Turn { new_messages, output_tokens: answer, gap_s });
+            script.push_back(Turn {
+                new_messages,
+                output_tokens: answer,
+                gap_s,
+            });
             previous_answer = Some((generator_id(conv, 2 * t + 1), answer));
         }
-        Some(Session { prefix, turns: script, group: self.groups.of(index) })
+        Some(Session {
+            prefix,
+            turns: script,
+            group: self.groups.of(index),
+        })
     }
     fn mean_turns(&self) -> f64 {
         geometric_mean(self.p.mean_turns, self.p.max_turns)
@@ -151,7 +181,12 @@ impl SessionSource for Rag {
         let question = p.question_tokens.sample(rng);
         segments.push(seg(generator_id(parent, UNIQUE_SALT | index), question));
         let output = p.output_tokens.sample(rng);
-        Some(single(vec![system], vec![msg(Role::User, segments)], output, self.groups.of(index)))
+        Some(single(
+            vec![system],
+            vec![msg(Role::User, segments)],
+            output,
+            self.groups.of(index),
+        ))
     }
     fn mean_turns(&self) -> f64 {
         1.0
@@ -169,11 +204,17 @@ impl SessionSource for Agent {
         let p = &self.p;
         let kind = rng.gen_range(0..p.agent_types.max(1));
         let instructions = generator_id(generator_id(self.root, 0), u64::from(kind));
-        let prefix = vec![msg(Role::System, vec![seg(instructions, p.instructions_tokens)])];
+        let prefix = vec![msg(
+            Role::System,
+            vec![seg(instructions, p.instructions_tokens)],
+        )];
         // The session root fixes the agent type (hence the instructions) before it.
         let session = generator_id(generator_id(self.root, 1), index);
         let steps = geometric(rng, p.mean_steps, p.max_steps);
-        let task = msg(Role::User, vec![seg(generator_id(session, 0), p.task_tokens.sample(rng))]);
+        let task = msg(
+            Role::User,
+            vec![seg(generator_id(session, 0), p.task_tokens.sample(rng))],
+        );
         let mut script = VecDeque::with_capacity(steps as usize);
         let mut previous: Option<(u64, u32)> = None;
         for s in 0..u64::from(steps) {
@@ -193,10 +234,18 @@ impl SessionSource for Agent {
                     )
                 }
             };
-            script.push_back(Turn { new_messages, output_tokens: action, gap_s });
+            script.push_back(Turn {
+                new_messages,
+                output_tokens: action,
+                gap_s,
+            });
             previous = Some((generator_id(session, 3 * s + 1), action));
         }
-        Some(Session { prefix, turns: script, group: self.groups.of(index) })
+        Some(Session {
+            prefix,
+            turns: script,
+            group: self.groups.of(index),
+        })
     }
     fn mean_turns(&self) -> f64 {
         geometric_mean(self.p.mean_steps, self.p.max_steps)
@@ -212,7 +261,11 @@ pub(crate) struct HotPrefix {
 impl SessionSource for HotPrefix {
     fn next_session(&mut self, rng: &mut Pcg64Mcg, index: u64) -> Option<Session> {
         let p = &self.p;
-        let share = if p.hot_share.is_finite() { p.hot_share.clamp(0.0, 1.0) } else { 0.0 };
+        let share = if p.hot_share.is_finite() {
+            p.hot_share.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         let prefix_index = if p.tail_prefixes == 0 || rng.gen_bool(share) {
             0
         } else {
@@ -221,9 +274,17 @@ impl SessionSource for HotPrefix {
         let prefix_id = generator_id(self.root, prefix_index);
         let system = msg(Role::System, vec![seg(prefix_id, p.prefix_tokens)]);
         let suffix = p.suffix_tokens.sample(rng);
-        let user = msg(Role::User, vec![seg(generator_id(prefix_id, UNIQUE_SALT | index), suffix)]);
+        let user = msg(
+            Role::User,
+            vec![seg(generator_id(prefix_id, UNIQUE_SALT | index), suffix)],
+        );
         let output = p.output_tokens.sample(rng);
-        Some(single(vec![system], vec![user], output, self.groups.of(prefix_index)))
+        Some(single(
+            vec![system],
+            vec![user],
+            output,
+            self.groups.of(prefix_index),
+        ))
     }
     fn mean_turns(&self) -> f64 {
         1.0

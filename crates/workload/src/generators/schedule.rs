@@ -60,7 +60,9 @@ impl PartialOrd for Pending {
 }
 impl Ord for Pending {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.at_s.total_cmp(&other.at_s).then(self.seq.cmp(&other.seq))
+        self.at_s
+            .total_cmp(&other.at_s)
+            .then(self.seq.cmp(&other.seq))
     }
 }
 
@@ -95,7 +97,11 @@ impl Driver {
         requests: u64,
         rate: f64,
     ) -> Self {
-        let rate = if rate.is_finite() && rate > 0.0 { rate } else { 1.0 };
+        let rate = if rate.is_finite() && rate > 0.0 {
+            rate
+        } else {
+            1.0
+        };
         let mean_turns = source.mean_turns().max(1.0);
         Driver {
             rng,
@@ -115,7 +121,11 @@ impl Driver {
 
     fn push(&mut self, at_s: f64, slot: usize) {
         self.seq += 1;
-        self.heap.push(Reverse(Pending { at_s, seq: self.seq, slot }));
+        self.heap.push(Reverse(Pending {
+            at_s,
+            seq: self.seq,
+            slot,
+        }));
     }
 
     fn start_session(&mut self) {

@@ -4,7 +4,11 @@ use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
 
 fn spec(kind: WorkloadKind, seed: u64, requests: u64) -> WorkloadSpec {
-    WorkloadSpec { seed, requests, ..WorkloadSpec::default_for(kind) }
+    WorkloadSpec {
+        seed,
+        requests,
+        ..WorkloadSpec::default_for(kind)
+    }
 }
 
 fn all(spec: &WorkloadSpec) -> Vec<Request> {
@@ -42,7 +46,10 @@ fn counts_ids_and_sorted_arrivals() {
             assert!(q.output_tokens >= 1);
             assert!(q.prompt_tokens() >= 1);
         }
-        assert!(r.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s), "{k}");
+        assert!(
+            r.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s),
+            "{k}"
+        );
     }
 }
 
@@ -148,7 +155,12 @@ fn validate_names_the_field_and_generate_survives_bad_values() {
     assert_eq!(s.validate().unwrap_err().field, "arrival.rate");
     s.arrival = Arrival::Closed { clients: 4 };
     s.params = WorkloadParams::Sharegpt(SharegptParams {
-        user_tokens: TokenDist { median: f64::NAN, sigma: -2.0, min: 9, max: 3 },
+        user_tokens: TokenDist {
+            median: f64::NAN,
+            sigma: -2.0,
+            min: 9,
+            max: 3,
+        },
         mean_turns: f64::INFINITY,
         think_time_s: -3.0,
         system_prompt_share: 7.0,

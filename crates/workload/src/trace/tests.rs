@@ -21,7 +21,9 @@ fn mooncake_trace_facts() {
     // Engine-sized blocks also hit inside shared partial blocks: a little higher.
     let fine = oracle_hit_rate(&requests, 16);
     assert!(fine > oracle && fine < 0.66, "{fine}");
-    assert!(requests.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
+    assert!(requests
+        .windows(2)
+        .all(|w| w[0].arrival_s <= w[1].arrival_s));
     assert!((requests.last().unwrap().arrival_s - 1022.025).abs() < 1e-9);
 }
 
@@ -35,7 +37,10 @@ fn mooncake_lengths_that_do_not_match_the_ids() {
     };
     let short = rec(600, vec![1, 2, 3]).to_request(0).unwrap();
     let segs = &short.messages[0].segments;
-    assert_eq!(segs.iter().map(|s| s.tokens).collect::<Vec<_>>(), vec![512, 88]);
+    assert_eq!(
+        segs.iter().map(|s| s.tokens).collect::<Vec<_>>(),
+        vec![512, 88]
+    );
     assert_eq!(segs[0].id, mooncake_id(1));
     assert_eq!(short.output_tokens, 1);
     assert_eq!(short.arrival_s, 1.5);
@@ -43,10 +48,23 @@ fn mooncake_lengths_that_do_not_match_the_ids() {
     let segs = &long.messages[0].segments;
     assert_eq!(segs.len(), 3);
     assert_eq!(segs[2].tokens, 76);
-    assert_ne!(segs[2].id, rec(1100, vec![1, 2]).to_request(6).unwrap().messages[0].segments[2].id);
-    assert!(rec(0, vec![1]).to_request(0).unwrap_err().contains("input_length"));
-    let err = parse_mooncake("{\"timestamp\": 0, \"input_length\": 0, \"output_length\": 1, \"hash_ids\": []}", "m.jsonl").unwrap_err();
-    assert_eq!(err.to_string(), "m.jsonl:1: input_length: must be at least 1");
+    assert_ne!(
+        segs[2].id,
+        rec(1100, vec![1, 2]).to_request(6).unwrap().messages[0].segments[2].id
+    );
+    assert!(rec(0, vec![1])
+        .to_request(0)
+        .unwrap_err()
+        .contains("input_length"));
+    let err = parse_mooncake(
+        "{\"timestamp\": 0, \"input_length\": 0, \"output_length\": 1, \"hash_ids\": []}",
+        "m.jsonl",
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "m.jsonl:1: input_length: must be at least 1"
+    );
 }
 
 #[test]
@@ -102,16 +120,30 @@ fn load_trace_detects_formats_and_reports_io() {
     let dir = std::env::temp_dir().join(format!("prefix-router-workload-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mooncake = dir.join("m.jsonl");
-    std::fs::write(&mooncake, MOONCAKE.lines().take(10).collect::<Vec<_>>().join("\n")).unwrap();
+    std::fs::write(
+        &mooncake,
+        MOONCAKE.lines().take(10).collect::<Vec<_>>().join("\n"),
+    )
+    .unwrap();
     assert_eq!(load_trace(&mooncake).unwrap().len(), 10);
     let sharegpt = dir.join("s.json");
-    std::fs::write(&sharegpt, include_str!("../../tests/fixtures/sharegpt_small.json")).unwrap();
+    std::fs::write(
+        &sharegpt,
+        include_str!("../../tests/fixtures/sharegpt_small.json"),
+    )
+    .unwrap();
     assert_eq!(load_trace(&sharegpt).unwrap().len(), 4);
     let empty = dir.join("e.jsonl");
     std::fs::write(&empty, "\n").unwrap();
-    assert!(load_trace(&empty).unwrap_err().to_string().contains("no request"));
+    assert!(load_trace(&empty)
+        .unwrap_err()
+        .to_string()
+        .contains("no request"));
     let missing = dir.join("missing.jsonl");
-    assert!(load_trace(&missing).unwrap_err().to_string().contains("missing.jsonl"));
+    assert!(load_trace(&missing)
+        .unwrap_err()
+        .to_string()
+        .contains("missing.jsonl"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -126,7 +158,10 @@ fn oracle_counts_leading_blocks() {
     let rate = oracle_hit_rate(&r, 16);
     // 49 of 50 requests hit the 8,000-token document (500 full blocks).
     let total: u64 = r.iter().map(|q| u64::from(q.prompt_tokens())).sum();
-    assert!((rate - 49.0 * 8000.0 / total as f64).abs() < 1e-12, "{rate}");
+    assert!(
+        (rate - 49.0 * 8000.0 / total as f64).abs() < 1e-12,
+        "{rate}"
+    );
     assert_eq!(oracle_hit_rate(&[], 16), 0.0);
 }
 
