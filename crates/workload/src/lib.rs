@@ -2,6 +2,7 @@
 //! deterministic text rendering so the simulator and an HTTP load generator send equal bytes for
 //! equal prefixes.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod generators;
 pub mod ids;
