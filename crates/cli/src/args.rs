@@ -121,7 +121,7 @@ pub struct SimulateArgs {
 
     /// Instances added or removed during the run, e.g. +1@600s,-2@1800s (m suffix: minutes).
     #[arg(long, value_name = "EVENTS", value_parser = parse_scale)]
-    pub scale: Option<Vec<ScaleEvent>>,
+    pub scale: Option<ScaleEvents>,
 
     /// Write the full report as JSON to FILE.
     #[arg(long, value_name = "FILE")]
@@ -160,8 +160,12 @@ fn parse_balance_factor(s: &str) -> Result<f64, String> {
     }
 }
 
-fn parse_scale(s: &str) -> Result<Vec<ScaleEvent>, String> {
-    parse_scale_events(s).map_err(|e| e.to_string())
+/// A parsed `--scale` list (a newtype, so clap takes the whole list as one value).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScaleEvents(pub Vec<ScaleEvent>);
+
+fn parse_scale(s: &str) -> Result<ScaleEvents, String> {
+    parse_scale_events(s).map(ScaleEvents).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -196,5 +200,20 @@ mod tests {
     #[test]
     fn rate_and_concurrency_conflict() {
         assert!(Cli::try_parse_from(["prefix-router", "simulate", "--rate", "2", "--concurrency", "3"]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod scale_tests {
+    use super::*;
+
+    #[test]
+    fn scale_list_is_one_value() {
+        let cli = Cli::try_parse_from(["prefix-router", "simulate", "--scale", "+1@600s,-2@30m"]).map_err(|e| e.to_string());
+        let Ok(Cli { command: Command::Simulate(a) }) = cli else { panic!("parse failed: {cli:?}") };
+        let events = a.scale.map(|s| s.0).unwrap_or_default();
+        assert_eq!(events.len(), 2);
+        assert_eq!((events[0].delta, events[1].delta), (1, -2));
+        assert_eq!(events[1].at_s, 1800.0);
     }
 }

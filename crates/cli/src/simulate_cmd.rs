@@ -83,7 +83,7 @@ fn sim_config(args: &SimulateArgs, workload: &SimWorkload) -> Result<SimConfig> 
         prefix_length,
         seed: args.seed,
         driver,
-        scale: args.scale.clone().unwrap_or_default(),
+        scale: args.scale.clone().map(|s| s.0).unwrap_or_default(),
         hit_rate_buckets: HIT_RATE_BUCKETS,
     })
 }
@@ -114,6 +114,12 @@ fn load_workload(args: &SimulateArgs) -> Result<SimWorkload> {
 }
 
 fn load_trace(args: &SimulateArgs, path: &Path) -> Result<SimWorkload> {
+    let format = match std::fs::read_to_string(path).map(|text| trace::detect_format(&text)) {
+        Ok(trace::TraceFormat::Jsonl) => "jsonl",
+        Ok(trace::TraceFormat::Mooncake) => "mooncake",
+        Ok(trace::TraceFormat::Sharegpt) => "sharegpt",
+        Err(e) => return Err(e).with_context(|| format!("--trace: cannot read {}", path.display())),
+    };
     let mut requests = trace::load_trace(path).with_context(|| format!("--trace {}", path.display()))?;
     if let Some(n) = args.requests {
         requests.truncate(usize::try_from(n).unwrap_or(usize::MAX));
@@ -124,7 +130,7 @@ fn load_trace(args: &SimulateArgs, path: &Path) -> Result<SimWorkload> {
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     Ok(SimWorkload {
         name,
-        source: WorkloadSource::Trace { path: path.display().to_string(), format: "auto".into() },
+        source: WorkloadSource::Trace { path: path.display().to_string(), format: format.into() },
         requests,
     })
 }

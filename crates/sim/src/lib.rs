@@ -14,7 +14,6 @@ pub mod error;
 pub mod input;
 pub mod members;
 pub mod metrics;
-pub mod oracle;
 pub mod plot;
 pub mod queue;
 pub mod report;

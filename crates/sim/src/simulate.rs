@@ -8,7 +8,7 @@ use prefix_router_workload::Request;
 use crate::metrics::summarize;
 use crate::report::{FleetSummary, Report, StrategySettings, WorkloadSummary};
 use crate::run::{run_strategy, RunInputs};
-use crate::{oracle, SimConfig, SimError, SimWorkload};
+use crate::{SimConfig, SimError, SimWorkload};
 
 /// Where a simulation is, for progress bars.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +126,7 @@ pub fn simulate(
             scale_events: config.scale.clone(),
             strategies: config.strategies.iter().map(settings).collect(),
         },
-        oracle_hit_rate: oracle::oracle_hit_rate(requests, engine.block_tokens),
+        oracle_hit_rate: prefix_router_workload::trace::oracle_hit_rate(requests, engine.block_tokens),
         results,
     })
 }
@@ -189,7 +189,7 @@ mod tests {
 
     #[test]
     fn prefix_aware_hits_more_than_random_on_shared_documents() {
-        let w = shared_docs(400, 12, 10.0, 2);
+        let w = shared_docs(400, 60, 10.0, 2);
         let report = simulate(&w, &config(4, &[StrategyKind::Random, StrategyKind::PrefixAware]), &mut quiet)
             .expect("simulation runs");
         let (random, aware) = (&report.results[0], &report.results[1]);
