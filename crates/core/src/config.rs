@@ -14,7 +14,11 @@ pub enum ConfigError {
     BalanceFactor(f64),
     /// Unknown strategy or overflow policy name.
     #[error("unknown {field} '{value}' (expected one of: {expected})")]
-    UnknownName { field: &'static str, value: String, expected: &'static str },
+    UnknownName {
+        field: &'static str,
+        value: String,
+        expected: &'static str,
+    },
 }
 
 /// How much of a request forms its routing key: bytes for the native API, Unicode scalar values

@@ -77,7 +77,10 @@ pub enum ExtractError {
     Json(String),
     /// A field of the wrong type.
     #[error("field '{field}' must be {expected}")]
-    FieldType { field: &'static str, expected: &'static str },
+    FieldType {
+        field: &'static str,
+        expected: &'static str,
+    },
     /// A required field is missing.
     #[error("missing required field '{0}'")]
     Missing(&'static str),
@@ -87,22 +90,26 @@ pub enum ExtractError {
 }
 
 /// Native API: the first `len` bytes of the raw body, group from the `X-Prefix-Aware-Id` header.
-pub fn native_key(body: &[u8], group_header: Option<&[u8]>, len: PrefixLength) -> Result<KeyHash, ExtractError> {
+pub fn native_key(
+    body: &[u8],
+    group_header: Option<&[u8]>,
+    len: PrefixLength,
+) -> Result<KeyHash, ExtractError> {
     let group = group_header.map(GroupId::parse).transpose()?;
     let prefix = body.get(..len.get()).unwrap_or(body);
     Ok(KeyHash::new(group.map(|g| g.as_str()), prefix))
 }
 
 /// `POST /v1/chat/completions`: key from `messages` (see the module documentation), `model`,
-/// `stream`. Uses the faster back end, [`sonic_impl`].
+/// `stream`. Uses the faster back end on our measurements, [`serde_impl`].
 pub fn chat_request(body: &[u8], len: PrefixLength) -> Result<RequestInfo, ExtractError> {
-    sonic_impl::chat_request(body, len)
+    serde_impl::chat_request(body, len)
 }
 
 /// `POST /v1/completions`: key from `prompt` (see the module documentation), `model`, `stream`.
-/// Uses the faster back end, [`sonic_impl`].
+/// Uses the faster back end on our measurements, [`serde_impl`].
 pub fn completion_request(body: &[u8], len: PrefixLength) -> Result<RequestInfo, ExtractError> {
-    sonic_impl::completion_request(body, len)
+    serde_impl::completion_request(body, len)
 }
 
 thread_local! {
@@ -113,7 +120,11 @@ thread_local! {
 
 /// Runs `f` with this thread's prefix buffer (a fresh one if it is unavailable).
 pub(crate) fn with_prefix_buffer<R>(f: impl FnOnce(&mut String) -> R) -> R {
-    let mut buf = PREFIX_BUFFER.try_with(|b| b.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)).ok()).ok().flatten().unwrap_or_default();
+    let mut buf = PREFIX_BUFFER
+        .try_with(|b| b.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)).ok())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
     let r = f(&mut buf);
     buf.clear();
     let _ = PREFIX_BUFFER.try_with(|b| {
@@ -129,9 +140,14 @@ mod tests {
     use super::*;
 
     type Extract = fn(&[u8], PrefixLength) -> Result<RequestInfo, ExtractError>;
-    const CHAT: [(&str, Extract); 2] = [("serde", serde_impl::chat_request), ("sonic", sonic_impl::chat_request)];
-    const COMPLETION: [(&str, Extract); 2] =
-        [("serde", serde_impl::completion_request), ("sonic", sonic_impl::completion_request)];
+    const CHAT: [(&str, Extract); 2] = [
+        ("serde", serde_impl::chat_request),
+        ("sonic", sonic_impl::chat_request),
+    ];
+    const COMPLETION: [(&str, Extract); 2] = [
+        ("serde", serde_impl::completion_request),
+        ("sonic", sonic_impl::completion_request),
+    ];
 
     fn len(n: u64) -> PrefixLength {
         PrefixLength::new(n).unwrap_or_else(|e| panic!("{e}"))
@@ -145,7 +161,10 @@ mod tests {
         let a = (fs[0].1)(body.as_bytes(), len(1024));
         let b = (fs[1].1)(body.as_bytes(), len(1024));
         // JSON syntax errors carry each parser's own message; everything else must be equal.
-        if !matches!((&a, &b), (Err(ExtractError::Json(_)), Err(ExtractError::Json(_)))) {
+        if !matches!(
+            (&a, &b),
+            (Err(ExtractError::Json(_)), Err(ExtractError::Json(_)))
+        ) {
             let shown: String = body.chars().take(200).collect();
             assert_eq!(a, b, "{} and {} disagree on {shown}", fs[0].0, fs[1].0);
         }
@@ -157,19 +176,28 @@ mod tests {
         let body = vec![b'x'; 5000];
         let k = native_key(&body, None, len(1024));
         assert_eq!(k, Ok(KeyHash::new(None, &body[..1024])));
-        assert_eq!(native_key(b"short", Some(b"t1"), len(1024)), Ok(KeyHash::new(Some("t1"), b"short")));
+        assert_eq!(
+            native_key(b"short", Some(b"t1"), len(1024)),
+            Ok(KeyHash::new(Some("t1"), b"short"))
+        );
         assert_eq!(
             native_key(b"short", Some(b""), len(1024)),
             Err(ExtractError::Group(GroupError::Length(0)))
         );
-        assert!(matches!(native_key(b"x", Some(b"a\nb"), len(1024)), Err(ExtractError::Group(_))));
+        assert!(matches!(
+            native_key(b"x", Some(b"a\nb"), len(1024)),
+            Err(ExtractError::Group(_))
+        ));
     }
 
     #[test]
     fn chat_canonical_text() {
         let body = r#"{"model":"m","messages":[{"role":"system","content":"Be brief."},{"content":"Hi \u00e9\n","role":"user"}],"stream":true}"#;
         let info = both(CHAT, body).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(info.key, key(None, "system\u{1F}Be brief.\u{1E}user\u{1F}Hi é\n\u{1E}"));
+        assert_eq!(
+            info.key,
+            key(None, "system\u{1F}Be brief.\u{1E}user\u{1F}Hi é\n\u{1E}")
+        );
         assert_eq!(info.model.as_deref(), Some("m"));
         assert!(info.stream);
     }
@@ -183,18 +211,25 @@ mod tests {
         let info = both(CHAT, body).unwrap_or_else(|e| panic!("{e}"));
         let part = r#"{"type":"image_url","image_url":{"url":"http://x/1.png"}}"#;
         let h = xxhash_rust::xxh3::xxh3_64_with_seed(part.as_bytes(), PART_SEED);
-        let text = format!("user\u{1F}a\u{FFFC}{h:016x}b\u{1E}assistant\u{1F}\u{1D}search\u{1F}{{\"q\":1}}\u{1E}");
+        let text = format!(
+            "user\u{1F}a\u{FFFC}{h:016x}b\u{1E}assistant\u{1F}\u{1D}search\u{1F}{{\"q\":1}}\u{1E}"
+        );
         assert_eq!(info.key, key(Some("tenant-7"), &text));
         assert_eq!(info.model, None);
         assert!(!info.stream);
         let other = body.replace("1.png", "2.png");
-        assert_ne!(both(CHAT, &other).map(|i| i.key), Ok(info.key), "different images, different keys");
+        assert_ne!(
+            both(CHAT, &other).map(|i| i.key),
+            Ok(info.key),
+            "different images, different keys"
+        );
     }
 
     #[test]
     fn chat_prefix_is_cut_at_characters() {
         let content = "é".repeat(3000);
-        let body = format!(r#"{{"messages":[{{"role":"user","content":"{content}"}}],"model":"m"}}"#);
+        let body =
+            format!(r#"{{"messages":[{{"role":"user","content":"{content}"}}],"model":"m"}}"#);
         let info = both(CHAT, &body).unwrap_or_else(|e| panic!("{e}"));
         let mut text = String::from("user\u{1F}");
         text.extend(std::iter::repeat('é').take(1024 - 5));
@@ -203,7 +238,10 @@ mod tests {
         let tail_differs = body.replace("\"}],", "x\"}],");
         assert_eq!(both(CHAT, &tail_differs).map(|i| i.key), Ok(info.key));
         let tail_malformed = body.replace("\"}],", "\\q\"}],");
-        assert!(matches!(both(CHAT, &tail_malformed), Err(ExtractError::Json(_))));
+        assert!(matches!(
+            both(CHAT, &tail_malformed),
+            Err(ExtractError::Json(_))
+        ));
     }
 
     #[test]
@@ -211,32 +249,86 @@ mod tests {
         use ExtractError::*;
         let cases: &[(&str, ExtractError)] = &[
             (r#"{"model":"m"}"#, Missing("messages")),
-            (r#"{"messages":{}}"#, FieldType { field: "messages", expected: "an array of message objects" }),
-            (r#"{"messages":[1]}"#, FieldType { field: "messages[]", expected: "an object" }),
-            (r#"{"messages":[{"content":"x"}]}"#, Missing("messages[].role")),
-            (r#"{"messages":[{"role":1}]}"#, FieldType { field: "messages[].role", expected: "a string" }),
+            (
+                r#"{"messages":{}}"#,
+                FieldType {
+                    field: "messages",
+                    expected: "an array of message objects",
+                },
+            ),
+            (
+                r#"{"messages":[1]}"#,
+                FieldType {
+                    field: "messages[]",
+                    expected: "an object",
+                },
+            ),
+            (
+                r#"{"messages":[{"content":"x"}]}"#,
+                Missing("messages[].role"),
+            ),
+            (
+                r#"{"messages":[{"role":1}]}"#,
+                FieldType {
+                    field: "messages[].role",
+                    expected: "a string",
+                },
+            ),
             (
                 r#"{"messages":[{"role":"u","content":5}]}"#,
-                FieldType { field: "messages[].content", expected: "a string, an array of content parts or null" },
+                FieldType {
+                    field: "messages[].content",
+                    expected: "a string, an array of content parts or null",
+                },
             ),
-            (r#"{"messages":[{"role":"u","content":[{"text":"x"}]}]}"#, Missing("messages[].content[].type")),
-            (r#"{"messages":[{"role":"u","content":[{"type":"text"}]}]}"#, Missing("messages[].content[].text")),
-            (r#"{"messages":[],"model":3}"#, FieldType { field: "model", expected: "a string" }),
-            (r#"{"messages":[],"stream":"yes"}"#, FieldType { field: "stream", expected: "a boolean" }),
-            (r#"{"messages":[],"prompt_cache_key":""}"#, Group(GroupError::Length(0))),
+            (
+                r#"{"messages":[{"role":"u","content":[{"text":"x"}]}]}"#,
+                Missing("messages[].content[].type"),
+            ),
+            (
+                r#"{"messages":[{"role":"u","content":[{"type":"text"}]}]}"#,
+                Missing("messages[].content[].text"),
+            ),
+            (
+                r#"{"messages":[],"model":3}"#,
+                FieldType {
+                    field: "model",
+                    expected: "a string",
+                },
+            ),
+            (
+                r#"{"messages":[],"stream":"yes"}"#,
+                FieldType {
+                    field: "stream",
+                    expected: "a boolean",
+                },
+            ),
+            (
+                r#"{"messages":[],"prompt_cache_key":""}"#,
+                Group(GroupError::Length(0)),
+            ),
             (
                 r#"{"messages":[],"prompt_cache_key":"a\u0001"}"#,
-                Group(GroupError::NotPrintableAscii { position: 1, byte: 1 }),
+                Group(GroupError::NotPrintableAscii {
+                    position: 1,
+                    byte: 1,
+                }),
             ),
             (
                 r#"{"messages":[{"role":"u","content":"\ud800"}]}"#,
-                FieldType { field: "messages[].content", expected: text::NO_LONE_SURROGATE },
+                FieldType {
+                    field: "messages[].content",
+                    expected: text::NO_LONE_SURROGATE,
+                },
             ),
         ];
         for (body, expected) in cases {
             assert_eq!(both(CHAT, body).as_ref(), Err(expected), "{body}");
         }
-        let long_group = format!(r#"{{"messages":[],"prompt_cache_key":"{}"}}"#, "a".repeat(70));
+        let long_group = format!(
+            r#"{{"messages":[],"prompt_cache_key":"{}"}}"#,
+            "a".repeat(70)
+        );
         assert_eq!(both(CHAT, &long_group), Err(Group(GroupError::Length(70))));
         for malformed in [
             "",
@@ -266,18 +358,44 @@ mod tests {
             (r#"{"prompt":[[1,2],[],[3]]}"#, "1 2\u{1E}\u{1E}3"),
         ];
         for (body, text) in cases {
-            assert_eq!(both(COMPLETION, body).map(|i| i.key), Ok(key(None, text)), "{body}");
+            assert_eq!(
+                both(COMPLETION, body).map(|i| i.key),
+                Ok(key(None, text)),
+                "{body}"
+            );
         }
-        for bad in [r#"{"prompt":5}"#, r#"{"prompt":["a",1]}"#, r#"{"prompt":[-1]}"#, r#"{"prompt":[1.5]}"#, r#"{"prompt":[[1,"a"]]}"#] {
-            assert!(matches!(both(COMPLETION, bad), Err(ExtractError::FieldType { field: "prompt", .. })), "{bad}");
+        for bad in [
+            r#"{"prompt":5}"#,
+            r#"{"prompt":["a",1]}"#,
+            r#"{"prompt":[-1]}"#,
+            r#"{"prompt":[1.5]}"#,
+            r#"{"prompt":[[1,"a"]]}"#,
+        ] {
+            assert!(
+                matches!(
+                    both(COMPLETION, bad),
+                    Err(ExtractError::FieldType {
+                        field: "prompt",
+                        ..
+                    })
+                ),
+                "{bad}"
+            );
         }
-        assert_eq!(both(COMPLETION, r#"{"messages":[]}"#), Err(ExtractError::Missing("prompt")));
+        assert_eq!(
+            both(COMPLETION, r#"{"messages":[]}"#),
+            Err(ExtractError::Missing("prompt"))
+        );
     }
 
     #[test]
     fn deep_nesting_neither_crashes_nor_differs() {
         let n = 100_000;
-        let body = format!(r#"{{"x":{}{},"messages":[]}}"#, "[".repeat(n), "]".repeat(n));
+        let body = format!(
+            r#"{{"x":{}{},"messages":[]}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        );
         assert!(both(CHAT, &body).is_ok());
         let unterminated = format!(r#"{{"x":{}"#, "[".repeat(n));
         assert!(both(CHAT, &unterminated).is_err());
@@ -286,8 +404,14 @@ mod tests {
     #[test]
     fn default_functions_match_back_ends() {
         let body = br#"{"messages":[{"role":"user","content":"x"}]}"#;
-        assert_eq!(chat_request(body, len(1024)), serde_impl::chat_request(body, len(1024)));
+        assert_eq!(
+            chat_request(body, len(1024)),
+            sonic_impl::chat_request(body, len(1024))
+        );
         let body = br#"{"prompt":"x"}"#;
-        assert_eq!(completion_request(body, len(1024)), serde_impl::completion_request(body, len(1024)));
+        assert_eq!(
+            completion_request(body, len(1024)),
+            sonic_impl::completion_request(body, len(1024))
+        );
     }
 }

@@ -71,7 +71,12 @@ impl InstanceSpec {
     /// A weight-1 spec serving any model, whose id is its URL (the common configuration).
     pub fn from_url(url: impl Into<String>) -> Self {
         let url = url.into();
-        Self { id: url.clone(), url, weight: 1, models: Vec::new() }
+        Self {
+            id: url.clone(),
+            url,
+            weight: 1,
+            models: Vec::new(),
+        }
     }
 }
 
@@ -91,12 +96,22 @@ pub struct Instance {
 impl Instance {
     /// Builds a healthy instance with nothing in flight.
     pub fn new(spec: InstanceSpec) -> Self {
-        Self::with_counters(spec, Arc::new(AtomicU8::new(InstanceState::Healthy as u8)), Arc::new(AtomicU32::new(0)))
+        Self::with_counters(
+            spec,
+            Arc::new(AtomicU8::new(InstanceState::Healthy as u8)),
+            Arc::new(AtomicU32::new(0)),
+        )
     }
 
     fn with_counters(spec: InstanceSpec, state: Arc<AtomicU8>, in_flight: Arc<AtomicU32>) -> Self {
         let id_hash = xxh3_64_with_seed(spec.id.as_bytes(), INSTANCE_SEED);
-        Self { id: InstanceId(Arc::from(spec.id.as_str())), spec, id_hash, state, in_flight }
+        Self {
+            id: InstanceId(Arc::from(spec.id.as_str())),
+            spec,
+            id_hash,
+            state,
+            in_flight,
+        }
     }
 
     /// Identity.
@@ -138,8 +153,14 @@ impl Instance {
     /// Counts one request finished. Never goes below zero: an unmatched release is a caller bug
     /// (caught by a debug assertion) but must not wrap the count to 4 billion in production.
     pub fn release(&self) {
-        let prev = self.in_flight.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-        debug_assert!(prev.is_ok(), "release() without a matching acquire() on instance {}", self.id);
+        let prev = self
+            .in_flight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        debug_assert!(
+            prev.is_ok(),
+            "release() without a matching acquire() on instance {}",
+            self.id
+        );
     }
     /// Whether it serves `model` (None: any instance is eligible). An empty model list serves
     /// every model; otherwise the name must match exactly.
@@ -166,7 +187,10 @@ impl FleetSnapshot {
     /// Builds a snapshot from instances.
     pub fn new(instances: Vec<Arc<Instance>>) -> Self {
         let uniform_weight = instances.windows(2).all(|w| w[0].weight() == w[1].weight());
-        Self { instances, uniform_weight }
+        Self {
+            instances,
+            uniform_weight,
+        }
     }
     /// All instances, in configuration order.
     pub fn instances(&self) -> &[Arc<Instance>] {
@@ -187,11 +211,20 @@ impl FleetSnapshot {
     }
     /// The instance with this id and its index.
     pub fn get(&self, id: &str) -> Option<(usize, &Arc<Instance>)> {
-        self.instances.iter().enumerate().find(|(_, i)| i.id().as_str() == id)
+        self.instances
+            .iter()
+            .enumerate()
+            .find(|(_, i)| i.id().as_str() == id)
     }
     /// Instances that may take a request for `model` (healthy and serving it), with their index.
-    pub fn eligible<'s>(&'s self, model: Option<&'s str>) -> impl Iterator<Item = (usize, &'s Arc<Instance>)> + 's {
-        self.instances.iter().enumerate().filter(move |(_, i)| i.is_eligible(model))
+    pub fn eligible<'s>(
+        &'s self,
+        model: Option<&'s str>,
+    ) -> impl Iterator<Item = (usize, &'s Arc<Instance>)> + 's {
+        self.instances
+            .iter()
+            .enumerate()
+            .filter(move |(_, i)| i.is_eligible(model))
     }
 }
 
@@ -257,7 +290,12 @@ mod tests {
     use super::*;
 
     fn spec(id: &str, models: &[&str]) -> InstanceSpec {
-        InstanceSpec { id: id.into(), url: format!("http://{id}"), weight: 1, models: models.iter().map(|m| m.to_string()).collect() }
+        InstanceSpec {
+            id: id.into(),
+            url: format!("http://{id}"),
+            weight: 1,
+            models: models.iter().map(|m| m.to_string()).collect(),
+        }
     }
 
     #[test]
@@ -277,7 +315,11 @@ mod tests {
         assert_eq!(i.in_flight(), 2);
         i.release();
         assert_eq!(i.in_flight(), 1);
-        for s in [InstanceState::Draining, InstanceState::Ejected, InstanceState::Healthy] {
+        for s in [
+            InstanceState::Draining,
+            InstanceState::Ejected,
+            InstanceState::Healthy,
+        ] {
             i.set_state(s);
             assert_eq!(i.state(), s);
         }
@@ -321,19 +363,31 @@ mod tests {
         b.set_state(InstanceState::Draining);
         let mut b2 = spec("b", &["m"]);
         b2.weight = 3;
-        fleet.set_members(vec![spec("c", &[]), spec("a", &[]), b2, spec("a", &["dup"])]);
+        fleet.set_members(vec![
+            spec("c", &[]),
+            spec("a", &[]),
+            b2,
+            spec("a", &["dup"]),
+        ]);
         let snap2 = fleet.snapshot();
         assert_eq!(snap2.len(), 3);
         let (ai, a_new) = snap2.get("a").expect("a persists");
         assert_eq!(ai, 1);
         assert!(Arc::ptr_eq(a_new, &a));
-        assert!(a_new.spec().models.is_empty(), "first spec of a repeated id wins");
+        assert!(
+            a_new.spec().models.is_empty(),
+            "first spec of a repeated id wins"
+        );
         let (_, b_new) = snap2.get("b").expect("b persists");
         assert_eq!(b_new.weight(), 3);
         assert_eq!(b_new.in_flight(), 1);
         assert_eq!(b_new.state(), InstanceState::Draining);
         b.release();
-        assert_eq!(b_new.in_flight(), 0, "old and new instance share the counter");
+        assert_eq!(
+            b_new.in_flight(),
+            0,
+            "old and new instance share the counter"
+        );
         assert_eq!(snap2.get("c").map(|(_, c)| c.in_flight()), Some(0));
         // The old snapshot is untouched.
         assert_eq!(snap.len(), 2);

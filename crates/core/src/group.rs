@@ -12,7 +12,9 @@ pub enum GroupError {
     #[error("routing group id must be 1 to 64 characters long, got {0}")]
     Length(usize),
     /// A byte outside printable ASCII (0x20..=0x7E).
-    #[error("routing group id must be printable ASCII; byte {byte:#04x} at position {position} is not")]
+    #[error(
+        "routing group id must be printable ASCII; byte {byte:#04x} at position {position} is not"
+    )]
     NotPrintableAscii { position: usize, byte: u8 },
 }
 
@@ -30,13 +32,19 @@ impl<'a> GroupId<'a> {
             return Err(GroupError::Length(raw.len()));
         }
         if let Some(position) = raw.iter().position(|b| !(0x20..=0x7E).contains(b)) {
-            return Err(GroupError::NotPrintableAscii { position, byte: raw[position] });
+            return Err(GroupError::NotPrintableAscii {
+                position,
+                byte: raw[position],
+            });
         }
         // Printable ASCII is valid UTF-8, so this conversion cannot fail; map it anyway rather
         // than unwrap, reporting the first byte as the culprit.
         std::str::from_utf8(raw)
             .map(GroupId)
-            .map_err(|e| GroupError::NotPrintableAscii { position: e.valid_up_to(), byte: raw[e.valid_up_to()] })
+            .map_err(|e| GroupError::NotPrintableAscii {
+                position: e.valid_up_to(),
+                byte: raw[e.valid_up_to()],
+            })
     }
 
     /// The id as text.
@@ -52,7 +60,10 @@ mod tests {
 
     #[test]
     fn accepts_printable_ascii_within_bounds() {
-        assert_eq!(GroupId::parse(b"tenant-1").map(|g| g.as_str()), Ok("tenant-1"));
+        assert_eq!(
+            GroupId::parse(b"tenant-1").map(|g| g.as_str()),
+            Ok("tenant-1")
+        );
         assert!(GroupId::parse(b" ~").is_ok());
         assert!(GroupId::parse(&[b'a'; 64]).is_ok());
     }
@@ -65,11 +76,26 @@ mod tests {
 
     #[test]
     fn refuses_non_printable_bytes_naming_position() {
-        assert_eq!(GroupId::parse(b"ab\tc"), Err(GroupError::NotPrintableAscii { position: 2, byte: b'\t' }));
-        assert_eq!(GroupId::parse(b"a\x7f"), Err(GroupError::NotPrintableAscii { position: 1, byte: 0x7f }));
+        assert_eq!(
+            GroupId::parse(b"ab\tc"),
+            Err(GroupError::NotPrintableAscii {
+                position: 2,
+                byte: b'\t'
+            })
+        );
+        assert_eq!(
+            GroupId::parse(b"a\x7f"),
+            Err(GroupError::NotPrintableAscii {
+                position: 1,
+                byte: 0x7f
+            })
+        );
         assert_eq!(
             GroupId::parse("é".as_bytes()),
-            Err(GroupError::NotPrintableAscii { position: 0, byte: 0xc3 })
+            Err(GroupError::NotPrintableAscii {
+                position: 0,
+                byte: 0xc3
+            })
         );
     }
 

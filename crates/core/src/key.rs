@@ -92,7 +92,12 @@ mod tests {
         ];
         for (group, prefix, expected) in cases {
             let got = KeyHash::new(group, prefix).0;
-            assert_eq!(got, expected, "group {group:?}, prefix of {} bytes: got {got:#018x}", prefix.len());
+            assert_eq!(
+                got,
+                expected,
+                "group {group:?}, prefix of {} bytes: got {got:#018x}",
+                prefix.len()
+            );
         }
     }
 

@@ -43,8 +43,12 @@ pub enum StrategyKind {
 
 impl StrategyKind {
     /// Every kind, in display order.
-    pub const ALL: [StrategyKind; 4] =
-        [StrategyKind::Random, StrategyKind::RoundRobin, StrategyKind::LeastOutstanding, StrategyKind::PrefixAware];
+    pub const ALL: [StrategyKind; 4] = [
+        StrategyKind::Random,
+        StrategyKind::RoundRobin,
+        StrategyKind::LeastOutstanding,
+        StrategyKind::PrefixAware,
+    ];
 
     /// Configuration name.
     pub fn name(self) -> &'static str {
@@ -60,11 +64,14 @@ impl StrategyKind {
 impl std::str::FromStr for StrategyKind {
     type Err = ConfigError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        StrategyKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| ConfigError::UnknownName {
-            field: "strategy",
-            value: s.to_string(),
-            expected: "random, round-robin, least-outstanding, prefix-aware",
-        })
+        StrategyKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| ConfigError::UnknownName {
+                field: "strategy",
+                value: s.to_string(),
+                expected: "random, round-robin, least-outstanding, prefix-aware",
+            })
     }
 }
 
@@ -104,9 +111,15 @@ impl StrategyConfig {
     /// balance factor.
     pub fn new(kind: StrategyKind) -> Self {
         // Compile-time constant within 1..=1024: the fallback is unreachable but avoids a panic path.
-        let concurrency_threshold = ConcurrencyThreshold::new(u64::from(Self::DEFAULT_CONCURRENCY_THRESHOLD))
-            .unwrap_or(ConcurrencyThreshold::MIN);
-        Self { kind, concurrency_threshold, overflow: OverflowPolicy::default(), balance_factor: None }
+        let concurrency_threshold =
+            ConcurrencyThreshold::new(u64::from(Self::DEFAULT_CONCURRENCY_THRESHOLD))
+                .unwrap_or(ConcurrencyThreshold::MIN);
+        Self {
+            kind,
+            concurrency_threshold,
+            overflow: OverflowPolicy::default(),
+            balance_factor: None,
+        }
     }
 
     /// Builds the strategy; fails when `balance_factor` is set but not a finite number above 1.
@@ -115,9 +128,11 @@ impl StrategyConfig {
             StrategyKind::Random => Box::new(Random),
             StrategyKind::RoundRobin => Box::new(RoundRobin::default()),
             StrategyKind::LeastOutstanding => Box::new(LeastOutstanding),
-            StrategyKind::PrefixAware => {
-                Box::new(PrefixAware::new(self.concurrency_threshold, self.overflow, self.balance_factor)?)
-            }
+            StrategyKind::PrefixAware => Box::new(PrefixAware::new(
+                self.concurrency_threshold,
+                self.overflow,
+                self.balance_factor,
+            )?),
         })
     }
 }
@@ -155,10 +170,16 @@ mod tests {
     fn names_round_trip() {
         for k in StrategyKind::ALL {
             assert_eq!(k.name().parse::<StrategyKind>(), Ok(k));
-            assert_eq!(StrategyConfig::new(k).build().map(|s| s.name()), Ok(k.name()));
+            assert_eq!(
+                StrategyConfig::new(k).build().map(|s| s.name()),
+                Ok(k.name())
+            );
         }
         assert!("fastest".parse::<StrategyKind>().is_err());
-        for p in [OverflowPolicy::NextInOrder, OverflowPolicy::LeastOutstanding] {
+        for p in [
+            OverflowPolicy::NextInOrder,
+            OverflowPolicy::LeastOutstanding,
+        ] {
             assert_eq!(p.name().parse::<OverflowPolicy>(), Ok(p));
         }
         assert!("spill".parse::<OverflowPolicy>().is_err());
@@ -171,9 +192,17 @@ mod tests {
         assert_eq!(c.overflow, OverflowPolicy::NextInOrder);
         assert_eq!(c.balance_factor, None);
         for bad in [1.0, 0.5, f64::NAN, f64::INFINITY] {
-            let c = StrategyConfig { balance_factor: Some(bad), ..c.clone() };
+            let c = StrategyConfig {
+                balance_factor: Some(bad),
+                ..c.clone()
+            };
             assert!(matches!(c.build(), Err(ConfigError::BalanceFactor(_))));
         }
-        assert!(StrategyConfig { balance_factor: Some(1.25), ..c }.build().is_ok());
+        assert!(StrategyConfig {
+            balance_factor: Some(1.25),
+            ..c
+        }
+        .build()
+        .is_ok());
     }
 }

@@ -6,23 +6,33 @@
 //! sonic-rs extractors cannot drift apart.
 
 use super::text::{decode_json_str, decode_owned, PrefixText};
-use super::{ExtractError, RequestInfo, MESSAGE_END, PART_STAND_IN, PROMPT_SEPARATOR, ROLE_SEPARATOR, TOOL_CALL_START};
+use super::{
+    ExtractError, RequestInfo, MESSAGE_END, PART_STAND_IN, PROMPT_SEPARATOR, ROLE_SEPARATOR,
+    TOOL_CALL_START,
+};
 use crate::{GroupId, KeyHash};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Seed of the hash that stands in for a non-text content part (xxh3-64 of the part's JSON text).
 pub const PART_SEED: u64 = 0x7061_7274_2d73_6565; // "part-see"
 
-const PROMPT_EXPECTED: &str = "a string, an array of strings, an array of token ids or an array of token-id arrays";
+const PROMPT_EXPECTED: &str =
+    "a string, an array of strings, an array of token ids or an array of token-id arrays";
 
 /// A raw JSON value as a back end sees it.
 pub(crate) trait JsonNode: Sized {
     /// The value's exact JSON text (no surrounding whitespace).
     fn raw(&self) -> &str;
     /// Calls `f` on each element of this array value (the caller has checked it is one).
-    fn for_each_element(&self, f: impl FnMut(Self) -> Result<(), ExtractError>) -> Result<(), ExtractError>;
+    fn for_each_element(
+        &self,
+        f: impl FnMut(Self) -> Result<(), ExtractError>,
+    ) -> Result<(), ExtractError>;
     /// Calls `f` on each entry of this object value (the caller has checked it is one).
-    fn for_each_entry(&self, f: impl FnMut(&str, Self) -> Result<(), ExtractError>) -> Result<(), ExtractError>;
+    fn for_each_entry(
+        &self,
+        f: impl FnMut(&str, Self) -> Result<(), ExtractError>,
+    ) -> Result<(), ExtractError>;
 }
 
 /// JSON type of a raw value, read from its first byte.
@@ -93,7 +103,14 @@ pub(crate) struct Canon<'b> {
 
 impl<'b> Canon<'b> {
     pub(crate) fn new(api: Api, buf: &'b mut String, max_chars: usize) -> Self {
-        Self { api, text: PrefixText::new(buf, max_chars), model: None, stream: false, group: None, seen: 0 }
+        Self {
+            api,
+            text: PrefixText::new(buf, max_chars),
+            model: None,
+            stream: false,
+            group: None,
+            seen: 0,
+        }
     }
 
     /// Which API the body belongs to.
@@ -129,7 +146,11 @@ impl<'b> Canon<'b> {
     }
 
     /// Handles one top-level entry (lazy back ends); `mark` is applied here.
-    pub(crate) fn top_entry<N: JsonNode>(&mut self, key: &str, value: N) -> Result<(), ExtractError> {
+    pub(crate) fn top_entry<N: JsonNode>(
+        &mut self,
+        key: &str,
+        value: N,
+    ) -> Result<(), ExtractError> {
         let field = self.top_field(key);
         self.mark(field)?;
         match field {
@@ -149,7 +170,12 @@ impl<'b> Canon<'b> {
         self.model = match kind(raw) {
             Kind::Null => None,
             Kind::String => Some(decode_owned(raw, "model")?),
-            _ => return Err(ExtractError::FieldType { field: "model", expected: "a string" }),
+            _ => {
+                return Err(ExtractError::FieldType {
+                    field: "model",
+                    expected: "a string",
+                })
+            }
         };
         Ok(())
     }
@@ -159,7 +185,12 @@ impl<'b> Canon<'b> {
         self.stream = match raw {
             "true" => true,
             "false" | "null" => false,
-            _ => return Err(ExtractError::FieldType { field: "stream", expected: "a boolean" }),
+            _ => {
+                return Err(ExtractError::FieldType {
+                    field: "stream",
+                    expected: "a boolean",
+                })
+            }
         };
         Ok(())
     }
@@ -184,7 +215,12 @@ impl<'b> Canon<'b> {
                 GroupId::parse(id.as_bytes())?;
                 self.group = Some(id);
             }
-            _ => return Err(ExtractError::FieldType { field: "prompt_cache_key", expected: "a string" }),
+            _ => {
+                return Err(ExtractError::FieldType {
+                    field: "prompt_cache_key",
+                    expected: "a string",
+                })
+            }
         }
         Ok(())
     }
@@ -192,14 +228,20 @@ impl<'b> Canon<'b> {
     /// `messages`: an array of message objects.
     pub(crate) fn messages<N: JsonNode>(&mut self, node: N) -> Result<(), ExtractError> {
         if kind(node.raw()) != Kind::Array {
-            return Err(ExtractError::FieldType { field: "messages", expected: "an array of message objects" });
+            return Err(ExtractError::FieldType {
+                field: "messages",
+                expected: "an array of message objects",
+            });
         }
         node.for_each_element(|m| self.message_node(m))
     }
 
     fn message_node<N: JsonNode>(&mut self, node: N) -> Result<(), ExtractError> {
         if kind(node.raw()) != Kind::Object {
-            return Err(ExtractError::FieldType { field: "messages[]", expected: "an object" });
+            return Err(ExtractError::FieldType {
+                field: "messages[]",
+                expected: "an object",
+            });
         }
         let mut fields = MessageFields::default();
         node.for_each_entry(|k, v| fields.set(k, v))?;
@@ -210,14 +252,19 @@ impl<'b> Canon<'b> {
     pub(crate) fn message<N: JsonNode>(&mut self, m: MessageFields<N>) -> Result<(), ExtractError> {
         let role = m.role.ok_or(ExtractError::Missing("messages[].role"))?;
         if kind(role.raw()) != Kind::String {
-            return Err(ExtractError::FieldType { field: "messages[].role", expected: "a string" });
+            return Err(ExtractError::FieldType {
+                field: "messages[].role",
+                expected: "a string",
+            });
         }
         self.text.push_json_str(role.raw(), "messages[].role")?;
         self.text.push_char(ROLE_SEPARATOR);
         if let Some(content) = m.content {
             match kind(content.raw()) {
                 Kind::Null => {}
-                Kind::String => self.text.push_json_str(content.raw(), "messages[].content")?,
+                Kind::String => self
+                    .text
+                    .push_json_str(content.raw(), "messages[].content")?,
                 Kind::Array => content.for_each_element(|part| self.part(part))?,
                 _ => {
                     return Err(ExtractError::FieldType {
@@ -232,7 +279,10 @@ impl<'b> Canon<'b> {
                 Kind::Null => {}
                 Kind::Array => calls.for_each_element(|c| self.tool_call(c))?,
                 _ => {
-                    return Err(ExtractError::FieldType { field: "messages[].tool_calls", expected: "an array or null" })
+                    return Err(ExtractError::FieldType {
+                        field: "messages[].tool_calls",
+                        expected: "an array or null",
+                    })
                 }
             }
         }
@@ -242,7 +292,10 @@ impl<'b> Canon<'b> {
 
     fn part<N: JsonNode>(&mut self, part: N) -> Result<(), ExtractError> {
         if kind(part.raw()) != Kind::Object {
-            return Err(ExtractError::FieldType { field: "messages[].content[]", expected: "an object" });
+            return Err(ExtractError::FieldType {
+                field: "messages[].content[]",
+                expected: "an object",
+            });
         }
         let mut ty: Option<N> = None;
         let mut text: Option<N> = None;
@@ -256,14 +309,21 @@ impl<'b> Canon<'b> {
         })?;
         let ty = ty.ok_or(ExtractError::Missing("messages[].content[].type"))?;
         if kind(ty.raw()) != Kind::String {
-            return Err(ExtractError::FieldType { field: "messages[].content[].type", expected: "a string" });
+            return Err(ExtractError::FieldType {
+                field: "messages[].content[].type",
+                expected: "a string",
+            });
         }
         if is_text_type(ty.raw())? {
             let text = text.ok_or(ExtractError::Missing("messages[].content[].text"))?;
             if kind(text.raw()) != Kind::String {
-                return Err(ExtractError::FieldType { field: "messages[].content[].text", expected: "a string" });
+                return Err(ExtractError::FieldType {
+                    field: "messages[].content[].text",
+                    expected: "a string",
+                });
             }
-            self.text.push_json_str(text.raw(), "messages[].content[].text")?;
+            self.text
+                .push_json_str(text.raw(), "messages[].content[].text")?;
         } else if !self.text.is_full() {
             // Hash only when the stand-in is used: a text part's JSON may be long.
             let hash = xxh3_64_with_seed(part.raw().as_bytes(), PART_SEED);
@@ -275,12 +335,23 @@ impl<'b> Canon<'b> {
 
     fn tool_call<N: JsonNode>(&mut self, call: N) -> Result<(), ExtractError> {
         if kind(call.raw()) != Kind::Object {
-            return Err(ExtractError::FieldType { field: "messages[].tool_calls[]", expected: "an object" });
+            return Err(ExtractError::FieldType {
+                field: "messages[].tool_calls[]",
+                expected: "an object",
+            });
         }
         let mut function: Option<N> = None;
-        call.for_each_entry(|k, v| if k == "function" { set_once(&mut function, v, "messages[].tool_calls[].function") } else { Ok(()) })?;
+        call.for_each_entry(|k, v| {
+            if k == "function" {
+                set_once(&mut function, v, "messages[].tool_calls[].function")
+            } else {
+                Ok(())
+            }
+        })?;
         self.text.push_char(TOOL_CALL_START);
-        let Some(function) = function else { return Ok(()) };
+        let Some(function) = function else {
+            return Ok(());
+        };
         match kind(function.raw()) {
             Kind::Null => return Ok(()),
             Kind::Object => {}
@@ -309,7 +380,12 @@ impl<'b> Canon<'b> {
                         self.text.push_json_str(v.raw(), field)?;
                     }
                 }
-                Some(_) => return Err(ExtractError::FieldType { field, expected: "a string" }),
+                Some(_) => {
+                    return Err(ExtractError::FieldType {
+                        field,
+                        expected: "a string",
+                    })
+                }
             }
             if field.ends_with("name") {
                 self.text.push_char(ROLE_SEPARATOR);
@@ -320,7 +396,10 @@ impl<'b> Canon<'b> {
 
     /// `prompt`: a string, an array of strings, an array of token ids, or an array of such arrays.
     pub(crate) fn prompt<N: JsonNode>(&mut self, node: N) -> Result<(), ExtractError> {
-        let wrong = || ExtractError::FieldType { field: "prompt", expected: PROMPT_EXPECTED };
+        let wrong = || ExtractError::FieldType {
+            field: "prompt",
+            expected: PROMPT_EXPECTED,
+        };
         match kind(node.raw()) {
             Kind::String => self.text.push_json_str(node.raw(), "prompt"),
             Kind::Array => {
@@ -365,7 +444,10 @@ impl<'b> Canon<'b> {
             self.text.push_str(raw);
             Ok(())
         } else {
-            Err(ExtractError::FieldType { field: "prompt", expected: "token ids that are non-negative 64-bit integers" })
+            Err(ExtractError::FieldType {
+                field: "prompt",
+                expected: "token ids that are non-negative 64-bit integers",
+            })
         }
     }
 
@@ -392,7 +474,11 @@ pub(crate) struct MessageFields<N> {
 
 impl<N> Default for MessageFields<N> {
     fn default() -> Self {
-        Self { role: None, content: None, tool_calls: None }
+        Self {
+            role: None,
+            content: None,
+            tool_calls: None,
+        }
     }
 }
 

@@ -25,15 +25,25 @@ pub fn completion_request(body: &[u8], len: PrefixLength) -> Result<RequestInfo,
     extract(body, len, Api::Completion)
 }
 
-pub(crate) fn extract(body: &[u8], len: PrefixLength, api: Api) -> Result<RequestInfo, ExtractError> {
+pub(crate) fn extract(
+    body: &[u8],
+    len: PrefixLength,
+    api: Api,
+) -> Result<RequestInfo, ExtractError> {
     // One UTF-8 check up front; serde_json's slice reader would otherwise skip it for ignored
     // strings. The `str` reader then borrows every string without re-checking.
     let text = std::str::from_utf8(body)
         .map_err(|e| ExtractError::Json(format!("invalid UTF-8 at byte {}", e.valid_up_to())))?;
     with_prefix_buffer(|buf| {
-        let mut st = State { canon: Canon::new(api, buf, len.get()), failure: None, context: None };
+        let mut st = State {
+            canon: Canon::new(api, buf, len.get()),
+            failure: None,
+            context: None,
+        };
         let mut de = serde_json::Deserializer::from_str(text);
-        let r = (&mut de).deserialize_map(Top { st: &mut st }).and_then(|()| de.end());
+        let r = (&mut de)
+            .deserialize_map(Top { st: &mut st })
+            .and_then(|()| de.end());
         if let Err(e) = r {
             return Err(st.error(e));
         }
@@ -107,7 +117,10 @@ impl<'de> Visitor<'de> for Top<'_, '_> {
             st.fail(r)?;
             match field {
                 TopField::Main if st.canon.api() == Api::Chat => {
-                    st.context = Some(ExtractError::FieldType { field: "messages", expected: "an array of message objects" });
+                    st.context = Some(ExtractError::FieldType {
+                        field: "messages",
+                        expected: "an array of message objects",
+                    });
                     map.next_value_seed(Messages { st: &mut *st })?;
                     st.context = None;
                 }
@@ -148,8 +161,14 @@ impl<'de> Visitor<'de> for Messages<'_, '_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         loop {
-            self.st.context = Some(ExtractError::FieldType { field: "messages[]", expected: "an object" });
-            if seq.next_element_seed(Message { st: &mut *self.st })?.is_none() {
+            self.st.context = Some(ExtractError::FieldType {
+                field: "messages[]",
+                expected: "an object",
+            });
+            if seq
+                .next_element_seed(Message { st: &mut *self.st })?
+                .is_none()
+            {
                 return Ok(());
             }
         }
@@ -193,7 +212,10 @@ impl<'x> JsonNode for &'x RawValue {
         self.get()
     }
 
-    fn for_each_element(&self, f: impl FnMut(Self) -> Result<(), ExtractError>) -> Result<(), ExtractError> {
+    fn for_each_element(
+        &self,
+        f: impl FnMut(Self) -> Result<(), ExtractError>,
+    ) -> Result<(), ExtractError> {
         struct Elements<F> {
             f: F,
             failure: Option<ExtractError>,
@@ -218,16 +240,24 @@ impl<'x> JsonNode for &'x RawValue {
         let mut de = serde_json::Deserializer::from_str(text);
         match de.deserialize_seq(&mut v) {
             Ok(()) => Ok(()),
-            Err(e) => Err(v.failure.take().unwrap_or_else(|| ExtractError::Json(e.to_string()))),
+            Err(e) => Err(v
+                .failure
+                .take()
+                .unwrap_or_else(|| ExtractError::Json(e.to_string()))),
         }
     }
 
-    fn for_each_entry(&self, f: impl FnMut(&str, Self) -> Result<(), ExtractError>) -> Result<(), ExtractError> {
+    fn for_each_entry(
+        &self,
+        f: impl FnMut(&str, Self) -> Result<(), ExtractError>,
+    ) -> Result<(), ExtractError> {
         struct Entries<F> {
             f: F,
             failure: Option<ExtractError>,
         }
-        impl<'de, F: FnMut(&str, &'de RawValue) -> Result<(), ExtractError>> Visitor<'de> for &mut Entries<F> {
+        impl<'de, F: FnMut(&str, &'de RawValue) -> Result<(), ExtractError>> Visitor<'de>
+            for &mut Entries<F>
+        {
             type Value = ();
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("an object")
@@ -248,7 +278,10 @@ impl<'x> JsonNode for &'x RawValue {
         let mut de = serde_json::Deserializer::from_str(text);
         match de.deserialize_map(&mut v) {
             Ok(()) => Ok(()),
-            Err(e) => Err(v.failure.take().unwrap_or_else(|| ExtractError::Json(e.to_string()))),
+            Err(e) => Err(v
+                .failure
+                .take()
+                .unwrap_or_else(|| ExtractError::Json(e.to_string()))),
         }
     }
 }

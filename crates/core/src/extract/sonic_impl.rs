@@ -33,7 +33,11 @@ pub fn completion_request(body: &[u8], len: PrefixLength) -> Result<RequestInfo,
     extract(body, len, Api::Completion)
 }
 
-pub(crate) fn extract(body: &[u8], len: PrefixLength, api: Api) -> Result<RequestInfo, ExtractError> {
+pub(crate) fn extract(
+    body: &[u8],
+    len: PrefixLength,
+    api: Api,
+) -> Result<RequestInfo, ExtractError> {
     check_unicode_escapes(body)?;
     if may_nest_deeper_than(body, MAX_LAZY_DEPTH) {
         return serde_impl::extract(body, len, api);
@@ -64,16 +68,30 @@ impl JsonNode for Lazy<'_> {
         self.0.as_raw_str()
     }
 
-    fn for_each_element(&self, mut f: impl FnMut(Self) -> Result<(), ExtractError>) -> Result<(), ExtractError> {
-        let iter = self.0.clone().into_array_iter().ok_or_else(|| not_container("an array"))?;
+    fn for_each_element(
+        &self,
+        mut f: impl FnMut(Self) -> Result<(), ExtractError>,
+    ) -> Result<(), ExtractError> {
+        let iter = self
+            .0
+            .clone()
+            .into_array_iter()
+            .ok_or_else(|| not_container("an array"))?;
         for v in iter {
             f(Lazy(v.map_err(json_error)?))?;
         }
         Ok(())
     }
 
-    fn for_each_entry(&self, mut f: impl FnMut(&str, Self) -> Result<(), ExtractError>) -> Result<(), ExtractError> {
-        let iter = self.0.clone().into_object_iter().ok_or_else(|| not_container("an object"))?;
+    fn for_each_entry(
+        &self,
+        mut f: impl FnMut(&str, Self) -> Result<(), ExtractError>,
+    ) -> Result<(), ExtractError> {
+        let iter = self
+            .0
+            .clone()
+            .into_object_iter()
+            .ok_or_else(|| not_container("an object"))?;
         for e in iter {
             let (k, v) = e.map_err(json_error)?;
             f(&k, Lazy(v))?;
@@ -102,14 +120,26 @@ fn is_ws(b: u8) -> bool {
 fn check_trailing(body: &[u8], end: Option<usize>) -> Result<(), ExtractError> {
     let start = match end {
         Some(e) => e,
-        None => body.iter().position(|&b| !is_ws(b)).map_or(body.len(), |i| i + 1),
+        None => body
+            .iter()
+            .position(|&b| !is_ws(b))
+            .map_or(body.len(), |i| i + 1),
     };
-    let mut rest = body.get(start..).unwrap_or_default().iter().copied().skip_while(|&b| is_ws(b));
+    let mut rest = body
+        .get(start..)
+        .unwrap_or_default()
+        .iter()
+        .copied()
+        .skip_while(|&b| is_ws(b));
     if rest.next() != Some(b'}') {
-        return Err(ExtractError::Json("expected '}' at the end of the object".into()));
+        return Err(ExtractError::Json(
+            "expected '}' at the end of the object".into(),
+        ));
     }
     if rest.any(|b| !is_ws(b)) {
-        return Err(ExtractError::Json("trailing characters after the JSON object".into()));
+        return Err(ExtractError::Json(
+            "trailing characters after the JSON object".into(),
+        ));
     }
     Ok(())
 }
@@ -120,9 +150,13 @@ fn check_unicode_escapes(body: &[u8]) -> Result<(), ExtractError> {
     let mut i = 0usize;
     while let Some(j) = find_byte(body, i, b'\\') {
         if body.get(j + 1) == Some(&b'u') {
-            let ok = body.get(j + 2..j + 6).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
+            let ok = body
+                .get(j + 2..j + 6)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
             if !ok {
-                return Err(ExtractError::Json(format!("invalid \\u escape at byte {j}")));
+                return Err(ExtractError::Json(format!(
+                    "invalid \\u escape at byte {j}"
+                )));
             }
             i = j + 6;
         } else {
@@ -156,7 +190,8 @@ fn may_nest_deeper_than(body: &[u8], limit: usize) -> bool {
                 loop {
                     match find_byte(body, k, b'"') {
                         Some(q) => {
-                            let backslashes = body[..q].iter().rev().take_while(|&&b| b == b'\\').count();
+                            let backslashes =
+                                body[..q].iter().rev().take_while(|&&b| b == b'\\').count();
                             if backslashes % 2 == 0 {
                                 i = q;
                                 break;

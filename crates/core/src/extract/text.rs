@@ -18,7 +18,10 @@ impl<'b> PrefixText<'b> {
     /// An empty prefix that will hold at most `max_chars` characters, reusing `buf`.
     pub(crate) fn new(buf: &'b mut String, max_chars: usize) -> Self {
         buf.clear();
-        Self { buf, remaining: max_chars }
+        Self {
+            buf,
+            remaining: max_chars,
+        }
     }
 
     /// Whether `prefix_length` characters have been taken (everything else is ignored).
@@ -50,7 +53,11 @@ impl<'b> PrefixText<'b> {
     }
 
     /// Decodes the raw JSON string `raw` (with its quotes) into the prefix, stopping when full.
-    pub(crate) fn push_json_str(&mut self, raw: &str, field: &'static str) -> Result<(), ExtractError> {
+    pub(crate) fn push_json_str(
+        &mut self,
+        raw: &str,
+        field: &'static str,
+    ) -> Result<(), ExtractError> {
         decode_json_str(raw, field, |piece| {
             self.push_str(piece);
             !self.is_full()
@@ -100,7 +107,10 @@ pub(crate) fn decode_json_str(
     let inner = raw
         .strip_prefix('"')
         .and_then(|r| r.strip_suffix('"'))
-        .ok_or(ExtractError::FieldType { field, expected: "a string" })?;
+        .ok_or(ExtractError::FieldType {
+            field,
+            expected: "a string",
+        })?;
     let bytes = inner.as_bytes();
     let mut pos = 0usize;
     while pos < bytes.len() {
@@ -112,7 +122,10 @@ pub(crate) fn decode_json_str(
             break;
         }
         // An escape at run_end.
-        let esc = bytes.get(run_end + 1).copied().ok_or_else(|| bad_escape(field))?;
+        let esc = bytes
+            .get(run_end + 1)
+            .copied()
+            .ok_or_else(|| bad_escape(field))?;
         let (c, used) = match esc {
             b'"' => ('"', 2),
             b'\\' => ('\\', 2),
@@ -126,7 +139,9 @@ pub(crate) fn decode_json_str(
                 let hi = hex4(bytes, run_end + 2).ok_or_else(|| bad_escape(field))?;
                 match hi {
                     0xD800..=0xDBFF => {
-                        let lo = if bytes.get(run_end + 6) == Some(&b'\\') && bytes.get(run_end + 7) == Some(&b'u') {
+                        let lo = if bytes.get(run_end + 6) == Some(&b'\\')
+                            && bytes.get(run_end + 7) == Some(&b'u')
+                        {
                             hex4(bytes, run_end + 8).ok_or_else(|| bad_escape(field))?
                         } else {
                             return Err(lone_surrogate(field));
@@ -134,11 +149,15 @@ pub(crate) fn decode_json_str(
                         if !(0xDC00..=0xDFFF).contains(&lo) {
                             return Err(lone_surrogate(field));
                         }
-                        let cp = 0x10000 + ((u32::from(hi) - 0xD800) << 10) + (u32::from(lo) - 0xDC00);
+                        let cp =
+                            0x10000 + ((u32::from(hi) - 0xD800) << 10) + (u32::from(lo) - 0xDC00);
                         (char::from_u32(cp).ok_or_else(|| lone_surrogate(field))?, 12)
                     }
                     0xDC00..=0xDFFF => return Err(lone_surrogate(field)),
-                    _ => (char::from_u32(u32::from(hi)).ok_or_else(|| lone_surrogate(field))?, 6),
+                    _ => (
+                        char::from_u32(u32::from(hi)).ok_or_else(|| lone_surrogate(field))?,
+                        6,
+                    ),
                 }
             }
             _ => return Err(bad_escape(field)),
@@ -166,7 +185,10 @@ fn bad_escape(field: &'static str) -> ExtractError {
 }
 
 fn lone_surrogate(field: &'static str) -> ExtractError {
-    ExtractError::FieldType { field, expected: NO_LONE_SURROGATE }
+    ExtractError::FieldType {
+        field,
+        expected: NO_LONE_SURROGATE,
+    }
 }
 
 /// Decodes a whole JSON string into an owned `String` (for short fields such as `model`).
@@ -196,7 +218,11 @@ pub(crate) fn find_byte(hay: &[u8], from: usize, needle: u8) -> Option<usize> {
         }
         offset += 8;
     }
-    chunks.remainder().iter().position(|&b| b == needle).map(|i| offset + i)
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| b == needle)
+        .map(|i| offset + i)
 }
 
 #[cfg(test)]
@@ -214,16 +240,24 @@ mod tests {
 
     #[test]
     fn decodes_escapes_and_pairs() {
-        assert_eq!(decode_owned(r#""a\nb\u00e9\ud83d\ude00\"\\\/""#, "f"), Ok("a\nbé😀\"\\/".to_string()));
+        assert_eq!(
+            decode_owned(r#""a\nb\u00e9\ud83d\ude00\"\\\/""#, "f"),
+            Ok("a\nbé😀\"\\/".to_string())
+        );
     }
 
     #[test]
     fn refuses_lone_surrogates_and_bad_hex_naming_the_field() {
-        let lone = ExtractError::FieldType { field: "f", expected: NO_LONE_SURROGATE };
+        let lone = ExtractError::FieldType {
+            field: "f",
+            expected: NO_LONE_SURROGATE,
+        };
         assert_eq!(decode_owned(r#""\ud800""#, "f"), Err(lone.clone()));
         assert_eq!(decode_owned(r#""\udc00x""#, "f"), Err(lone.clone()));
         assert_eq!(decode_owned(r#""\ud800\u0041""#, "f"), Err(lone));
-        assert!(matches!(decode_owned(r#""\uZZZZ""#, "f"), Err(ExtractError::Json(m)) if m.contains("'f'")));
+        assert!(
+            matches!(decode_owned(r#""\uZZZZ""#, "f"), Err(ExtractError::Json(m)) if m.contains("'f'"))
+        );
     }
 
     #[test]

@@ -14,7 +14,11 @@ pub(crate) fn no_instance(model: Option<&str>) -> RouteError {
 
 /// Number of instances that may take a request for `model`.
 pub(crate) fn count_eligible(fleet: &FleetSnapshot, model: Option<&str>) -> usize {
-    fleet.instances().iter().filter(|i| i.is_eligible(model)).count()
+    fleet
+        .instances()
+        .iter()
+        .filter(|i| i.is_eligible(model))
+        .count()
 }
 
 /// Index (into the snapshot) of the `k`-th eligible instance, counting from 0.

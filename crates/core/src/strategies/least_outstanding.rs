@@ -12,9 +12,17 @@ impl Strategy for LeastOutstanding {
         "least-outstanding"
     }
 
-    fn select(&self, req: &RouteRequest<'_>, fleet: &FleetSnapshot, rng: &mut RouteRng) -> Result<Decision, RouteError> {
+    fn select(
+        &self,
+        req: &RouteRequest<'_>,
+        fleet: &FleetSnapshot,
+        rng: &mut RouteRng,
+    ) -> Result<Decision, RouteError> {
         least_outstanding(fleet, req.model, rng, |_| true)
-            .map(|index| Decision { index, reason: Reason::LeastOutstanding })
+            .map(|index| Decision {
+                index,
+                reason: Reason::LeastOutstanding,
+            })
             .ok_or_else(|| no_instance(req.model))
     }
 }

@@ -27,8 +27,8 @@
 use super::common::{least_outstanding, no_instance};
 use crate::strategy::OverflowPolicy;
 use crate::{
-    ConcurrencyThreshold, ConfigError, Decision, FleetSnapshot, Instance, KeyHash, Reason, RouteError, RouteRequest,
-    RouteRng, Strategy,
+    ConcurrencyThreshold, ConfigError, Decision, FleetSnapshot, Instance, KeyHash, Reason,
+    RouteError, RouteRequest, RouteRng, Strategy,
 };
 use std::cmp::Ordering;
 
@@ -70,14 +70,26 @@ impl Score {
     #[inline]
     fn of(key: KeyHash, inst: &Instance, uniform: bool) -> Self {
         let mix = rendezvous_mix(key, inst.id_hash());
-        let weighted = if uniform { 0.0 } else { rendezvous_score(key, inst.id_hash(), inst.weight()) };
-        Score { weighted, mix, id_hash: inst.id_hash() }
+        let weighted = if uniform {
+            0.0
+        } else {
+            rendezvous_score(key, inst.id_hash(), inst.weight())
+        };
+        Score {
+            weighted,
+            mix,
+            id_hash: inst.id_hash(),
+        }
     }
 
     #[inline]
     fn beats(&self, other: &Score) -> bool {
         // Scores are finite and positive (u is strictly inside (0, 1)), so partial_cmp is total.
-        match self.weighted.partial_cmp(&other.weighted).unwrap_or(Ordering::Equal) {
+        match self
+            .weighted
+            .partial_cmp(&other.weighted)
+            .unwrap_or(Ordering::Equal)
+        {
             Ordering::Greater => true,
             Ordering::Less => false,
             Ordering::Equal => (self.mix, self.id_hash) > (other.mix, other.id_hash),
@@ -105,7 +117,11 @@ impl PrefixAware {
                 return Err(ConfigError::BalanceFactor(c));
             }
         }
-        Ok(Self { threshold: threshold.get(), overflow, balance_factor })
+        Ok(Self {
+            threshold: threshold.get(),
+            overflow,
+            balance_factor,
+        })
     }
 
     /// The in-flight count at which an instance counts as full, given `n` eligible instances
@@ -123,16 +139,28 @@ impl PrefixAware {
     }
 
     /// The key's preferred instance among eligible healthy ones, ignoring load.
-    pub fn preferred(&self, key: KeyHash, fleet: &FleetSnapshot, model: Option<&str>) -> Option<usize> {
+    pub fn preferred(
+        &self,
+        key: KeyHash,
+        fleet: &FleetSnapshot,
+        model: Option<&str>,
+    ) -> Option<usize> {
         best_by_score(key, fleet, model, |_| true)
     }
 
     /// The key's full rendezvous order over eligible healthy instances (best first). Allocates:
     /// meant for tests, tooling and the simulator's reports, not the routing hot path.
-    pub fn rendezvous_order(&self, key: KeyHash, fleet: &FleetSnapshot, model: Option<&str>) -> Vec<usize> {
+    pub fn rendezvous_order(
+        &self,
+        key: KeyHash,
+        fleet: &FleetSnapshot,
+        model: Option<&str>,
+    ) -> Vec<usize> {
         let uniform = fleet.uniform_weight();
-        let mut scored: Vec<(usize, Score)> =
-            fleet.eligible(model).map(|(i, inst)| (i, Score::of(key, inst, uniform))).collect();
+        let mut scored: Vec<(usize, Score)> = fleet
+            .eligible(model)
+            .map(|(i, inst)| (i, Score::of(key, inst, uniform)))
+            .collect();
         scored.sort_by(|a, b| {
             if a.1.beats(&b.1) {
                 Ordering::Less
@@ -172,11 +200,19 @@ impl Strategy for PrefixAware {
         "prefix-aware"
     }
 
-    fn select(&self, req: &RouteRequest<'_>, fleet: &FleetSnapshot, rng: &mut RouteRng) -> Result<Decision, RouteError> {
+    fn select(
+        &self,
+        req: &RouteRequest<'_>,
+        fleet: &FleetSnapshot,
+        rng: &mut RouteRng,
+    ) -> Result<Decision, RouteError> {
         let model = req.model;
         let Some(key) = req.key else {
             return least_outstanding(fleet, model, rng, |_| true)
-                .map(|index| Decision { index, reason: Reason::NoKey })
+                .map(|index| Decision {
+                    index,
+                    reason: Reason::NoKey,
+                })
                 .ok_or_else(|| no_instance(model));
         };
 
@@ -199,22 +235,32 @@ impl Strategy for PrefixAware {
         };
         let cap = self.capacity(n, total);
         if pref_load < cap {
-            return Ok(Decision { index: pref, reason: Reason::Preferred });
+            return Ok(Decision {
+                index: pref,
+                reason: Reason::Preferred,
+            });
         }
 
         // Overflow: the preferred instance is full.
         let pref_inst = &fleet.instances()[pref];
-        let has_room = |inst: &Instance| !std::ptr::eq(inst, &**pref_inst) && inst.in_flight() < cap;
+        let has_room =
+            |inst: &Instance| !std::ptr::eq(inst, &**pref_inst) && inst.in_flight() < cap;
         let target = match self.overflow {
             OverflowPolicy::NextInOrder => best_by_score(key, fleet, model, has_room),
             OverflowPolicy::LeastOutstanding => least_outstanding(fleet, model, rng, has_room),
         };
         let from = pref_inst.id().clone();
         if let Some(index) = target {
-            return Ok(Decision { index, reason: Reason::Overflow { from } });
+            return Ok(Decision {
+                index,
+                reason: Reason::Overflow { from },
+            });
         }
         least_outstanding(fleet, model, rng, |_| true)
-            .map(|index| Decision { index, reason: Reason::AllBusy { from } })
+            .map(|index| Decision {
+                index,
+                reason: Reason::AllBusy { from },
+            })
             .ok_or_else(|| no_instance(model))
     }
 }

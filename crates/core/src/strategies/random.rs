@@ -13,14 +13,22 @@ impl Strategy for Random {
         "random"
     }
 
-    fn select(&self, req: &RouteRequest<'_>, fleet: &FleetSnapshot, rng: &mut RouteRng) -> Result<Decision, RouteError> {
+    fn select(
+        &self,
+        req: &RouteRequest<'_>,
+        fleet: &FleetSnapshot,
+        rng: &mut RouteRng,
+    ) -> Result<Decision, RouteError> {
         let n = count_eligible(fleet, req.model);
         if n == 0 {
             return Err(no_instance(req.model));
         }
         let k = rng.gen_range(0..n);
         nth_eligible(fleet, req.model, k)
-            .map(|index| Decision { index, reason: Reason::Random })
+            .map(|index| Decision {
+                index,
+                reason: Reason::Random,
+            })
             .ok_or_else(|| no_instance(req.model))
     }
 }

@@ -16,14 +16,22 @@ impl Strategy for RoundRobin {
         "round-robin"
     }
 
-    fn select(&self, req: &RouteRequest<'_>, fleet: &FleetSnapshot, _rng: &mut RouteRng) -> Result<Decision, RouteError> {
+    fn select(
+        &self,
+        req: &RouteRequest<'_>,
+        fleet: &FleetSnapshot,
+        _rng: &mut RouteRng,
+    ) -> Result<Decision, RouteError> {
         let n = count_eligible(fleet, req.model);
         if n == 0 {
             return Err(no_instance(req.model));
         }
         let k = self.next.fetch_add(1, Ordering::Relaxed) % n;
         nth_eligible(fleet, req.model, k)
-            .map(|index| Decision { index, reason: Reason::RoundRobin })
+            .map(|index| Decision {
+                index,
+                reason: Reason::RoundRobin,
+            })
             .ok_or_else(|| no_instance(req.model))
     }
 }
