@@ -111,7 +111,12 @@ pub struct SimulateArgs {
     pub concurrency_threshold: Option<u32>,
 
     /// Prefix-aware: where overflow goes.
-    #[arg(long, value_enum, value_name = "POLICY", default_value = "next-in-order")]
+    #[arg(
+        long,
+        value_enum,
+        value_name = "POLICY",
+        default_value = "next-in-order"
+    )]
     pub overflow: OverflowArg,
 
     /// Prefix-aware: bounded-load factor c > 1 (an instance may hold at most
@@ -137,26 +142,40 @@ fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
 }
 
 fn parse_prefix_length(s: &str) -> Result<u64, String> {
-    let n: u64 = s.trim().parse().map_err(|_| format!("prefix_length must be a whole number, got '{s}'"))?;
-    PrefixLength::new(n).map(|p| p.get() as u64).map_err(|e| e.to_string())
+    let n: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("prefix_length must be a whole number, got '{s}'"))?;
+    PrefixLength::new(n)
+        .map(|p| p.get() as u64)
+        .map_err(|e| e.to_string())
 }
 
 fn parse_threshold(s: &str) -> Result<u32, String> {
-    let n: u64 = s.trim().parse().map_err(|_| format!("concurrency_threshold must be a whole number, got '{s}'"))?;
-    ConcurrencyThreshold::new(n).map(|t| t.get()).map_err(|e| e.to_string())
+    let n: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("concurrency_threshold must be a whole number, got '{s}'"))?;
+    ConcurrencyThreshold::new(n)
+        .map(|t| t.get())
+        .map_err(|e| e.to_string())
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
-        _ => Err(format!("rate must be a positive number of requests per second, got '{s}'")),
+        _ => Err(format!(
+            "rate must be a positive number of requests per second, got '{s}'"
+        )),
     }
 }
 
 fn parse_balance_factor(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(c) if c.is_finite() && c > 1.0 => Ok(c),
-        _ => Err(format!("balance_factor must be a finite number greater than 1, got '{s}'")),
+        _ => Err(format!(
+            "balance_factor must be a finite number greater than 1, got '{s}'"
+        )),
     }
 }
 
@@ -165,7 +184,9 @@ fn parse_balance_factor(s: &str) -> Result<f64, String> {
 pub struct ScaleEvents(pub Vec<ScaleEvent>);
 
 fn parse_scale(s: &str) -> Result<ScaleEvents, String> {
-    parse_scale_events(s).map(ScaleEvents).map_err(|e| e.to_string())
+    parse_scale_events(s)
+        .map(ScaleEvents)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -181,7 +202,12 @@ mod tests {
     #[test]
     fn defaults() {
         let cli = Cli::try_parse_from(["prefix-router", "simulate"]).map_err(|e| e.to_string());
-        let Ok(Cli { command: Command::Simulate(a) }) = cli else { panic!("parse failed: {cli:?}") };
+        let Ok(Cli {
+            command: Command::Simulate(a),
+        }) = cli
+        else {
+            panic!("parse failed: {cli:?}")
+        };
         assert_eq!(a.instances, 7);
         assert_eq!(a.preset, "llama-3.1-70b-h100x8");
         assert_eq!(a.strategies, StrategyKind::ALL.to_vec());
@@ -191,15 +217,28 @@ mod tests {
 
     #[test]
     fn prefix_length_out_of_range_names_the_setting() {
-        let e = Cli::try_parse_from(["prefix-router", "simulate", "--prefix-length", "5"]).map(|_| ()).unwrap_err();
+        let e = Cli::try_parse_from(["prefix-router", "simulate", "--prefix-length", "5"])
+            .map(|_| ())
+            .unwrap_err();
         let text = e.to_string();
         assert!(text.contains("--prefix-length"), "{text}");
-        assert!(text.contains("prefix_length must be within 1024..=65536, got 5"), "{text}");
+        assert!(
+            text.contains("prefix_length must be within 1024..=65536, got 5"),
+            "{text}"
+        );
     }
 
     #[test]
     fn rate_and_concurrency_conflict() {
-        assert!(Cli::try_parse_from(["prefix-router", "simulate", "--rate", "2", "--concurrency", "3"]).is_err());
+        assert!(Cli::try_parse_from([
+            "prefix-router",
+            "simulate",
+            "--rate",
+            "2",
+            "--concurrency",
+            "3"
+        ])
+        .is_err());
     }
 }
 
@@ -209,8 +248,14 @@ mod scale_tests {
 
     #[test]
     fn scale_list_is_one_value() {
-        let cli = Cli::try_parse_from(["prefix-router", "simulate", "--scale", "+1@600s,-2@30m"]).map_err(|e| e.to_string());
-        let Ok(Cli { command: Command::Simulate(a) }) = cli else { panic!("parse failed: {cli:?}") };
+        let cli = Cli::try_parse_from(["prefix-router", "simulate", "--scale", "+1@600s,-2@30m"])
+            .map_err(|e| e.to_string());
+        let Ok(Cli {
+            command: Command::Simulate(a),
+        }) = cli
+        else {
+            panic!("parse failed: {cli:?}")
+        };
         let events = a.scale.map(|s| s.0).unwrap_or_default();
         assert_eq!(events.len(), 2);
         assert_eq!((events[0].delta, events[1].delta), (1, -2));

@@ -6,7 +6,12 @@ use prefix_router_workload::WorkloadKind;
 
 /// Prints every engine preset and built-in workload with a one-line description.
 pub fn run() -> anyhow::Result<()> {
-    let width = PRESETS.iter().map(|p| p.name.len()).chain(WorkloadKind::ALL.iter().map(|w| w.name().len())).max().unwrap_or(0);
+    let width = PRESETS
+        .iter()
+        .map(|p| p.name.len())
+        .chain(WorkloadKind::ALL.iter().map(|w| w.name().len()))
+        .max()
+        .unwrap_or(0);
     println!("Engine presets (--preset):");
     for p in PRESETS {
         println!("  {:<width$}  {}", p.name, p.description);

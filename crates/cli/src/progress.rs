@@ -19,7 +19,10 @@ pub struct DelayedBar {
 impl DelayedBar {
     /// A bar that will show once the run is older than a second.
     pub fn new() -> Self {
-        Self { started: Instant::now(), bar: None }
+        Self {
+            started: Instant::now(),
+            bar: None,
+        }
     }
 
     /// Records where the simulation is.
@@ -28,15 +31,23 @@ impl DelayedBar {
             if self.started.elapsed() < SHOW_AFTER {
                 return;
             }
-            let bar = ProgressBar::with_draw_target(Some(p.grand_total()), ProgressDrawTarget::stderr());
-            let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} requests {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar());
+            let bar =
+                ProgressBar::with_draw_target(Some(p.grand_total()), ProgressDrawTarget::stderr());
+            let style = ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} requests {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
             self.bar = Some(bar);
         }
         if let Some(bar) = &self.bar {
             bar.set_position(p.done_total());
-            bar.set_message(format!("({} {}/{})", p.strategy, p.strategy_index + 1, p.strategies));
+            bar.set_message(format!(
+                "({} {}/{})",
+                p.strategy,
+                p.strategy_index + 1,
+                p.strategies
+            ));
         }
     }
 

@@ -39,7 +39,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     if let Some(path) = &args.json {
         let mut json = serde_json::to_string_pretty(&report).context("serializing the report")?;
         json.push('\n');
-        std::fs::write(path, json).with_context(|| format!("--json: cannot write {}", path.display()))?;
+        std::fs::write(path, json)
+            .with_context(|| format!("--json: cannot write {}", path.display()))?;
     }
     if let Some(path) = &args.plot {
         plot::write_svg(&report, path).with_context(|| format!("--plot {}", path.display()))?;
@@ -110,7 +111,11 @@ fn load_workload(args: &SimulateArgs) -> Result<SimWorkload> {
     }
     spec.validate().context("--workload")?;
     let requests: Vec<Request> = generators::generate(&spec).collect();
-    Ok(SimWorkload { name: name.to_string(), source: WorkloadSource::Generated { spec }, requests })
+    Ok(SimWorkload {
+        name: name.to_string(),
+        source: WorkloadSource::Generated { spec },
+        requests,
+    })
 }
 
 fn load_trace(args: &SimulateArgs, path: &Path) -> Result<SimWorkload> {
@@ -118,27 +123,38 @@ fn load_trace(args: &SimulateArgs, path: &Path) -> Result<SimWorkload> {
         Ok(trace::TraceFormat::Jsonl) => "jsonl",
         Ok(trace::TraceFormat::Mooncake) => "mooncake",
         Ok(trace::TraceFormat::Sharegpt) => "sharegpt",
-        Err(e) => return Err(e).with_context(|| format!("--trace: cannot read {}", path.display())),
+        Err(e) => {
+            return Err(e).with_context(|| format!("--trace: cannot read {}", path.display()))
+        }
     };
-    let mut requests = trace::load_trace(path).with_context(|| format!("--trace {}", path.display()))?;
+    let mut requests =
+        trace::load_trace(path).with_context(|| format!("--trace {}", path.display()))?;
     if let Some(n) = args.requests {
         requests.truncate(usize::try_from(n).unwrap_or(usize::MAX));
     }
     if let Some(rate) = args.rate {
         rescale_arrivals(&mut requests, rate);
     }
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
     Ok(SimWorkload {
         name,
-        source: WorkloadSource::Trace { path: path.display().to_string(), format: format.into() },
+        source: WorkloadSource::Trace {
+            path: path.display().to_string(),
+            format: format.into(),
+        },
         requests,
     })
 }
 
 /// Stretches or squeezes arrival times (keeping their shape) so the mean rate becomes `rate`.
 fn rescale_arrivals(requests: &mut [Request], rate: f64) {
-    let (Some(first), Some(last)) = (requests.first().map(|r| r.arrival_s), requests.last().map(|r| r.arrival_s))
-    else {
+    let (Some(first), Some(last)) = (
+        requests.first().map(|r| r.arrival_s),
+        requests.last().map(|r| r.arrival_s),
+    ) else {
         return;
     };
     let span = last - first;

@@ -21,7 +21,15 @@ fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-const SMALL: &[&str] = &["simulate", "--preset", "small", "--requests", "300", "--instances", "4"];
+const SMALL: &[&str] = &[
+    "simulate",
+    "--preset",
+    "small",
+    "--requests",
+    "300",
+    "--instances",
+    "4",
+];
 
 fn small_run(extra: &[&str], json: &PathBuf) -> Output {
     let json_s = json.to_str().expect("utf-8 temp path");
@@ -40,14 +48,24 @@ fn read_json(path: &PathBuf) -> serde_json::Value {
 fn json_has_the_contract_fields() {
     let json = tmp("fields.json");
     let out = small_run(&["--workload", "long-context"], &json);
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v = read_json(&json);
     assert!(v["workload"].is_object());
     assert!(v["fleet"].is_object());
     assert!(v["oracle_hit_rate"].is_f64());
     let results = v["results"].as_array().expect("results array");
-    let names: Vec<&str> = results.iter().filter_map(|r| r["strategy"].as_str()).collect();
-    assert_eq!(names, ["random", "round-robin", "least-outstanding", "prefix-aware"]);
+    let names: Vec<&str> = results
+        .iter()
+        .filter_map(|r| r["strategy"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["random", "round-robin", "least-outstanding", "prefix-aware"]
+    );
     for r in results {
         assert_eq!(r["requests"].as_u64(), Some(300));
         for lat in ["ttft_ms", "e2e_ms"] {
@@ -55,14 +73,21 @@ fn json_has_the_contract_fields() {
                 assert!(r[lat][k].is_f64(), "{lat}.{k} missing in {r}");
             }
         }
-        for k in ["kv_hit_rate", "throughput_rps", "output_tokens_per_s", "overflow_rate"] {
+        for k in [
+            "kv_hit_rate",
+            "throughput_rps",
+            "output_tokens_per_s",
+            "overflow_rate",
+        ] {
             assert!(r[k].is_f64(), "{k} missing");
         }
         for k in ["kv_hit_rate", "overflow_rate"] {
             let x = r[k].as_f64().unwrap_or(-1.0);
             assert!((0.0..=1.0).contains(&x), "{k} = {x}");
         }
-        let shares = r["instance_share"].as_array().expect("instance_share array");
+        let shares = r["instance_share"]
+            .as_array()
+            .expect("instance_share array");
         assert_eq!(shares.len(), 4);
         let sum: f64 = shares.iter().filter_map(|s| s.as_f64()).sum();
         assert!((sum - 1.0).abs() < 1e-9);
@@ -89,19 +114,49 @@ fn bad_prefix_length_is_one_line_naming_the_flag() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("--prefix-length"), "{err}");
-    assert!(err.contains("prefix_length must be within 1024..=65536, got 5"), "{err}");
+    assert!(
+        err.contains("prefix_length must be within 1024..=65536, got 5"),
+        "{err}"
+    );
 }
 
 #[test]
 fn bad_values_name_their_flag() {
     for (args, needle) in [
-        (vec!["simulate", "--strategies", "random,fastest"], "--strategies"),
-        (vec!["simulate", "--concurrency-threshold", "0"], "--concurrency-threshold"),
+        (
+            vec!["simulate", "--strategies", "random,fastest"],
+            "--strategies",
+        ),
+        (
+            vec!["simulate", "--concurrency-threshold", "0"],
+            "--concurrency-threshold",
+        ),
         (vec!["simulate", "--scale", "+1@soon"], "--scale"),
         (vec!["simulate", "--instances", "0"], "--instances"),
-        (vec!["simulate", "--preset", "no-such-gpu", "--requests", "10"], "no-such-gpu"),
-        (vec!["simulate", "--workload", "no-such-workload", "--requests", "10"], "--workload"),
-        (vec!["simulate", "--trace", "/no/such/file.jsonl", "--preset", "small"], "--trace"),
+        (
+            vec!["simulate", "--preset", "no-such-gpu", "--requests", "10"],
+            "no-such-gpu",
+        ),
+        (
+            vec![
+                "simulate",
+                "--workload",
+                "no-such-workload",
+                "--requests",
+                "10",
+            ],
+            "--workload",
+        ),
+        (
+            vec![
+                "simulate",
+                "--trace",
+                "/no/such/file.jsonl",
+                "--preset",
+                "small",
+            ],
+            "--trace",
+        ),
     ] {
         let out = run(&args);
         assert!(!out.status.success(), "{args:?} should fail");
@@ -128,7 +183,11 @@ fn mooncake_trace_runs() {
         "--json",
         json.to_str().expect("utf-8 path"),
     ]);
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v = read_json(&json);
     assert_eq!(v["results"][0]["requests"].as_u64(), Some(200));
     assert!(v["oracle_hit_rate"].as_f64().unwrap_or(0.0) > 0.0);
@@ -139,15 +198,32 @@ fn plot_is_an_svg_and_scale_events_show() {
     let plot = tmp("plot.svg");
     let json = tmp("plot.json");
     let out = small_run(
-        &["--workload", "long-context", "--scale", "+1@20s", "--plot", plot.to_str().expect("utf-8")],
+        &[
+            "--workload",
+            "long-context",
+            "--scale",
+            "+1@20s",
+            "--plot",
+            plot.to_str().expect("utf-8"),
+        ],
         &json,
     );
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let svg = std::fs::read_to_string(&plot).expect("svg written");
-    assert!(svg.starts_with("<svg") || svg.contains("<svg"), "not an svg");
+    assert!(
+        svg.starts_with("<svg") || svg.contains("<svg"),
+        "not an svg"
+    );
     assert!(svg.contains("Time to first token"));
     let v = read_json(&json);
-    assert_eq!(v["results"][0]["instance_share"].as_array().map(Vec::len), Some(5));
+    assert_eq!(
+        v["results"][0]["instance_share"].as_array().map(Vec::len),
+        Some(5)
+    );
 }
 
 #[test]

@@ -17,7 +17,11 @@ fn workload(kind: WorkloadKind, rate: f64) -> SimWorkload {
     spec.requests = REQUESTS;
     spec.arrival = Arrival::Poisson { rate };
     let requests = generators::generate(&spec).collect();
-    SimWorkload { name: format!("{kind:?}"), source: WorkloadSource::Generated { spec }, requests }
+    SimWorkload {
+        name: format!("{kind:?}"),
+        source: WorkloadSource::Generated { spec },
+        requests,
+    }
 }
 
 fn config(kind: StrategyKind) -> SimConfig {
@@ -37,7 +41,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("simulate");
     group.sample_size(10);
     group.throughput(Throughput::Elements(REQUESTS));
-    let sharegpt = workload(WorkloadKind::Sharegpt, 50.0);
+    let sharegpt = workload(WorkloadKind::Sharegpt, 20.0);
     for kind in [StrategyKind::Random, StrategyKind::PrefixAware] {
         let cfg = config(kind);
         group.bench_function(format!("sharegpt-20k-small-x7/{}", kind.name()), |b| {

@@ -47,16 +47,28 @@ impl SimConfig {
             return Err(SimError::ZeroInstances);
         }
         if self.strategies.is_empty() {
-            return Err(SimError::InvalidConfig { field: "strategies", why: "at least one strategy is needed".into() });
+            return Err(SimError::InvalidConfig {
+                field: "strategies",
+                why: "at least one strategy is needed".into(),
+            });
         }
         if let Driver::ClosedLoop { clients: 0 } = self.driver {
-            return Err(SimError::InvalidConfig { field: "concurrency", why: "must be at least 1, got 0".into() });
+            return Err(SimError::InvalidConfig {
+                field: "concurrency",
+                why: "must be at least 1, got 0".into(),
+            });
         }
         if self.hit_rate_buckets == 0 {
-            return Err(SimError::InvalidConfig { field: "hit_rate_buckets", why: "must be at least 1".into() });
+            return Err(SimError::InvalidConfig {
+                field: "hit_rate_buckets",
+                why: "must be at least 1".into(),
+            });
         }
         let mut healthy = i64::from(self.instances);
-        for (at, delta) in self.scale_order().map(|i| (self.scale[i].at_s, self.scale[i].delta)) {
+        for (at, delta) in self
+            .scale_order()
+            .map(|i| (self.scale[i].at_s, self.scale[i].delta))
+        {
             if !at.is_finite() || at < 0.0 {
                 return Err(SimError::InvalidConfig {
                     field: "scale",
@@ -64,13 +76,19 @@ impl SimConfig {
                 });
             }
             if delta == 0 {
-                return Err(SimError::InvalidConfig { field: "scale", why: format!("event at {at}s changes nothing (0)") });
+                return Err(SimError::InvalidConfig {
+                    field: "scale",
+                    why: format!("event at {at}s changes nothing (0)"),
+                });
             }
             healthy += i64::from(delta);
             if healthy < 1 {
                 return Err(SimError::InvalidConfig {
                     field: "scale",
-                    why: format!("removing {} instances at {at}s would leave none to route to", -delta),
+                    why: format!(
+                        "removing {} instances at {at}s would leave none to route to",
+                        -delta
+                    ),
                 });
             }
         }
@@ -80,7 +98,12 @@ impl SimConfig {
     /// Indices of the scale events in firing order (time, then position in the list).
     pub fn scale_order(&self) -> impl Iterator<Item = usize> {
         let mut order: Vec<usize> = (0..self.scale.len()).collect();
-        order.sort_by(|&a, &b| self.scale[a].at_s.total_cmp(&self.scale[b].at_s).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| {
+            self.scale[a]
+                .at_s
+                .total_cmp(&self.scale[b].at_s)
+                .then(a.cmp(&b))
+        });
         order.into_iter()
     }
 }

@@ -47,7 +47,9 @@ pub enum SimError {
         source: prefix_router_core::RouteError,
     },
     /// The simulation ended with requests that never finished (an engine never scheduled them).
-    #[error("strategy '{strategy}': {unfinished} of {total} requests never finished (engine stalled)")]
+    #[error(
+        "strategy '{strategy}': {unfinished} of {total} requests never finished (engine stalled)"
+    )]
     Stalled {
         /// Strategy name.
         strategy: String,
@@ -58,7 +60,9 @@ pub enum SimError {
     },
     /// An engine model broke its clock contract (its next step does not lie in the future), which
     /// would make the simulation spin forever.
-    #[error("engine of instance {instance} scheduled its next step at {next}s, not after now ({now}s)")]
+    #[error(
+        "engine of instance {instance} scheduled its next step at {next}s, not after now ({now}s)"
+    )]
     EngineClock {
         /// Instance index.
         instance: usize,

@@ -45,7 +45,12 @@ pub fn instance_id(index: usize) -> String {
 }
 
 fn spec(index: usize) -> InstanceSpec {
-    InstanceSpec { id: instance_id(index), url: format!("sim://{}", instance_id(index)), weight: 1, models: Vec::new() }
+    InstanceSpec {
+        id: instance_id(index),
+        url: format!("sim://{}", instance_id(index)),
+        weight: 1,
+        models: Vec::new(),
+    }
 }
 
 /// Every instance ever created plus the router's fleet built from the live ones.
@@ -82,7 +87,10 @@ impl SimFleet {
 
     /// Instance index of a snapshot position.
     pub fn instance_at(&self, snapshot_index: usize) -> Option<usize> {
-        self.snapshot_to_instance.get(snapshot_index).copied().filter(|&i| i < self.instances.len())
+        self.snapshot_to_instance
+            .get(snapshot_index)
+            .copied()
+            .filter(|&i| i < self.instances.len())
     }
 
     /// Adds `k` new serving instances with empty caches.
@@ -129,7 +137,10 @@ impl SimFleet {
 
     /// Specs of the instances still in the router's member list, in creation order.
     fn member_specs(&self) -> Vec<InstanceSpec> {
-        (0..self.instances.len()).filter(|&i| self.instances[i].life != Life::Removed).map(spec).collect()
+        (0..self.instances.len())
+            .filter(|&i| self.instances[i].life != Life::Removed)
+            .map(spec)
+            .collect()
     }
 
     /// Re-reads the snapshot after a membership change, creating engines for new members.

@@ -8,26 +8,62 @@ use crate::run::RunOutcome;
 use crate::stats::{hit_rate_series, percentile_curve, LatencySummary};
 
 /// Summarizes one strategy's run of `requests` (every record must be finished).
-pub fn summarize(strategy: &str, requests: &[Request], outcome: &RunOutcome, buckets: usize) -> StrategyResult {
+pub fn summarize(
+    strategy: &str,
+    requests: &[Request],
+    outcome: &RunOutcome,
+    buckets: usize,
+) -> StrategyResult {
     let records = &outcome.records;
     let n = records.len();
-    let mut ttft: Vec<f64> = records.iter().map(|r| (r.first_token_s - r.start_s) * 1000.0).collect();
-    let mut e2e: Vec<f64> = records.iter().map(|r| (r.finish_s - r.start_s) * 1000.0).collect();
+    let mut ttft: Vec<f64> = records
+        .iter()
+        .map(|r| (r.first_token_s - r.start_s) * 1000.0)
+        .collect();
+    let mut e2e: Vec<f64> = records
+        .iter()
+        .map(|r| (r.finish_s - r.start_s) * 1000.0)
+        .collect();
     ttft.sort_by(f64::total_cmp);
     e2e.sort_by(f64::total_cmp);
 
     let prompt_tokens: u64 = requests.iter().map(|r| u64::from(r.prompt_tokens())).sum();
     let cached_tokens: u64 = records.iter().map(|r| u64::from(r.cached_tokens)).sum();
     let output_tokens: u64 = requests.iter().map(|r| u64::from(r.output_tokens)).sum();
-    let first_arrival = records.iter().map(|r| r.start_s).fold(f64::INFINITY, f64::min);
-    let last_finish = records.iter().map(|r| r.finish_s).fold(f64::NEG_INFINITY, f64::max);
-    let makespan = if n > 0 { (last_finish - first_arrival).max(0.0) } else { 0.0 };
-    let per_second = |count: u64| if makespan > 0.0 { count as f64 / makespan } else { 0.0 };
+    let first_arrival = records
+        .iter()
+        .map(|r| r.start_s)
+        .fold(f64::INFINITY, f64::min);
+    let last_finish = records
+        .iter()
+        .map(|r| r.finish_s)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let makespan = if n > 0 {
+        (last_finish - first_arrival).max(0.0)
+    } else {
+        0.0
+    };
+    let per_second = |count: u64| {
+        if makespan > 0.0 {
+            count as f64 / makespan
+        } else {
+            0.0
+        }
+    };
     let total_dispatched: u64 = outcome.dispatched.iter().sum();
-    let fraction = |part: u64, whole: u64| if whole > 0 { part as f64 / whole as f64 } else { 0.0 };
+    let fraction = |part: u64, whole: u64| {
+        if whole > 0 {
+            part as f64 / whole as f64
+        } else {
+            0.0
+        }
+    };
 
     let series = hit_rate_series(
-        records.iter().zip(requests).map(|(r, q)| (r.first_token_s, r.cached_tokens, q.prompt_tokens())),
+        records
+            .iter()
+            .zip(requests)
+            .map(|(r, q)| (r.first_token_s, r.cached_tokens, q.prompt_tokens())),
         if n > 0 { last_finish } else { 0.0 },
         buckets,
     );
@@ -40,7 +76,11 @@ pub fn summarize(strategy: &str, requests: &[Request], outcome: &RunOutcome, buc
         kv_hit_rate: fraction(cached_tokens, prompt_tokens),
         throughput_rps: per_second(n as u64),
         output_tokens_per_s: per_second(output_tokens),
-        instance_share: outcome.dispatched.iter().map(|&d| fraction(d, total_dispatched)).collect(),
+        instance_share: outcome
+            .dispatched
+            .iter()
+            .map(|&d| fraction(d, total_dispatched))
+            .collect(),
         overflow_rate: fraction(outcome.overflows, n as u64),
         instance_ids: (0..outcome.dispatched.len()).map(instance_id).collect(),
         instance_requests: outcome.dispatched.clone(),

@@ -56,11 +56,24 @@ type Area<'a, 'b> = DrawingArea<SVGBackend<'a>, Shift>;
 
 /// Panel 1: fraction of requests whose TTFT is at most x (log x axis).
 fn ttft_cdf(report: &Report, area: &Area<'_, '_>) -> Result<(), SimError> {
-    let all = report.results.iter().flat_map(|r| r.ttft_percentiles_ms.iter().copied()).filter(|v| *v > 0.0);
-    let (lo, hi) = all.fold((f64::INFINITY, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let (lo, hi) = if lo.is_finite() && hi > lo { (lo * 0.9, hi * 1.1) } else { (1.0, 10.0) };
+    let all = report
+        .results
+        .iter()
+        .flat_map(|r| r.ttft_percentiles_ms.iter().copied())
+        .filter(|v| *v > 0.0);
+    let (lo, hi) = all.fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    let (lo, hi) = if lo.is_finite() && hi > lo {
+        (lo * 0.9, hi * 1.1)
+    } else {
+        (1.0, 10.0)
+    };
     let mut chart = ChartBuilder::on(area)
-        .caption("Time to first token: cumulative distribution", ("sans-serif", 22))
+        .caption(
+            "Time to first token: cumulative distribution",
+            ("sans-serif", 22),
+        )
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
@@ -69,6 +82,7 @@ fn ttft_cdf(report: &Report, area: &Area<'_, '_>) -> Result<(), SimError> {
     chart
         .configure_mesh()
         .x_desc("TTFT (ms, log scale)")
+        .x_label_formatter(&|v| format!("{v:.0}"))
         .y_desc("fraction of requests")
         .y_label_formatter(&|v| format!("{:.0}%", v * 100.0))
         .draw()
@@ -93,8 +107,18 @@ fn ttft_cdf(report: &Report, area: &Area<'_, '_>) -> Result<(), SimError> {
 
 /// Panel 2: fraction of requests each instance received, one bar per strategy.
 fn instance_share(report: &Report, area: &Area<'_, '_>) -> Result<(), SimError> {
-    let instances = report.results.iter().map(|r| r.instance_share.len()).max().unwrap_or(0).max(1);
-    let top = report.results.iter().flat_map(|r| r.instance_share.iter().copied()).fold(0.0f64, f64::max);
+    let instances = report
+        .results
+        .iter()
+        .map(|r| r.instance_share.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let top = report
+        .results
+        .iter()
+        .flat_map(|r| r.instance_share.iter().copied())
+        .fold(0.0f64, f64::max);
     let top = if top > 0.0 { top * 1.2 } else { 1.0 };
     let ids: Vec<String> = (0..instances).map(crate::members::instance_id).collect();
     let mut chart = ChartBuilder::on(area)
@@ -155,7 +179,14 @@ fn hit_rate_over_time(report: &Report, area: &Area<'_, '_>) -> Result<(), SimErr
         .iter()
         .filter_map(|r| r.hit_rate_over_time.last().map(|b| b.end_s))
         .fold(0.0f64, f64::max)
-        .max(report.fleet.scale_events.iter().map(|e| e.at_s).fold(0.0, f64::max))
+        .max(
+            report
+                .fleet
+                .scale_events
+                .iter()
+                .map(|e| e.at_s)
+                .fold(0.0, f64::max),
+        )
         .max(1e-3);
     let mut chart = ChartBuilder::on(area)
         .caption("Prefix-cache hit rate over time", ("sans-serif", 22))
@@ -167,6 +198,7 @@ fn hit_rate_over_time(report: &Report, area: &Area<'_, '_>) -> Result<(), SimErr
     chart
         .configure_mesh()
         .x_desc("time since start (s)")
+        .x_label_formatter(&|v| format!("{v:.0}"))
         .y_desc("hit rate (cached / prompt tokens)")
         .y_label_formatter(&|v| format!("{:.0}%", v * 100.0))
         .draw()
@@ -186,7 +218,10 @@ fn hit_rate_over_time(report: &Report, area: &Area<'_, '_>) -> Result<(), SimErr
     for e in &report.fleet.scale_events {
         let grey = BLACK.mix(0.6);
         chart
-            .draw_series(LineSeries::new([(e.at_s, 0.0), (e.at_s, 1.05)], grey.stroke_width(1)))
+            .draw_series(LineSeries::new(
+                [(e.at_s, 0.0), (e.at_s, 1.05)],
+                grey.stroke_width(1),
+            ))
             .map_err(plot_err)?;
         chart
             .draw_series(std::iter::once(Text::new(

@@ -123,14 +123,23 @@ mod tests {
         q.push(1.0, Event::Arrival { request: 0 });
         q.push(1.0, Event::Arrival { request: 1 });
         q.push(1.0, Event::Scale { index: 0 });
-        q.push(1.0, Event::EngineStep { engine: 3, generation: 0 });
+        q.push(
+            1.0,
+            Event::EngineStep {
+                engine: 3,
+                generation: 0,
+            },
+        );
         q.push(0.5, Event::Arrival { request: 9 });
         let order: Vec<Event> = std::iter::from_fn(|| q.pop().map(|(_, e)| e)).collect();
         assert_eq!(
             order,
             vec![
                 Event::Arrival { request: 9 },
-                Event::EngineStep { engine: 3, generation: 0 },
+                Event::EngineStep {
+                    engine: 3,
+                    generation: 0
+                },
                 Event::Scale { index: 0 },
                 Event::Arrival { request: 0 },
                 Event::Arrival { request: 1 },

@@ -30,8 +30,13 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    const PENDING: Self =
-        Self { start_s: f64::NAN, first_token_s: f64::NAN, finish_s: f64::NAN, cached_tokens: 0, instance: u32::MAX };
+    const PENDING: Self = Self {
+        start_s: f64::NAN,
+        first_token_s: f64::NAN,
+        finish_s: f64::NAN,
+        cached_tokens: 0,
+        instance: u32::MAX,
+    };
 }
 
 /// Raw outcome of one run, before summarizing.
@@ -97,12 +102,14 @@ pub fn run_strategy(
         scratch: Vec::with_capacity(64),
     };
     for index in config.scale_order() {
-        lp.queue.push(config.scale[index].at_s, Event::Scale { index });
+        lp.queue
+            .push(config.scale[index].at_s, Event::Scale { index });
     }
     match config.driver {
         Driver::OpenLoop => {
             if let Some(first) = inputs.requests.first() {
-                lp.queue.push(first.arrival_s, Event::Arrival { request: 0 });
+                lp.queue
+                    .push(first.arrival_s, Event::Arrival { request: 0 });
                 lp.next_unsent = 1;
             }
         }
@@ -118,20 +125,30 @@ pub fn run_strategy(
     while let Some((now, event)) = lp.queue.pop() {
         match event {
             Event::Arrival { request } => lp.arrive(now, request)?,
-            Event::EngineStep { engine, generation } => lp.step(now, engine, generation, progress)?,
+            Event::EngineStep { engine, generation } => {
+                lp.step(now, engine, generation, progress)?
+            }
             Event::Scale { index } => lp.scale(now, index),
         }
     }
 
     let unfinished = lp.records.iter().filter(|r| r.finish_s.is_nan()).count();
     if unfinished > 0 {
-        return Err(SimError::Stalled { strategy: strategy.name().to_string(), unfinished, total: n });
+        return Err(SimError::Stalled {
+            strategy: strategy.name().to_string(),
+            unfinished,
+            total: n,
+        });
     }
     progress(lp.finished);
     Ok(RunOutcome {
         records: lp.records,
         dispatched: lp.fleet.instances.iter().map(|i| i.dispatched).collect(),
-        decisions: lp.decisions.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        decisions: lp
+            .decisions
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
         overflows: lp.overflows,
     })
 }
@@ -142,19 +159,39 @@ impl Loop<'_> {
         let inputs = self.inputs;
         if inputs.config.driver == Driver::OpenLoop {
             if let Some(next) = inputs.requests.get(self.next_unsent) {
-                self.queue.push(next.arrival_s, Event::Arrival { request: self.next_unsent });
+                self.queue.push(
+                    next.arrival_s,
+                    Event::Arrival {
+                        request: self.next_unsent,
+                    },
+                );
                 self.next_unsent += 1;
             }
         }
         let req = &inputs.requests[request];
-        let route = RouteRequest { key: Some(inputs.keys[request]), model: req.model.as_deref() };
-        let decision = self.strategy.select(&route, self.fleet.snapshot(), &mut self.rng).map_err(|source| {
-            SimError::Route { strategy: self.strategy.name().to_string(), request, source }
-        })?;
-        let instance = self.fleet.instance_at(decision.index).ok_or_else(|| SimError::InvalidConfig {
-            field: "strategies",
-            why: format!("strategy '{}' chose position {} outside the fleet", self.strategy.name(), decision.index),
-        })?;
+        let route = RouteRequest {
+            key: Some(inputs.keys[request]),
+            model: req.model.as_deref(),
+        };
+        let decision = self
+            .strategy
+            .select(&route, self.fleet.snapshot(), &mut self.rng)
+            .map_err(|source| SimError::Route {
+                strategy: self.strategy.name().to_string(),
+                request,
+                source,
+            })?;
+        let instance =
+            self.fleet
+                .instance_at(decision.index)
+                .ok_or_else(|| SimError::InvalidConfig {
+                    field: "strategies",
+                    why: format!(
+                        "strategy '{}' chose position {} outside the fleet",
+                        self.strategy.name(),
+                        decision.index
+                    ),
+                })?;
         if decision.reason.is_overflow() {
             self.overflows += 1;
         }
@@ -186,7 +223,9 @@ impl Loop<'_> {
         generation: u64,
         progress: &mut dyn FnMut(u64),
     ) -> Result<(), SimError> {
-        let Some(inst) = self.fleet.instances.get_mut(instance) else { return Ok(()) };
+        let Some(inst) = self.fleet.instances.get_mut(instance) else {
+            return Ok(());
+        };
         if inst.generation != generation {
             return Ok(()); // replaced by a later schedule
         }
@@ -197,28 +236,40 @@ impl Loop<'_> {
         let mut drained = false;
         for event in &events {
             match *event {
-                EngineEvent::FirstToken { id, at, cached_tokens } => {
+                EngineEvent::FirstToken {
+                    id,
+                    at,
+                    cached_tokens,
+                } => {
                     if let Some(r) = self.records.get_mut(id as usize) {
                         r.first_token_s = at;
                         r.cached_tokens = cached_tokens;
                     }
                 }
                 EngineEvent::Finished { id, at } => {
-                    let Some(r) = self.records.get_mut(id as usize) else { continue };
+                    let Some(r) = self.records.get_mut(id as usize) else {
+                        continue;
+                    };
                     r.finish_s = at;
                     if r.first_token_s.is_nan() {
                         r.first_token_s = at; // an engine that reports both at once
                     }
                     let view = &self.fleet.instances[instance].view;
                     view.release();
-                    drained |= view.in_flight() == 0 && self.fleet.instances[instance].life == Life::Draining;
+                    drained |= view.in_flight() == 0
+                        && self.fleet.instances[instance].life == Life::Draining;
                     self.finished += 1;
                     if self.finished % PROGRESS_EVERY == 0 {
                         progress(self.finished);
                     }
                     if let Driver::ClosedLoop { .. } = self.inputs.config.driver {
                         if self.next_unsent < self.inputs.requests.len() {
-                            self.queue.push(at.max(now), Event::Arrival { request: self.next_unsent });
+                            self.queue.push(
+                                at.max(now),
+                                Event::Arrival {
+                                    request: self.next_unsent,
+                                },
+                            );
                             self.next_unsent += 1;
                         }
                     }
@@ -244,7 +295,12 @@ impl Loop<'_> {
 
     /// Makes sure the queue holds exactly one live entry for the engine's next step.
     /// `after_advance`: the engine has just run every step ending at or before `now`.
-    fn reschedule(&mut self, instance: usize, now: f64, after_advance: bool) -> Result<(), SimError> {
+    fn reschedule(
+        &mut self,
+        instance: usize,
+        now: f64,
+        after_advance: bool,
+    ) -> Result<(), SimError> {
         let inst = &mut self.fleet.instances[instance];
         let next = inst.engine.next_event_at();
         if next == inst.scheduled {
@@ -254,13 +310,23 @@ impl Loop<'_> {
             // advance(now) ran every step ending at or before `now`; a next step that does not
             // lie in the future would spin forever.
             if at < now || (at == now && after_advance) {
-                return Err(SimError::EngineClock { instance, now, next: at });
+                return Err(SimError::EngineClock {
+                    instance,
+                    now,
+                    next: at,
+                });
             }
         }
         inst.generation += 1;
         inst.scheduled = next;
         if let Some(at) = next {
-            self.queue.push(at, Event::EngineStep { engine: instance, generation: inst.generation });
+            self.queue.push(
+                at,
+                Event::EngineStep {
+                    engine: instance,
+                    generation: inst.generation,
+                },
+            );
         }
         Ok(())
     }
@@ -279,7 +345,12 @@ mod tests {
         let engine = engine_config(PRESET).expect("test preset exists");
         let keys = routing_keys(&w.requests, c).expect("keys");
         let strategy = StrategyConfig::new(kind).build().expect("strategy builds");
-        let inputs = RunInputs { requests: &w.requests, keys: &keys, engine: &engine, config: c };
+        let inputs = RunInputs {
+            requests: &w.requests,
+            keys: &keys,
+            engine: &engine,
+            config: c,
+        };
         run_strategy(inputs, strategy.as_ref(), &mut |_| {}).expect("run completes")
     }
 
@@ -287,12 +358,20 @@ mod tests {
     fn drained_instances_get_nothing_after_the_drain() {
         let w = shared_docs(500, 20, 25.0, 11);
         let mut c = config(4, &[]);
-        c.scale = vec![ScaleEvent { at_s: 8.0, delta: -2 }];
+        c.scale = vec![ScaleEvent {
+            at_s: 8.0,
+            delta: -2,
+        }];
         for kind in StrategyKind::ALL {
             let out = run(&w, &c, kind);
             for r in &out.records {
                 if r.start_s > 8.0 {
-                    assert!(r.instance < 2, "{kind:?}: request at {} went to drained sim-{}", r.start_s, r.instance);
+                    assert!(
+                        r.instance < 2,
+                        "{kind:?}: request at {} went to drained sim-{}",
+                        r.start_s,
+                        r.instance
+                    );
                 }
             }
         }
@@ -302,11 +381,18 @@ mod tests {
     fn added_instances_get_work_only_after_they_exist() {
         let w = shared_docs(500, 20, 25.0, 12);
         let mut c = config(2, &[]);
-        c.scale = vec![ScaleEvent { at_s: 6.0, delta: 1 }];
+        c.scale = vec![ScaleEvent {
+            at_s: 6.0,
+            delta: 1,
+        }];
         let out = run(&w, &c, StrategyKind::RoundRobin);
         assert_eq!(out.dispatched.len(), 3);
         assert!(out.dispatched[2] > 0);
-        assert!(out.records.iter().filter(|r| r.instance == 2).all(|r| r.start_s >= 6.0));
+        assert!(out
+            .records
+            .iter()
+            .filter(|r| r.instance == 2)
+            .all(|r| r.start_s >= 6.0));
     }
 
     proptest! {

@@ -38,10 +38,16 @@ impl Progress<'_> {
 
 /// Looks an engine preset up by name; the error lists the known ones.
 pub fn engine_config(preset: &str) -> Result<EngineConfig, SimError> {
-    prefix_router_engine_model::preset(preset).map(|p| (p.config)()).ok_or_else(|| SimError::UnknownPreset {
-        name: preset.to_string(),
-        known: PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", "),
-    })
+    prefix_router_engine_model::preset(preset)
+        .map(|p| (p.config)())
+        .ok_or_else(|| SimError::UnknownPreset {
+            name: preset.to_string(),
+            known: PRESETS
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
 }
 
 /// Checks the requests and derives each one's routing key exactly as the server would: the chat
@@ -93,9 +99,18 @@ pub fn simulate(
     if requests.is_empty() {
         return Err(SimError::EmptyWorkload);
     }
-    let strategies = config.strategies.iter().map(|s| s.build()).collect::<Result<Vec<_>, _>>()?;
+    let strategies = config
+        .strategies
+        .iter()
+        .map(|s| s.build())
+        .collect::<Result<Vec<_>, _>>()?;
     let keys = routing_keys(requests, config)?;
-    let inputs = RunInputs { requests, keys: &keys, engine: &engine, config };
+    let inputs = RunInputs {
+        requests,
+        keys: &keys,
+        engine: &engine,
+        config,
+    };
 
     let total = requests.len() as u64;
     let mut results = Vec::with_capacity(strategies.len());
@@ -126,7 +141,10 @@ pub fn simulate(
             scale_events: config.scale.clone(),
             strategies: config.strategies.iter().map(settings).collect(),
         },
-        oracle_hit_rate: prefix_router_workload::trace::oracle_hit_rate(requests, engine.block_tokens),
+        oracle_hit_rate: prefix_router_workload::trace::oracle_hit_rate(
+            requests,
+            engine.block_tokens,
+        ),
         results,
     })
 }
@@ -154,7 +172,11 @@ fn workload_summary(workload: &SimWorkload, config: &SimConfig) -> WorkloadSumma
         source: workload.source.clone(),
         requests: reqs.len() as u64,
         driver: config.driver,
-        mean_prompt_tokens: reqs.iter().map(|r| f64::from(r.prompt_tokens())).sum::<f64>() / n,
+        mean_prompt_tokens: reqs
+            .iter()
+            .map(|r| f64::from(r.prompt_tokens()))
+            .sum::<f64>()
+            / n,
         mean_output_tokens: reqs.iter().map(|r| f64::from(r.output_tokens)).sum::<f64>() / n,
         arrival_span_s: last - first,
     }
@@ -173,7 +195,8 @@ mod tests {
     #[test]
     fn every_request_finishes_and_shares_add_up() {
         let w = shared_docs(300, 20, 20.0, 1);
-        let report = simulate(&w, &config(4, &StrategyKind::ALL), &mut quiet).expect("simulation runs");
+        let report =
+            simulate(&w, &config(4, &StrategyKind::ALL), &mut quiet).expect("simulation runs");
         assert_eq!(report.results.len(), 4);
         for r in &report.results {
             assert_eq!(r.requests, 300, "{}", r.strategy);
@@ -181,7 +204,11 @@ mod tests {
             assert!((r.instance_share.iter().sum::<f64>() - 1.0).abs() < 1e-9);
             assert!(r.ttft_ms.p50 > 0.0 && r.ttft_ms.p50 <= r.e2e_ms.p50);
             assert!((0.0..=1.0).contains(&r.kv_hit_rate));
-            assert!(r.kv_hit_rate <= report.oracle_hit_rate + 1e-9, "{} beats the oracle", r.strategy);
+            assert!(
+                r.kv_hit_rate <= report.oracle_hit_rate + 1e-9,
+                "{} beats the oracle",
+                r.strategy
+            );
             assert!(r.throughput_rps > 0.0 && r.output_tokens_per_s > 0.0);
             assert_eq!(r.decisions.values().sum::<u64>(), 300);
         }
@@ -190,18 +217,29 @@ mod tests {
     #[test]
     fn prefix_aware_hits_more_than_random_on_shared_documents() {
         let w = shared_docs(400, 60, 10.0, 2);
-        let report = simulate(&w, &config(4, &[StrategyKind::Random, StrategyKind::PrefixAware]), &mut quiet)
-            .expect("simulation runs");
+        let report = simulate(
+            &w,
+            &config(4, &[StrategyKind::Random, StrategyKind::PrefixAware]),
+            &mut quiet,
+        )
+        .expect("simulation runs");
         let (random, aware) = (&report.results[0], &report.results[1]);
-        assert!(aware.kv_hit_rate > random.kv_hit_rate + 0.1, "{} vs {}", aware.kv_hit_rate, random.kv_hit_rate);
+        assert!(
+            aware.kv_hit_rate > random.kv_hit_rate + 0.1,
+            "{} vs {}",
+            aware.kv_hit_rate,
+            random.kv_hit_rate
+        );
     }
 
     #[test]
     fn same_seed_gives_byte_identical_json() {
         let w = shared_docs(200, 10, 30.0, 3);
         let c = config(3, &StrategyKind::ALL);
-        let a = serde_json::to_string(&simulate(&w, &c, &mut quiet).expect("runs")).expect("serializes");
-        let b = serde_json::to_string(&simulate(&w, &c, &mut quiet).expect("runs")).expect("serializes");
+        let a = serde_json::to_string(&simulate(&w, &c, &mut quiet).expect("runs"))
+            .expect("serializes");
+        let b = serde_json::to_string(&simulate(&w, &c, &mut quiet).expect("runs"))
+            .expect("serializes");
         assert_eq!(a, b);
     }
 
@@ -221,12 +259,28 @@ mod tests {
     fn scale_events_add_and_drain_instances() {
         let w = shared_docs(600, 30, 20.0, 5);
         let mut c = config(3, &[StrategyKind::RoundRobin, StrategyKind::PrefixAware]);
-        c.scale = vec![ScaleEvent { at_s: 10.0, delta: 2 }, ScaleEvent { at_s: 20.0, delta: -3 }];
+        c.scale = vec![
+            ScaleEvent {
+                at_s: 10.0,
+                delta: 2,
+            },
+            ScaleEvent {
+                at_s: 20.0,
+                delta: -3,
+            },
+        ];
         let report = simulate(&w, &c, &mut quiet).expect("runs");
         for r in &report.results {
             assert_eq!(r.instance_share.len(), 5, "{}", r.strategy);
-            assert_eq!(r.instance_ids, vec!["sim-0", "sim-1", "sim-2", "sim-3", "sim-4"]);
-            assert!(r.instance_share[3] > 0.0 && r.instance_share[4] > 0.0, "{}: new instances got work", r.strategy);
+            assert_eq!(
+                r.instance_ids,
+                vec!["sim-0", "sim-1", "sim-2", "sim-3", "sim-4"]
+            );
+            assert!(
+                r.instance_share[3] > 0.0 && r.instance_share[4] > 0.0,
+                "{}: new instances got work",
+                r.strategy
+            );
             assert_eq!(r.requests, 600);
         }
     }
@@ -234,15 +288,29 @@ mod tests {
     #[test]
     fn invalid_inputs_are_typed_errors() {
         let w = shared_docs(10, 2, 1.0, 6);
-        let empty = SimWorkload { requests: Vec::new(), ..w.clone() };
-        assert!(matches!(simulate(&empty, &config(2, &StrategyKind::ALL), &mut quiet), Err(SimError::EmptyWorkload)));
-        assert!(matches!(simulate(&w, &config(0, &StrategyKind::ALL), &mut quiet), Err(SimError::ZeroInstances)));
+        let empty = SimWorkload {
+            requests: Vec::new(),
+            ..w.clone()
+        };
+        assert!(matches!(
+            simulate(&empty, &config(2, &StrategyKind::ALL), &mut quiet),
+            Err(SimError::EmptyWorkload)
+        ));
+        assert!(matches!(
+            simulate(&w, &config(0, &StrategyKind::ALL), &mut quiet),
+            Err(SimError::ZeroInstances)
+        ));
         let mut bad_preset = config(2, &StrategyKind::ALL);
         bad_preset.preset = "no-such-gpu".into();
-        let e = simulate(&w, &bad_preset, &mut quiet).map(|_| ()).unwrap_err();
+        let e = simulate(&w, &bad_preset, &mut quiet)
+            .map(|_| ())
+            .unwrap_err();
         assert!(e.to_string().contains("no-such-gpu"), "{e}");
         let mut all_gone = config(2, &StrategyKind::ALL);
-        all_gone.scale = vec![ScaleEvent { at_s: 1.0, delta: -2 }];
+        all_gone.scale = vec![ScaleEvent {
+            at_s: 1.0,
+            delta: -2,
+        }];
         assert!(matches!(
             simulate(&w, &all_gone, &mut quiet),
             Err(SimError::InvalidConfig { field: "scale", .. })
@@ -259,9 +327,11 @@ mod tests {
     fn progress_reaches_the_total() {
         let w = shared_docs(50, 5, 10.0, 8);
         let mut last = None;
-        simulate(&w, &config(2, &[StrategyKind::Random, StrategyKind::PrefixAware]), &mut |p| {
-            last = Some((p.done_total(), p.grand_total()))
-        })
+        simulate(
+            &w,
+            &config(2, &[StrategyKind::Random, StrategyKind::PrefixAware]),
+            &mut |p| last = Some((p.done_total(), p.grand_total())),
+        )
         .expect("runs");
         assert_eq!(last, Some((100, 100)));
     }

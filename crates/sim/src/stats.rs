@@ -47,7 +47,9 @@ pub fn percentile_curve(sorted: &[f64]) -> Vec<f64> {
     if sorted.is_empty() {
         return Vec::new();
     }
-    (0..=100).map(|p| percentile_sorted(sorted, p as f64)).collect()
+    (0..=100)
+        .map(|p| percentile_sorted(sorted, p as f64))
+        .collect()
 }
 
 /// Hit rate of the requests whose first token came within one time bucket.
@@ -73,7 +75,11 @@ pub fn hit_rate_series(
     if buckets == 0 {
         return Vec::new();
     }
-    let horizon = if horizon_s.is_finite() && horizon_s > 0.0 { horizon_s } else { 1.0 };
+    let horizon = if horizon_s.is_finite() && horizon_s > 0.0 {
+        horizon_s
+    } else {
+        1.0
+    };
     let width = horizon / buckets as f64;
     let mut cached = vec![0u64; buckets];
     let mut prompt = vec![0u64; buckets];
@@ -112,12 +118,18 @@ mod tests {
 
     #[test]
     fn series_buckets_by_time() {
-        let s = hit_rate_series([(0.1, 0, 10), (0.9, 10, 10), (1.0, 5, 10)].into_iter(), 1.0, 2);
+        let s = hit_rate_series(
+            [(0.1, 0, 10), (0.9, 10, 10), (1.0, 5, 10)].into_iter(),
+            1.0,
+            2,
+        );
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].hit_rate, Some(0.0));
         assert_eq!(s[1].requests, 2);
         assert_eq!(s[1].hit_rate, Some(0.75));
-        assert!(hit_rate_series([].into_iter(), 1.0, 3).iter().all(|b| b.hit_rate.is_none()));
+        assert!(hit_rate_series([].into_iter(), 1.0, 3)
+            .iter()
+            .all(|b| b.hit_rate.is_none()));
     }
 
     proptest! {

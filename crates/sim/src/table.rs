@@ -26,7 +26,11 @@ pub fn render(report: &Report) -> String {
     let scale = if f.scale_events.is_empty() {
         String::new()
     } else {
-        let items: Vec<String> = f.scale_events.iter().map(|e| format!("{:+}@{}s", e.delta, e.at_s)).collect();
+        let items: Vec<String> = f
+            .scale_events
+            .iter()
+            .map(|e| format!("{:+}@{}s", e.delta, e.at_s))
+            .collect();
         format!(", scale events {}", items.join(","))
     };
     let _ = writeln!(
@@ -70,9 +74,21 @@ pub fn render(report: &Report) -> String {
 }
 
 fn row(r: &StrategyResult) -> Vec<String> {
-    let min = r.instance_share.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = r.instance_share.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let share = if r.instance_share.is_empty() { "-".to_string() } else { format!("{}-{}", pct(min), pct(max)) };
+    let min = r
+        .instance_share
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min);
+    let max = r
+        .instance_share
+        .iter()
+        .copied()
+        .fold(f64::NEG_INFINITY, f64::max);
+    let share = if r.instance_share.is_empty() {
+        "-".to_string()
+    } else {
+        format!("{}-{}", pct(min), pct(max))
+    };
     vec![
         r.strategy.clone(),
         r.requests.to_string(),
@@ -148,7 +164,13 @@ mod tests {
 
     #[test]
     fn columns_line_up() {
-        let t = align(&["name", "n"], &[vec!["random".into(), "12345".into()], vec!["x".into(), "1".into()]]);
+        let t = align(
+            &["name", "n"],
+            &[
+                vec!["random".into(), "12345".into()],
+                vec!["x".into(), "1".into()],
+            ],
+        );
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines[0], "name        n");
         assert_eq!(lines[1], "random  12345");

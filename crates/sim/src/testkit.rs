@@ -27,8 +27,14 @@ pub fn shared_docs(n: usize, docs: u64, rate: f64, seed: u64) -> SimWorkload {
                 messages: vec![Message {
                     role: Role::User,
                     segments: vec![
-                        Segment { id: doc, tokens: 400 },
-                        Segment { id: 1_000_000 + i as u64, tokens: 24 },
+                        Segment {
+                            id: doc,
+                            tokens: 400,
+                        },
+                        Segment {
+                            id: 1_000_000 + i as u64,
+                            tokens: 24,
+                        },
                     ],
                 }],
                 output_tokens: rng.gen_range(4..32),
@@ -37,7 +43,10 @@ pub fn shared_docs(n: usize, docs: u64, rate: f64, seed: u64) -> SimWorkload {
         .collect();
     SimWorkload {
         name: "test-docs".into(),
-        source: WorkloadSource::Trace { path: "memory".into(), format: "test".into() },
+        source: WorkloadSource::Trace {
+            path: "memory".into(),
+            format: "test".into(),
+        },
         requests,
     }
 }
