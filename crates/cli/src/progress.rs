@@ -33,17 +33,16 @@ impl DelayedBar {
             }
             let bar =
                 ProgressBar::with_draw_target(Some(p.grand_total()), ProgressDrawTarget::stderr());
-            let style = ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} requests {msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            let style =
+                ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
             self.bar = Some(bar);
         }
         if let Some(bar) = &self.bar {
             bar.set_position(p.done_total());
             bar.set_message(format!(
-                "({} {}/{})",
+                "{} ({}/{})",
                 p.strategy,
                 p.strategy_index + 1,
                 p.strategies

@@ -1,6 +1,6 @@
 //! Runs the built `prefix-router` binary on small simulations.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn bin() -> Command {
@@ -31,7 +31,7 @@ const SMALL: &[&str] = &[
     "4",
 ];
 
-fn small_run(extra: &[&str], json: &PathBuf) -> Output {
+fn small_run(extra: &[&str], json: &Path) -> Output {
     let json_s = json.to_str().expect("utf-8 temp path");
     let mut args: Vec<&str> = SMALL.to_vec();
     args.extend_from_slice(extra);
@@ -39,7 +39,7 @@ fn small_run(extra: &[&str], json: &PathBuf) -> Output {
     run(&args)
 }
 
-fn read_json(path: &PathBuf) -> serde_json::Value {
+fn read_json(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).expect("json written");
     serde_json::from_str(&text).expect("valid json")
 }
