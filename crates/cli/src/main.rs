@@ -1,5 +1,6 @@
 //! `prefix-router`: the single binary. Thin: it parses flags and calls the library crates.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod args;
 mod presets_cmd;

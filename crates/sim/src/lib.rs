@@ -8,6 +8,7 @@
 //!
 //! Entry point: [`simulate`]; presentation: [`table::render`] and [`plot::write_svg`].
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod config;
 pub mod error;
