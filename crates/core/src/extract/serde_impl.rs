@@ -31,9 +31,9 @@ pub(crate) fn extract(
     api: Api,
 ) -> Result<RequestInfo, ExtractError> {
     // One UTF-8 check up front; serde_json's slice reader would otherwise skip it for ignored
-    // strings. The `str` reader then borrows every string without re-checking.
-    let text = std::str::from_utf8(body)
-        .map_err(|e| ExtractError::Json(format!("invalid UTF-8 at byte {}", e.valid_up_to())))?;
+    // strings. The `str` reader then borrows every string without re-checking. simdutf8 picks
+    // AVX2/SSE4.2 at run time: ~10x faster than `std::str::from_utf8` on non-ASCII text.
+    let text = simdutf8::basic::from_utf8(body).map_err(|_| utf8_error(body))?;
     with_prefix_buffer(|buf| {
         let mut st = State {
             canon: Canon::new(api, buf, len.get()),
@@ -49,6 +49,16 @@ pub(crate) fn extract(
         }
         st.canon.finish()
     })
+}
+
+/// The error for a body that is not UTF-8, with the position (found again, on this rare path
+/// only, by the standard library's validator, which reports it).
+#[cold]
+fn utf8_error(body: &[u8]) -> ExtractError {
+    let at = std::str::from_utf8(body)
+        .err()
+        .map_or(0, |e| e.valid_up_to());
+    ExtractError::Json(format!("invalid UTF-8 at byte {at}"))
 }
 
 /// What the visitors share: the canonical text, the first typed error, and the typed error to

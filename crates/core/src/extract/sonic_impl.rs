@@ -15,7 +15,7 @@
 //!   [`MAX_LAZY_DEPTH`] is handed to the serde_json extractor, whose skipping is iterative.
 
 use super::canon::{Api, Canon, JsonNode};
-use super::text::find_byte;
+use super::text::{count_matching, find_byte};
 use super::{serde_impl, with_prefix_buffer, ExtractError, RequestInfo};
 use crate::PrefixLength;
 use sonic_rs::LazyValue;
@@ -169,7 +169,7 @@ fn check_unicode_escapes(body: &[u8]) -> Result<(), ExtractError> {
 /// Whether the body might nest deeper than `limit` arrays/objects. A cheap count of brackets
 /// answers "no" for most bodies; otherwise a string-aware scan measures the depth.
 fn may_nest_deeper_than(body: &[u8], limit: usize) -> bool {
-    let brackets = body.iter().filter(|&&b| b == b'[' || b == b'{').count();
+    let brackets = count_matching(body, |b| b == b'[' || b == b'{');
     if brackets <= limit {
         return false;
     }
