@@ -179,8 +179,11 @@ fn validate_names_the_field_and_generate_survives_bad_values() {
 fn spec_serializes_for_reports() {
     let v = serde_json::to_value(WorkloadSpec::default_for(WorkloadKind::LongContext)).unwrap();
     assert_eq!(v["kind"], "long-context");
-    assert_eq!(v["arrival"]["type"], "poisson");
+    assert_eq!(v["arrival"]["type"], "closed");
+    assert_eq!(v["arrival"]["clients"], DEFAULT_LONG_CONTEXT_CLIENTS);
     assert_eq!(v["params"]["documents"], DEFAULT_LONG_CONTEXT_DOCUMENTS);
+    let v = serde_json::to_value(WorkloadSpec::default_for(WorkloadKind::Sharegpt)).unwrap();
+    assert_eq!(v["arrival"]["type"], "poisson");
 }
 
 proptest! {
