@@ -1,5 +1,35 @@
 //! Continuous batching over a prefix cache.
+//!
+//! The scheduler follows vLLM's chunked-prefill policy, one step at a time:
+//! 1. every running sequence that is decoding takes one token of the step's budget
+//!    (`max_batched_tokens`), in admission order;
+//! 2. running sequences still prefilling take the rest of the budget, in admission order;
+//! 3. waiting requests are admitted first come, first served while budget, `max_num_seqs` and KV
+//!    blocks allow; the head of the queue blocks those behind it (no skipping ahead).
+//!
+//! KV blocks: a request reserves, on admission, the blocks for its whole sequence
+//! (`ceil((prompt + output) / block_tokens)`), minus the blocks it finds in the prefix cache. vLLM
+//! allocates decode blocks lazily and preempts when it runs out; reserving up front never needs
+//! preemption and differs only by the output tokens' blocks (small next to prompts). Unreferenced
+//! cached blocks are evicted, least recently released first, to make room. A request that does
+//! not fit waits; one that cannot fit even in an empty cache (more blocks than capacity) is
+//! admitted when nothing else runs, overcommitting by its excess, instead of deadlocking (vLLM
+//! would reject it upfront; a trace replay should not stall on it).
+//!
+//! Prefix cache: on admission the longest cached run of the request's block hashes is reused;
+//! `cached_tokens = min(blocks × block_tokens, prompt_tokens − 1)` because the last prompt token
+//! is always recomputed to produce logits. Each full prompt block becomes cached at the end of the
+//! step that computes it, so a later request can hit it even while its first owner still runs.
+//! Generated tokens are not cached (the model does not know their hashes).
+//!
+//! Time: a step starts as soon as there is work and ends `CostModel::step_time` later. Requests
+//! submitted during a step join the next one. A request becomes visible to the scheduler
+//! `cost.request_overhead_s` after `submit` (frontend latency).
 
+use std::collections::VecDeque;
+
+use crate::cache::PrefixCache;
+use crate::cost::StepWork;
 use crate::CostModel;
 
 /// Limits and costs of one engine.
@@ -17,6 +47,125 @@ pub struct EngineConfig {
     pub cost: CostModel,
 }
 
+/// Why an [`EngineConfig`] cannot run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// A count that must be positive is zero.
+    #[error("engine config: `{field}` must be at least 1")]
+    Zero {
+        /// Field name.
+        field: &'static str,
+    },
+    /// The token budget cannot give every running sequence its decode token.
+    #[error(
+        "engine config: `max_batched_tokens` ({budget}) must be at least `max_num_seqs` ({seqs}) \
+         so every running sequence can decode each step"
+    )]
+    BudgetBelowSeqs {
+        /// `max_batched_tokens`.
+        budget: u32,
+        /// `max_num_seqs`.
+        seqs: u32,
+    },
+    /// A cost coefficient is negative, infinite or NaN.
+    #[error("engine config: `cost.{field}` must be finite and non-negative, got {value}")]
+    BadCost {
+        /// Field name inside `cost`.
+        field: &'static str,
+        /// The offending value.
+        value: f64,
+    },
+}
+
+impl EngineConfig {
+    /// Checks that an engine with this configuration can make progress.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, v) in [
+            ("block_tokens", self.block_tokens),
+            ("kv_capacity_blocks", self.kv_capacity_blocks),
+            ("max_num_seqs", self.max_num_seqs),
+            ("max_batched_tokens", self.max_batched_tokens),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Zero { field });
+            }
+        }
+        if self.max_batched_tokens < self.max_num_seqs {
+            return Err(ConfigError::BudgetBelowSeqs {
+                budget: self.max_batched_tokens,
+                seqs: self.max_num_seqs,
+            });
+        }
+        for (field, value) in self.cost_fields() {
+            if !value.is_finite() || value < 0.0 {
+                return Err(ConfigError::BadCost { field, value });
+            }
+        }
+        Ok(())
+    }
+
+    /// KV cache capacity in tokens.
+    pub fn kv_capacity_tokens(&self) -> u64 {
+        u64::from(self.kv_capacity_blocks) * u64::from(self.block_tokens)
+    }
+
+    /// One human-readable paragraph: capacity, limits and a few derived latencies.
+    pub fn summary(&self) -> String {
+        let c = &self.cost;
+        format!(
+            "KV cache {} tokens ({} blocks of {}), max_num_seqs {}, max_batched_tokens {}; \
+             idle TTFT: 8k-token prompt uncached {:.0} ms, fully cached {:.0} ms; \
+             decode step: 1 seq {:.1} ms, 64 seqs at 2k context {:.1} ms",
+            self.kv_capacity_tokens(),
+            self.kv_capacity_blocks,
+            self.block_tokens,
+            self.max_num_seqs,
+            self.max_batched_tokens,
+            1e3 * c.idle_ttft(8000, 0, self.max_batched_tokens),
+            1e3 * c.idle_ttft(8000, 8000, self.max_batched_tokens),
+            1e3 * c.decode_step_time(1, 1000),
+            1e3 * c.decode_step_time(64, 2048),
+        )
+    }
+
+    fn cost_fields(&self) -> [(&'static str, f64); 7] {
+        let c = &self.cost;
+        [
+            ("step_overhead_s", c.step_overhead_s),
+            ("per_seq_s", c.per_seq_s),
+            ("weight_read_s", c.weight_read_s),
+            ("linear_s_per_token", c.linear_s_per_token),
+            ("attention_s_per_pair", c.attention_s_per_pair),
+            ("kv_read_s_per_token", c.kv_read_s_per_token),
+            ("request_overhead_s", c.request_overhead_s),
+        ]
+    }
+
+    /// The nearest configuration that can run: zero counts become 1, the budget is raised to
+    /// `max_num_seqs`, bad cost coefficients become 0.
+    fn repaired(mut self) -> Self {
+        self.block_tokens = self.block_tokens.max(1);
+        self.kv_capacity_blocks = self.kv_capacity_blocks.max(1);
+        self.max_num_seqs = self.max_num_seqs.max(1);
+        self.max_batched_tokens = self.max_batched_tokens.max(self.max_num_seqs);
+        let c = &mut self.cost;
+        for v in [
+            &mut c.step_overhead_s,
+            &mut c.per_seq_s,
+            &mut c.weight_read_s,
+            &mut c.linear_s_per_token,
+            &mut c.attention_s_per_pair,
+            &mut c.kv_read_s_per_token,
+            &mut c.request_overhead_s,
+        ] {
+            if !v.is_finite() || *v < 0.0 {
+                *v = 0.0;
+            }
+        }
+        self
+    }
+}
+
 /// A request handed to the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineRequest {
@@ -29,6 +178,50 @@ pub struct EngineRequest {
     pub prompt_tokens: u32,
     /// Tokens to generate (≥ 1).
     pub output_tokens: u32,
+}
+
+/// Why a request was refused by [`Engine::try_submit`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    /// `prompt_tokens` is zero.
+    #[error("request {id}: `prompt_tokens` must be at least 1")]
+    EmptyPrompt {
+        /// Request id.
+        id: u64,
+    },
+    /// `output_tokens` is zero.
+    #[error("request {id}: `output_tokens` must be at least 1")]
+    NoOutput {
+        /// Request id.
+        id: u64,
+    },
+    /// More block hashes than the prompt has full blocks.
+    #[error(
+        "request {id}: {hashes} `block_hashes` but a prompt of {prompt_tokens} tokens has only \
+         {full_blocks} full blocks"
+    )]
+    TooManyBlocks {
+        /// Request id.
+        id: u64,
+        /// `block_hashes.len()`.
+        hashes: usize,
+        /// `prompt_tokens`.
+        prompt_tokens: u32,
+        /// `prompt_tokens / block_tokens`.
+        full_blocks: u32,
+    },
+    /// The arrival time is not finite or lies before the engine's clock.
+    #[error(
+        "request {id}: arrival time {now} is not finite or is before the engine clock {clock}"
+    )]
+    BadTime {
+        /// Request id.
+        id: u64,
+        /// The `now` given.
+        now: f64,
+        /// The engine's clock.
+        clock: f64,
+    },
 }
 
 /// Something that happened inside the engine at a given time.
@@ -52,6 +245,22 @@ pub enum EngineEvent {
     },
 }
 
+impl EngineEvent {
+    /// When the event happened.
+    pub fn at(&self) -> f64 {
+        match self {
+            EngineEvent::FirstToken { at, .. } | EngineEvent::Finished { at, .. } => *at,
+        }
+    }
+
+    /// The request it concerns.
+    pub fn id(&self) -> u64 {
+        match self {
+            EngineEvent::FirstToken { id, .. } | EngineEvent::Finished { id, .. } => *id,
+        }
+    }
+}
+
 /// Counters since start, for reports and metrics.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct EngineStats {
@@ -69,38 +278,367 @@ pub struct EngineStats {
     pub waiting: u32,
     /// KV blocks in use by running requests.
     pub used_blocks: u32,
+    /// KV blocks held by the prefix cache now (referenced or evictable).
+    pub cached_blocks: u32,
+    /// Blocks evicted from the prefix cache since start.
+    pub evicted_blocks: u64,
+    /// Requests finished since start.
+    pub finished: u64,
+    /// Steps run since start.
+    pub steps: u64,
+}
+
+/// A submitted request not yet admitted.
+#[derive(Debug)]
+struct Queued {
+    /// When the scheduler may first see it (`submit` time plus the frontend overhead).
+    ready_at: f64,
+    req: EngineRequest,
+}
+
+/// A running sequence.
+#[derive(Debug)]
+struct Seq {
+    id: u64,
+    block_hashes: Vec<u64>,
+    /// Cached blocks this sequence references, in block order.
+    slots: Vec<u32>,
+    prompt_tokens: u32,
+    output_tokens: u32,
+    /// Prompt tokens whose KV exists (cached or prefilled).
+    computed: u32,
+    generated: u32,
+    cached_tokens: u32,
+    /// Leading `block_hashes` already taken from or offered to the cache.
+    committed_blocks: u32,
+    /// Private blocks held (not yet committed, duplicates, partial and output blocks).
+    private_blocks: u32,
+    /// Tokens scheduled in the current step (0: not in it).
+    scheduled: u32,
+}
+
+impl Seq {
+    fn prefilling(&self) -> bool {
+        self.computed < self.prompt_tokens
+    }
 }
 
 /// One engine: FCFS waiting queue, continuous batching, prefix cache.
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
+    cache: PrefixCache,
+    queue: VecDeque<Queued>,
+    running: Vec<Seq>,
+    /// End of the step in progress.
+    step_end: Option<f64>,
+    /// Latest time seen by `submit` or `advance`.
+    clock: f64,
+    /// Emptied slot vectors, reused so admission does not allocate.
+    slot_pool: Vec<Vec<u32>>,
+    stats: EngineStats,
 }
 
 impl Engine {
-    /// An idle engine with an empty cache.
+    /// An idle engine with an empty cache. An invalid configuration is repaired to the nearest
+    /// runnable one (zero counts become 1, the budget is raised to `max_num_seqs`, bad cost
+    /// coefficients become 0); use [`Engine::try_new`] to reject it instead.
     pub fn new(config: EngineConfig) -> Self {
-        Self { config }
+        let config = config.repaired();
+        Self {
+            cache: PrefixCache::new(config.kv_capacity_blocks),
+            queue: VecDeque::new(),
+            running: Vec::with_capacity(config.max_num_seqs.min(4096) as usize),
+            step_end: None,
+            clock: 0.0,
+            slot_pool: Vec::new(),
+            stats: EngineStats::default(),
+            config,
+        }
     }
+
+    /// An idle engine, or why the configuration cannot run.
+    pub fn try_new(config: EngineConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self::new(config))
+    }
+
     /// Configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }
+
+    /// The prefix cache (for inspection).
+    pub fn cache(&self) -> &PrefixCache {
+        &self.cache
+    }
+
     /// Queues a request arriving at `now` (must not be earlier than the last `advance`).
-    pub fn submit(&mut self, now: f64, req: EngineRequest) {
-        todo!("{now} {req:?}")
+    ///
+    /// Lenient: a zero prompt or output is taken as 1 token, hashes beyond the prompt's full
+    /// blocks are ignored, an earlier or non-finite `now` is taken as the engine's clock. Use
+    /// [`Engine::try_submit`] to reject such requests instead.
+    pub fn submit(&mut self, now: f64, mut req: EngineRequest) {
+        req.prompt_tokens = req.prompt_tokens.max(1);
+        req.output_tokens = req.output_tokens.max(1);
+        let full = (req.prompt_tokens / self.config.block_tokens) as usize;
+        req.block_hashes.truncate(full);
+        let now = if now.is_finite() {
+            now.max(self.clock)
+        } else {
+            self.clock
+        };
+        self.clock = now;
+        // Keep the queue ordered by readiness even if the overhead were to change.
+        let mut ready_at = now + self.config.cost.request_overhead_s;
+        if let Some(last) = self.queue.back() {
+            ready_at = ready_at.max(last.ready_at);
+        }
+        self.queue.push_back(Queued { ready_at, req });
     }
-    /// When the engine next produces events if nothing else arrives (end of the current step);
-    /// `None` when idle.
+
+    /// Queues a request arriving at `now`, or says why it is malformed.
+    pub fn try_submit(&mut self, now: f64, req: EngineRequest) -> Result<(), RequestError> {
+        let id = req.id;
+        if req.prompt_tokens == 0 {
+            return Err(RequestError::EmptyPrompt { id });
+        }
+        if req.output_tokens == 0 {
+            return Err(RequestError::NoOutput { id });
+        }
+        let full_blocks = req.prompt_tokens / self.config.block_tokens;
+        if req.block_hashes.len() > full_blocks as usize {
+            return Err(RequestError::TooManyBlocks {
+                id,
+                hashes: req.block_hashes.len(),
+                prompt_tokens: req.prompt_tokens,
+                full_blocks,
+            });
+        }
+        if !now.is_finite() || now < self.clock {
+            return Err(RequestError::BadTime {
+                id,
+                now,
+                clock: self.clock,
+            });
+        }
+        self.submit(now, req);
+        Ok(())
+    }
+
+    /// When the engine must next be advanced if nothing else arrives: the end of the current
+    /// step, or, while idle with queued requests, the time the next step starts (a wake-up that
+    /// itself produces no events). `None` when idle with nothing queued.
     pub fn next_event_at(&self) -> Option<f64> {
-        todo!()
+        self.step_end
+            .or_else(|| self.queue.front().map(|q| q.ready_at))
     }
+
     /// Runs every step that ends at or before `now`, appending what happened to `out` in time order.
     pub fn advance(&mut self, now: f64, out: &mut Vec<EngineEvent>) {
-        todo!("{now} {out:?}")
+        loop {
+            match self.step_end {
+                Some(end) if end <= now => {
+                    self.finish_step(end, out);
+                    self.start_step(end);
+                }
+                Some(_) => break,
+                None => match self.queue.front() {
+                    Some(q) if q.ready_at <= now => {
+                        let t = q.ready_at;
+                        if !self.start_step(t) {
+                            break;
+                        }
+                    }
+                    _ => break,
+                },
+            }
+        }
+        if now.is_finite() {
+            self.clock = self.clock.max(now);
+        }
     }
+
     /// Counters.
     pub fn stats(&self) -> EngineStats {
-        todo!()
+        EngineStats {
+            running: self.running.len() as u32,
+            waiting: self.queue.len() as u32,
+            used_blocks: self.cache.used_blocks(),
+            cached_blocks: self.cache.cached_blocks(),
+            evicted_blocks: self.cache.evictions(),
+            ..self.stats.clone()
+        }
+    }
+
+    /// Requests admitted and not finished.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Requests submitted and not admitted yet.
+    pub fn waiting(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Plans the step starting at `t`; returns false (staying idle) when there is nothing to run.
+    fn start_step(&mut self, t: f64) -> bool {
+        let mut budget = self.config.max_batched_tokens;
+        let mut work = StepWork::default();
+        // 1. Decodes first, one token each.
+        for s in &mut self.running {
+            s.scheduled = 0;
+            if !s.prefilling() && budget > 0 {
+                s.scheduled = 1;
+                budget -= 1;
+                work.add_decode(u64::from(s.prompt_tokens) + u64::from(s.generated));
+            }
+        }
+        // 2. Prefills already under way.
+        for s in &mut self.running {
+            if s.prefilling() && budget > 0 {
+                let n = (s.prompt_tokens - s.computed).min(budget);
+                s.scheduled = n;
+                budget -= n;
+                work.add_prefill(u64::from(s.computed), u64::from(n));
+            }
+        }
+        // 3. Admissions, first come first served.
+        while budget > 0 && self.running.len() < self.config.max_num_seqs as usize {
+            let Some(q) = self.queue.front() else { break };
+            if q.ready_at > t {
+                break;
+            }
+            let Some(mut seq) = self.admit_front() else {
+                break;
+            };
+            let n = (seq.prompt_tokens - seq.computed).min(budget);
+            seq.scheduled = n;
+            budget -= n;
+            work.add_prefill(u64::from(seq.computed), u64::from(n));
+            self.running.push(seq);
+        }
+        if work.seqs == 0 {
+            self.step_end = None;
+            return false;
+        }
+        self.stats.steps += 1;
+        self.step_end = Some(t + self.config.cost.step_time(&work));
+        true
+    }
+
+    /// Admits the head of the queue if its KV blocks can be found.
+    fn admit_front(&mut self) -> Option<Seq> {
+        let bt = self.config.block_tokens;
+        let q = self.queue.front()?;
+        let req = &q.req;
+        let total_tokens = u64::from(req.prompt_tokens) + u64::from(req.output_tokens);
+        let total_blocks = total_tokens.div_ceil(u64::from(bt));
+        let m = self.cache.longest_prefix(&req.block_hashes);
+        let need = total_blocks - m.blocks as u64;
+        let pinned = u32::try_from(m.unreferenced).unwrap_or(u32::MAX);
+        let fits = i64::try_from(need).is_ok_and(|n| n <= self.cache.room(pinned));
+        let alone_and_too_big =
+            total_blocks > u64::from(self.cache.capacity()) && self.running.is_empty();
+        if !fits && !alone_and_too_big {
+            return None;
+        }
+        let q = self.queue.pop_front()?;
+        let req = q.req;
+        let mut slots = self.slot_pool.pop().unwrap_or_default();
+        let hit = self
+            .cache
+            .acquire_prefix(&req.block_hashes[..m.blocks], &mut slots);
+        // Saturates only for absurd requests (over 4 billion blocks), which overcommit anyway.
+        let need = u32::try_from(need).unwrap_or(u32::MAX);
+        if fits {
+            let ok = self.cache.allocate(need);
+            debug_assert!(ok, "allocation checked above");
+        } else {
+            self.cache.allocate_overcommit(need);
+        }
+        let cached_tokens =
+            (hit as u64 * u64::from(bt)).min(u64::from(req.prompt_tokens) - 1) as u32;
+        self.stats.requests += 1;
+        self.stats.prompt_tokens += u64::from(req.prompt_tokens);
+        self.stats.cached_tokens += u64::from(cached_tokens);
+        Some(Seq {
+            id: req.id,
+            block_hashes: req.block_hashes,
+            slots,
+            prompt_tokens: req.prompt_tokens,
+            output_tokens: req.output_tokens,
+            computed: cached_tokens,
+            generated: 0,
+            cached_tokens,
+            committed_blocks: hit as u32,
+            private_blocks: need,
+            scheduled: 0,
+        })
+    }
+
+    /// Applies the step ending at `t`: progress, newly cached blocks, events, departures.
+    fn finish_step(&mut self, t: f64, out: &mut Vec<EngineEvent>) {
+        self.step_end = None;
+        let bt = self.config.block_tokens;
+        let mut any_finished = false;
+        for s in &mut self.running {
+            if s.scheduled == 0 {
+                continue;
+            }
+            if s.prefilling() {
+                s.computed += s.scheduled;
+                let full = (s.computed / bt).min(s.block_hashes.len() as u32);
+                while s.committed_blocks < full {
+                    let h = s.block_hashes[s.committed_blocks as usize];
+                    if let Some(slot) = self.cache.commit(h) {
+                        s.slots.push(slot);
+                        s.private_blocks -= 1;
+                    }
+                    s.committed_blocks += 1;
+                }
+                if s.prefilling() {
+                    continue;
+                }
+                out.push(EngineEvent::FirstToken {
+                    id: s.id,
+                    at: t,
+                    cached_tokens: s.cached_tokens,
+                });
+            }
+            s.generated += 1;
+            self.stats.generation_tokens += 1;
+            if s.generated >= s.output_tokens {
+                out.push(EngineEvent::Finished { id: s.id, at: t });
+                any_finished = true;
+            }
+        }
+        if any_finished {
+            let Self {
+                running,
+                cache,
+                slot_pool,
+                stats,
+                ..
+            } = self;
+            running.retain_mut(|s| {
+                if s.prefilling() || s.generated < s.output_tokens {
+                    return true;
+                }
+                // Tail first, so a chain's tail is evicted before its head (as vLLM frees blocks).
+                for &slot in s.slots.iter().rev() {
+                    cache.release(slot);
+                }
+                cache.free_private(s.private_blocks);
+                let mut slots = std::mem::take(&mut s.slots);
+                slots.clear();
+                slot_pool.push(slots);
+                stats.finished += 1;
+                false
+            });
+        }
     }
 }
+
+#[cfg(test)]
+mod tests;
