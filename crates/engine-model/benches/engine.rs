@@ -79,12 +79,36 @@ fn drive(engines: &mut [Engine], work: Vec<(f64, usize, EngineRequest)>) -> usiz
     }
 }
 
+/// Prints what the workload does to the engines, once, so the figures can be read in context.
+fn describe(name: &str, n: usize, work: &[(f64, usize, EngineRequest)]) {
+    let mut engines: Vec<Engine> = (0..n).map(|_| Engine::new(presets::small())).collect();
+    let span = work.last().map_or(0.0, |w| w.0);
+    drive(&mut engines, work.to_vec());
+    let (mut prompt, mut cached, mut generated, mut steps) = (0, 0, 0, 0);
+    for e in &engines {
+        let s = e.stats();
+        (prompt, cached, generated, steps) = (
+            prompt + s.prompt_tokens,
+            cached + s.cached_tokens,
+            generated + s.generation_tokens,
+            steps + s.steps,
+        );
+    }
+    eprintln!(
+        "{name}: {REQUESTS} requests over {span:.0} simulated s, hit rate {:.1}%, \
+         {:.1} tokens per step",
+        100.0 * cached as f64 / prompt as f64,
+        (generated + prompt - cached) as f64 / steps as f64,
+    );
+}
+
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("engine_small");
     group.throughput(Throughput::Elements(REQUESTS as u64));
     group.sample_size(10);
     for (name, n) in [("one_engine", 1usize), ("fleet_of_7", 7)] {
         let work = workload(n, 25.0, 42);
+        describe(name, n, &work);
         group.bench_function(name, |b| {
             b.iter_batched(
                 || {

@@ -209,7 +209,8 @@ fn max_num_seqs_queues_extra_requests_fcfs() {
     let ev = run(&mut e, arrivals);
     let firsts: Vec<u64> = ev
         .iter()
-        .filter_map(|e| matches!(e, EngineEvent::FirstToken { .. }).then(|| e.id()))
+        .filter(|e| matches!(e, EngineEvent::FirstToken { .. }))
+        .map(EngineEvent::id)
         .collect();
     assert_eq!(firsts, vec![1, 2, 3, 4]);
     assert!(first_token(&ev, 3).0 >= finished(&ev, 1).min(finished(&ev, 2)));
@@ -353,7 +354,9 @@ fn try_new_and_try_submit_name_the_bad_field() {
     );
     bad.max_batched_tokens = 8;
     bad.cost.weight_read_s = f64::NAN;
-    let err = Engine::try_new(bad.clone()).err().expect("bad cost");
+    let Err(err) = Engine::try_new(bad.clone()) else {
+        panic!("bad cost accepted")
+    };
     assert!(err.to_string().contains("cost.weight_read_s"), "{err}");
     // `new` repairs instead of failing.
     assert_eq!(Engine::new(bad).config().cost.weight_read_s, 0.0);
@@ -384,8 +387,11 @@ fn try_new_and_try_submit_name_the_bad_field() {
     ));
 }
 
+/// One generated request: (gap since the previous arrival, prefix chain, prompt, output).
+type GenRequest = (f64, u64, u32, u32);
+
 /// Arbitrary workloads for the invariants below.
-fn workload() -> impl Strategy<Value = (u32, u32, u32, Vec<(f64, u64, u32, u32)>)> {
+fn workload() -> impl Strategy<Value = (u32, u32, u32, Vec<GenRequest>)> {
     (
         1u32..40, // capacity in blocks
         1u32..6,  // max_num_seqs
@@ -398,7 +404,7 @@ fn run_workload(
     capacity: u32,
     seqs: u32,
     extra: u32,
-    reqs: &[(f64, u64, u32, u32)],
+    reqs: &[GenRequest],
 ) -> (Vec<EngineEvent>, u32, u32) {
     let mut e = Engine::new(config(capacity, seqs, seqs + extra));
     let mut t = 0.0;
