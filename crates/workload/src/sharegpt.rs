@@ -94,6 +94,10 @@ fn script_of(raw: RawConversation, skipped: &mut usize) -> Script {
     let mut parent = 0u64;
     let mut pending: Vec<Message> = Vec::new();
     let mut script = Script::new();
+    // Prompt tokens so far: an answer to an empty prompt (a conversation that opens with an
+    // empty or image-only message) is no request an engine could serve; its messages stay in
+    // the history of the next turn instead.
+    let mut prompt_tokens = 0u64;
     for m in raw.conversations {
         let Some(role) = role_of(&m.from) else {
             *skipped += 1;
@@ -107,10 +111,11 @@ fn script_of(raw: RawConversation, skipped: &mut usize) -> Script {
             && pending
                 .last()
                 .is_some_and(|p: &Message| p.role != Role::Assistant);
-        if answers {
+        if answers && prompt_tokens > 0 {
             let tokens = segment.map_or(1, |s| s.tokens.max(1));
             script.push((std::mem::take(&mut pending), tokens));
         }
+        prompt_tokens += segment.map_or(0, |s| u64::from(s.tokens));
         pending.push(Message::new(role, segment.into_iter().collect()));
     }
     script
@@ -318,6 +323,23 @@ mod tests {
             .find(|q| q.messages[0].role == Role::System)
             .unwrap();
         assert_eq!(with_system.messages.len(), 2);
+    }
+
+    #[test]
+    fn an_answer_to_an_empty_prompt_is_no_request() {
+        // The real ShareGPT V3 file has conversations that open with an empty human message.
+        let text = r#"[{"id": "e", "conversations": [
+            {"from": "human", "value": "   "},
+            {"from": "gpt", "value": "Hello there"},
+            {"from": "human", "value": "and now?"},
+            {"from": "gpt", "value": "an answer"}]}]"#;
+        let r = parse_sharegpt(text, "empty.json", &ReplayOptions::default()).unwrap();
+        assert_eq!(r.requests.len(), 1);
+        let q = &r.requests[0];
+        assert!(q.prompt_tokens() > 0);
+        // The first answer stays in the history of the turn that is sent.
+        assert_eq!(q.messages.len(), 3);
+        assert_eq!(q.output_tokens, 2);
     }
 
     #[test]
