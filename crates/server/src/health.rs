@@ -1,0 +1,136 @@
+//! Fleet health: passive ejection on connect errors and repeated 5xx (with a growing backoff),
+//! active probes (`GET /health` by default), and recovery. A draining instance is left alone:
+//! only the admin API moves it out of draining.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use prefix_router_core::{Instance, InstanceState};
+
+use crate::state::AppState;
+
+/// A request to `inst` failed (connect error or 5xx): ejects it after
+/// `health.passive_failures` in a row, for the current backoff, which then doubles.
+pub fn passive_failure(state: &AppState, inst: &Instance) {
+    let h = &state.settings.health;
+    let stats = state.stats.get(inst.id().as_str());
+    let failures = stats.passive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+    if failures < h.passive_failures || inst.state() != InstanceState::Healthy {
+        return;
+    }
+    let mut rec = stats.health();
+    let backoff = rec.next_backoff.unwrap_or(h.eject_backoff);
+    rec.ejected_until = Some(Instant::now() + backoff);
+    rec.next_backoff = Some((backoff * 2).min(h.max_eject_backoff));
+    rec.probe_successes = 0;
+    inst.set_state(InstanceState::Ejected);
+    tracing::warn!(instance = %inst.id(), failures, ?backoff, "instance ejected after failed requests");
+}
+
+/// A request to `inst` got an answer below 500: resets its passive failure count.
+pub fn passive_success(state: &AppState, inst: &Instance) {
+    let stats = state.stats.get(inst.id().as_str());
+    // Read first: the common case (already zero) writes nothing shared.
+    if stats.passive_failures.load(Ordering::Relaxed) != 0 {
+        stats.passive_failures.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Whether one probe of `inst` succeeded (2xx within the timeout).
+async fn probe(state: &AppState, inst: &Instance) -> bool {
+    let h = &state.settings.health;
+    let uri = format!("{}{}", inst.spec().url, h.path);
+    let Ok(req) = Request::get(uri).body(Full::new(Bytes::new())) else {
+        return false;
+    };
+    let answer = async {
+        let resp = state.client.request(req).await.ok()?;
+        let ok = resp.status().is_success();
+        // Read the (small) body so the connection is reused.
+        resp.into_body().collect().await.ok()?;
+        Some(ok)
+    };
+    matches!(tokio::time::timeout(h.timeout, answer).await, Ok(Some(true)))
+}
+
+/// Applies one probe result to `inst`.
+fn record_probe(state: &AppState, inst: &Instance, ok: bool) {
+    let h = &state.settings.health;
+    let stats = state.stats.get(inst.id().as_str());
+    let mut rec = stats.health();
+    if ok {
+        rec.probe_failures = 0;
+        rec.probe_successes = rec.probe_successes.saturating_add(1);
+        let backoff_over = rec.ejected_until.map_or(true, |t| Instant::now() >= t);
+        if inst.state() == InstanceState::Ejected
+            && rec.probe_successes >= h.healthy_threshold
+            && backoff_over
+        {
+            rec.ejected_until = None;
+            rec.next_backoff = None;
+            stats.passive_failures.store(0, Ordering::Relaxed);
+            inst.set_state(InstanceState::Healthy);
+            tracing::info!(instance = %inst.id(), "instance recovered");
+        }
+    } else {
+        rec.probe_successes = 0;
+        rec.probe_failures = rec.probe_failures.saturating_add(1);
+        if inst.state() == InstanceState::Healthy && rec.probe_failures >= h.unhealthy_threshold {
+            inst.set_state(InstanceState::Ejected);
+            tracing::warn!(instance = %inst.id(), failures = rec.probe_failures, "instance ejected by health checks");
+        }
+    }
+}
+
+/// Without active probes, a passively ejected instance comes back on probation when its backoff
+/// is over: one more failure ejects it again, for twice as long.
+fn end_backoff(state: &AppState, inst: &Instance) {
+    let stats = state.stats.get(inst.id().as_str());
+    let mut rec = stats.health();
+    if inst.state() == InstanceState::Ejected
+        && rec.ejected_until.is_some_and(|t| Instant::now() >= t)
+    {
+        rec.ejected_until = None;
+        let probation = state.settings.health.passive_failures.saturating_sub(1);
+        stats.passive_failures.store(probation, Ordering::Relaxed);
+        inst.set_state(InstanceState::Healthy);
+        tracing::info!(instance = %inst.id(), "instance back on probation after its backoff");
+    }
+}
+
+/// One round over the fleet: probes every instance that is not draining (concurrently), or,
+/// without active checks, ends finished backoffs.
+pub async fn check_once(state: &Arc<AppState>) {
+    let snapshot = state.fleet.snapshot();
+    let targets: Vec<Arc<Instance>> = snapshot
+        .instances()
+        .iter()
+        .filter(|i| i.state() != InstanceState::Draining)
+        .cloned()
+        .collect();
+    if state.settings.health.active {
+        let probes = targets.iter().map(|inst| async move {
+            let ok = probe(state, inst).await;
+            record_probe(state, inst, ok);
+        });
+        futures_util::future::join_all(probes).await;
+    } else {
+        for inst in &targets {
+            end_backoff(state, inst);
+        }
+    }
+}
+
+/// Runs health rounds every `health.interval` until the task is aborted.
+pub async fn run(state: Arc<AppState>) {
+    let mut tick = tokio::time::interval(state.settings.health.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        check_once(&state).await;
+    }
+}

@@ -1,0 +1,29 @@
+//! The HTTP data plane of prefix-router.
+//!
+//! A reverse proxy in front of a fleet of LLM inference servers: it reads each request once,
+//! derives its routing key with `prefix-router-core`, asks the configured strategy for an
+//! instance and streams the instance's answer back chunk by chunk. Around that: retries before
+//! the response starts, timeouts, active and passive health, Prometheus metrics, an admin API
+//! and configuration reload.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod body;
+pub mod error;
+pub mod guard;
+pub mod handler;
+pub mod health;
+pub mod metrics;
+pub mod models;
+pub mod proxy;
+pub mod routing;
+pub mod server;
+pub mod settings;
+pub mod state;
+pub mod stats;
+pub mod stream;
+pub mod upstream;
+
+pub use error::{ApiError, ServerError};
+pub use server::{Router, RunningRouter};
+pub use settings::{Settings, SettingsError};

@@ -1,0 +1,183 @@
+//! Prometheus metrics on an explicit registry, names prefixed `prefix_router_`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use prefix_router_core::{FleetSnapshot, InstanceState};
+
+/// `instance, api, outcome`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// Instance id, or `none` when the router answered itself.
+    pub instance: String,
+    /// `chat`, `completions`, `invocations`, `other`.
+    pub api: &'static str,
+    /// `ok`, `upstream_4xx`, `upstream_5xx`, `client_error`, `cancelled`, `stream_error`, ...
+    pub outcome: &'static str,
+}
+
+/// `strategy, reason`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// Strategy name.
+    pub strategy: &'static str,
+    /// Reason label (`preferred`, `overflow`, ...).
+    pub reason: &'static str,
+}
+
+/// `instance`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InstanceLabels {
+    /// Instance id.
+    pub instance: String,
+}
+
+/// `instance, kind`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// Instance id.
+    pub instance: String,
+    /// `connect`, `timeout`, `status_5xx`, `status_429`, `stream`, `idle_timeout`, `other`.
+    pub kind: &'static str,
+}
+
+/// `api`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    /// API label.
+    pub api: &'static str,
+}
+
+/// `reason`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    /// `connect`, `status_503`, `status_429`.
+    pub reason: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~9 min: TTFT and request durations of LLM calls span that range.
+    Histogram::new(exponential_buckets(0.001, 2.0, 20))
+}
+
+fn decision_histogram() -> Histogram {
+    // 100 ns .. ~0.4 ms: routing decisions are microseconds.
+    Histogram::new(exponential_buckets(1e-7, 2.0, 12))
+}
+
+/// Every metric the router exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Requests finished, by instance, API and outcome.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Routing decisions, by strategy and reason.
+    pub decisions: Family<DecisionLabels, Counter>,
+    /// Requests in flight per instance (set at scrape time from the fleet).
+    pub in_flight: Family<InstanceLabels, Gauge>,
+    /// 1 when the instance takes new requests, else 0 (set at scrape time).
+    pub healthy: Family<InstanceLabels, Gauge>,
+    /// Request received to first response body byte, per instance.
+    pub ttft: Family<InstanceLabels, Histogram>,
+    /// Request received to response finished, per API.
+    pub duration: Family<ApiLabels, Histogram>,
+    /// Time spent choosing an instance.
+    pub decision_latency: Histogram,
+    /// Upstream errors by instance and kind.
+    pub upstream_errors: Family<ErrorLabels, Counter>,
+    /// Retries by reason.
+    pub retries: Family<RetryLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("prefix_router");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        let in_flight = Family::<InstanceLabels, Gauge>::default();
+        let healthy = Family::<InstanceLabels, Gauge>::default();
+        let ttft = Family::<InstanceLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let duration =
+            Family::<ApiLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let decision_latency = decision_histogram();
+        let upstream_errors = Family::<ErrorLabels, Counter>::default();
+        let retries = Family::<RetryLabels, Counter>::default();
+        registry.register("requests", "Requests finished by instance, API and outcome", requests.clone());
+        registry.register("decisions", "Routing decisions by strategy and reason", decisions.clone());
+        registry.register("in_flight", "Requests in flight per instance", in_flight.clone());
+        registry.register("instance_healthy", "1 when the instance takes new requests", healthy.clone());
+        registry.register(
+            "ttft_seconds",
+            "Request received to first response body byte, per instance",
+            ttft.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Request received to response finished, per API",
+            duration.clone(),
+        );
+        registry.register(
+            "routing_decision_seconds",
+            "Time spent choosing an instance",
+            decision_latency.clone(),
+        );
+        registry.register("upstream_errors", "Upstream errors by instance and kind", upstream_errors.clone());
+        registry.register("retries", "Retries on another instance, by reason", retries.clone());
+        Self {
+            registry,
+            requests,
+            decisions,
+            in_flight,
+            healthy,
+            ttft,
+            duration,
+            decision_latency,
+            upstream_errors,
+            retries,
+        }
+    }
+
+    /// Counts an upstream error.
+    pub fn upstream_error(&self, instance: &str, kind: &'static str) {
+        self.upstream_errors
+            .get_or_create(&ErrorLabels {
+                instance: instance.to_string(),
+                kind,
+            })
+            .inc();
+    }
+
+    /// Prometheus text for a scrape; refreshes the per-instance gauges from `fleet` first.
+    pub fn render(&self, fleet: &FleetSnapshot) -> String {
+        self.in_flight.clear();
+        self.healthy.clear();
+        for inst in fleet.instances() {
+            let labels = InstanceLabels {
+                instance: inst.id().to_string(),
+            };
+            self.in_flight
+                .get_or_create(&labels)
+                .set(i64::from(inst.in_flight()));
+            self.healthy
+                .get_or_create(&labels)
+                .set(i64::from(inst.state() == InstanceState::Healthy));
+        }
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

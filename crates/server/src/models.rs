@@ -1,0 +1,79 @@
+//! `GET /v1/models`: the union of what the healthy instances list (vLLM lists its loaded LoRA
+//! adapters there), plus the models configured for them.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response};
+use http_body_util::{BodyExt, Full};
+use prefix_router_core::{Instance, RouteError};
+use serde_json::{json, Value};
+
+use crate::body::{full, ProxyBody};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Largest `/v1/models` answer read from one instance.
+const MAX_MODELS_BODY: usize = 4 * 1024 * 1024;
+
+/// The `data` entries an instance lists, or nothing when it does not answer in time.
+async fn fetch(state: &AppState, inst: &Instance) -> Vec<Value> {
+    let uri = format!("{}/v1/models", inst.spec().url);
+    let Ok(req) = Request::get(uri).body(Full::new(Bytes::new())) else {
+        return Vec::new();
+    };
+    let answer = async {
+        let resp = state.client.request(req).await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_MODELS_BODY)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        let v: Value = serde_json::from_slice(&body).ok()?;
+        match v.get("data") {
+            Some(Value::Array(items)) => Some(items.clone()),
+            _ => None,
+        }
+    };
+    tokio::time::timeout(state.settings.health.timeout, answer)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Answers `GET /v1/models`.
+pub async fn list(state: &Arc<AppState>) -> Response<ProxyBody> {
+    let snapshot = state.fleet.snapshot();
+    let healthy: Vec<&Arc<Instance>> = snapshot.eligible(None).map(|(_, i)| i).collect();
+    if healthy.is_empty() {
+        return ApiError::from(RouteError::NoHealthyInstance).into_response();
+    }
+    let lists = futures_util::future::join_all(healthy.iter().map(|i| fetch(state, i))).await;
+    let mut seen = HashSet::new();
+    let mut data = Vec::new();
+    for item in lists.into_iter().flatten() {
+        if let Some(id) = item.get("id").and_then(Value::as_str) {
+            if seen.insert(id.to_string()) {
+                data.push(item);
+            }
+        }
+    }
+    for inst in &healthy {
+        for m in &inst.spec().models {
+            if seen.insert(m.clone()) {
+                data.push(json!({"id": m, "object": "model", "owned_by": "prefix-router"}));
+            }
+        }
+    }
+    let mut resp = Response::new(full(json!({"object": "list", "data": data}).to_string()));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}

@@ -1,0 +1,325 @@
+//! Proxying a routed request: read the body once, derive the key, choose an instance, forward,
+//! retry on another instance while nothing has gone to the client yet, relay the answer.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use prefix_router_core::extract::{chat_request, completion_request, native_key};
+use prefix_router_core::{
+    Decision, ExtractError, FleetSnapshot, Instance, KeyHash, RouteRequest, Strategy,
+};
+
+use crate::body::{read_body, ProxyBody};
+use crate::error::ApiError;
+use crate::guard::InFlightGuard;
+use crate::health;
+use crate::metrics::{DecisionLabels, RequestLabels, RetryLabels};
+use crate::routing::with_rng;
+use crate::state::AppState;
+use crate::stats::InstanceStats;
+use crate::stream::RelayBody;
+use crate::upstream::{build_request, strip_hop_by_hop};
+
+/// Response header naming the instance that served the request.
+pub const INSTANCE_HEADER: &str = "x-prefix-router-instance";
+/// Response header with the routing decision's reason (`preferred`, `overflow`, ...).
+pub const DECISION_HEADER: &str = "x-prefix-router-decision";
+/// Native API group header.
+pub const GROUP_HEADER: &str = "x-prefix-aware-id";
+/// The reference service's name for the group header, also accepted.
+pub const GROUP_HEADER_COMPAT: &str = "x-amzn-sagemaker-prefix-aware-id";
+
+/// Which API a proxied request uses (selects key extraction and the metrics label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /invocations` (native key).
+    Invocations,
+    /// Any other `/v1/*` route: no key, least-outstanding.
+    Other,
+}
+
+impl Api {
+    /// Metrics label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+            Api::Invocations => "invocations",
+            Api::Other => "other",
+        }
+    }
+}
+
+/// Proxies one request; every failure becomes an OpenAI-shaped error response.
+pub async fn proxy(
+    state: Arc<AppState>,
+    api: Api,
+    req: Request<Incoming>,
+    received: Instant,
+) -> Response<ProxyBody> {
+    match forward(&state, api, req, received).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            // Failures after an instance was chosen are counted by the in-flight guard; these
+            // are the router's own refusals.
+            if e.status.is_client_error() || e.status == StatusCode::SERVICE_UNAVAILABLE {
+                state
+                    .metrics
+                    .requests
+                    .get_or_create(&RequestLabels {
+                        instance: "none".into(),
+                        api: api.label(),
+                        outcome: if e.status.is_client_error() {
+                            "client_error"
+                        } else {
+                            "unavailable"
+                        },
+                    })
+                    .inc();
+            }
+            e.into_response()
+        }
+    }
+}
+
+fn group_header(headers: &HeaderMap) -> Option<(&'static str, &[u8])> {
+    headers
+        .get(GROUP_HEADER)
+        .map(|v| (GROUP_HEADER, v.as_bytes()))
+        .or_else(|| {
+            headers
+                .get(GROUP_HEADER_COMPAT)
+                .map(|v| (GROUP_HEADER_COMPAT, v.as_bytes()))
+        })
+}
+
+/// Key and model of a request body, by API.
+fn route_key(
+    api: Api,
+    headers: &HeaderMap,
+    body: &[u8],
+    len: prefix_router_core::PrefixLength,
+) -> Result<(Option<KeyHash>, Option<String>), ApiError> {
+    Ok(match api {
+        Api::Chat => {
+            let info = chat_request(body, len)?;
+            (Some(info.key), info.model)
+        }
+        Api::Completions => {
+            let info = completion_request(body, len)?;
+            (Some(info.key), info.model)
+        }
+        Api::Invocations => {
+            let group = group_header(headers);
+            let key = native_key(body, group.map(|g| g.1), len).map_err(|e| match e {
+                ExtractError::Group(g) => ApiError::bad_request(
+                    "invalid_group_id",
+                    format!("header '{}': {g}", group.map_or(GROUP_HEADER, |g| g.0)),
+                    Some(group.map_or(GROUP_HEADER, |g| g.0)),
+                ),
+                other => ApiError::from(other),
+            })?;
+            (Some(key), None)
+        }
+        Api::Other => (None, None),
+    })
+}
+
+/// The snapshot without the instances already tried.
+fn without(snapshot: &FleetSnapshot, tried: &[Arc<Instance>]) -> FleetSnapshot {
+    FleetSnapshot::new(
+        snapshot
+            .instances()
+            .iter()
+            .filter(|i| !tried.iter().any(|t| Arc::ptr_eq(t, i)))
+            .cloned()
+            .collect(),
+    )
+}
+
+async fn forward(
+    state: &Arc<AppState>,
+    api: Api,
+    req: Request<Incoming>,
+    received: Instant,
+) -> Result<Response<ProxyBody>, ApiError> {
+    let (parts, body) = req.into_parts();
+    let settings = &state.settings;
+    let body: Bytes = read_body(
+        body,
+        settings.limits.max_body_bytes,
+        settings.timeouts.client_body,
+    )
+    .await?;
+    let routing = state.routing.load_full();
+    let (key, model) = route_key(api, &parts.headers, &body, routing.prefix_length)?;
+    let strategy: &dyn Strategy = match api {
+        Api::Other => state.fallback(),
+        _ => routing.strategy.as_ref(),
+    };
+    let route_req = RouteRequest {
+        key,
+        model: model.as_deref(),
+    };
+
+    let snapshot = state.fleet.snapshot();
+    let mut tried: Vec<Arc<Instance>> = Vec::new();
+    let mut attempt = 0u32;
+    loop {
+        let view = if tried.is_empty() {
+            None
+        } else {
+            Some(without(&snapshot, &tried))
+        };
+        let fleet = view.as_ref().unwrap_or(&snapshot);
+        let started = Instant::now();
+        let decision = with_rng(|rng| strategy.select(&route_req, fleet, rng));
+        state
+            .metrics
+            .decision_latency
+            .observe(started.elapsed().as_secs_f64());
+        let Decision { index, reason } = decision?;
+        let instance = fleet
+            .instances()
+            .get(index)
+            .cloned()
+            .ok_or_else(|| ApiError::internal("strategy chose an instance out of range"))?;
+        state
+            .metrics
+            .decisions
+            .get_or_create(&DecisionLabels {
+                strategy: strategy.name(),
+                reason: reason.label(),
+            })
+            .inc();
+        let stats = state.stats.get(instance.id().as_str());
+        InstanceStats::bump(&stats.requests);
+        if reason.is_overflow() {
+            InstanceStats::bump(&stats.overflow);
+        }
+        let id = instance.id().to_string();
+        let mut guard =
+            InFlightGuard::acquire(Arc::clone(state), Arc::clone(&instance), api.label(), received);
+        let upstream_req = build_request(&parts, &instance.spec().url, body.clone())?;
+        // Another attempt is possible when retries remain and another instance could take it.
+        let can_retry = attempt < settings.max_retries && {
+            let mut rest = tried.clone();
+            rest.push(Arc::clone(&instance));
+            without(&snapshot, &rest).eligible(model.as_deref()).next().is_some()
+        };
+        let sent = tokio::time::timeout(
+            settings.timeouts.first_byte,
+            state.client.request(upstream_req),
+        )
+        .await;
+        let retry_reason = match sent {
+            Err(_) => {
+                state.metrics.upstream_error(&id, "timeout");
+                guard.count_error();
+                guard.fail("timeout");
+                return Err(ApiError::gateway_timeout(format!(
+                    "instance {id} sent no response within {:?}",
+                    settings.timeouts.first_byte
+                )));
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                state.metrics.upstream_error(&id, "connect");
+                guard.count_error();
+                guard.fail("connect_error");
+                health::passive_failure(state, &instance);
+                if !can_retry {
+                    return Err(ApiError::bad_gateway(
+                        "upstream_connect_error",
+                        format!("cannot connect to instance {id}"),
+                    ));
+                }
+                "connect"
+            }
+            Ok(Err(e)) => {
+                state.metrics.upstream_error(&id, "other");
+                guard.count_error();
+                guard.fail("upstream_error");
+                return Err(ApiError::bad_gateway(
+                    "upstream_error",
+                    format!("instance {id} failed: {e}"),
+                ));
+            }
+            Ok(Ok(resp)) => {
+                let status = resp.status();
+                let retryable = match status {
+                    StatusCode::SERVICE_UNAVAILABLE => Some("status_503"),
+                    StatusCode::TOO_MANY_REQUESTS => Some("status_429"),
+                    _ => None,
+                };
+                if status.is_server_error() {
+                    state.metrics.upstream_error(&id, "status_5xx");
+                    guard.count_error();
+                    health::passive_failure(state, &instance);
+                } else {
+                    health::passive_success(state, &instance);
+                }
+                match retryable {
+                    Some(r) if can_retry => {
+                        guard.fail("retried");
+                        // Nothing of this answer reached the client. Dropping it closes that
+                        // connection rather than waiting for a body that may never end.
+                        drop(resp);
+                        r
+                    }
+                    _ => {
+                        guard.set_outcome(if status.is_server_error() {
+                            "upstream_5xx"
+                        } else if status.is_client_error() {
+                            "upstream_4xx"
+                        } else {
+                            "ok"
+                        });
+                        return Ok(relay(resp, guard, &id, reason.label(), settings));
+                    }
+                }
+            }
+        };
+        state
+            .metrics
+            .retries
+            .get_or_create(&RetryLabels {
+                reason: retry_reason,
+            })
+            .inc();
+        tracing::debug!(instance = %id, reason = retry_reason, "retrying on another instance");
+        drop(guard);
+        tried.push(instance);
+        attempt += 1;
+    }
+}
+
+/// The client's response: the instance's head (less hop-by-hop headers, plus the routing
+/// headers) and its body streamed through.
+fn relay(
+    resp: Response<Incoming>,
+    guard: InFlightGuard,
+    instance: &str,
+    reason: &'static str,
+    settings: &crate::settings::Settings,
+) -> Response<ProxyBody> {
+    let (mut parts, incoming) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.version = Version::default();
+    if let Ok(v) = HeaderValue::from_str(instance) {
+        parts.headers.insert(INSTANCE_HEADER, v);
+    }
+    parts
+        .headers
+        .insert(DECISION_HEADER, HeaderValue::from_static(reason));
+    let body = RelayBody::new(incoming, guard, settings.timeouts.idle_stream).boxed_unsync();
+    Response::from_parts(parts, body)
+}

@@ -1,0 +1,148 @@
+//! Listeners and lifecycle: bind, accept (HTTP/1.1 and HTTP/2), run health checks, shut down
+//! gracefully.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::error::ServerError;
+use crate::handler;
+use crate::health;
+use crate::settings::{ConfigSource, Settings, SettingsError};
+use crate::state::AppState;
+
+/// Starts routers.
+#[derive(Debug)]
+pub struct Router;
+
+/// A started router: its address, its state, and the handle that stops it.
+#[derive(Debug)]
+pub struct RunningRouter {
+    addr: SocketAddr,
+    state: Arc<AppState>,
+    shutdown: watch::Sender<bool>,
+    serve: JoinHandle<()>,
+    background: Vec<JoinHandle<()>>,
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })
+}
+
+impl Router {
+    /// Binds the listeners and starts serving, health checking and (when configured) the
+    /// admin API. `source` is where reloads read settings again.
+    pub async fn start(
+        settings: Settings,
+        source: Option<ConfigSource>,
+    ) -> Result<RunningRouter, ServerError> {
+        let state = AppState::new(settings, source).map_err(|e| SettingsError::Invalid {
+            field: "routing".into(),
+            message: e.to_string(),
+        })?;
+        let listener = bind(state.settings.listen).await?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ServerError::Bind {
+                addr: state.settings.listen,
+                source,
+            })?;
+        let (tx, rx) = watch::channel(false);
+        let background = vec![tokio::spawn(health::run(Arc::clone(&state)))];
+        let serve = tokio::spawn(accept_loop(listener, Arc::clone(&state), rx));
+        tracing::info!(%addr, instances = state.fleet.snapshot().len(), "router listening");
+        Ok(RunningRouter {
+            addr,
+            state,
+            shutdown: tx,
+            serve,
+            background,
+        })
+    }
+}
+
+impl RunningRouter {
+    /// The data-plane address (the real port when configured with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Shared state (fleet, metrics, settings).
+    pub fn state(&self) -> &Arc<AppState> {
+        &self.state
+    }
+
+    /// Stops accepting, lets in-flight requests finish up to `timeouts.shutdown_grace`, then
+    /// returns.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.serve.await;
+        for task in &self.background {
+            task.abort();
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+    let limits = &state.settings.limits;
+    let graceful = GracefulShutdown::new();
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .keep_alive(true)
+        .max_buf_size(limits.max_header_bytes);
+    builder
+        .http2()
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    loop {
+        // At the connection limit, wait for one to close before accepting more.
+        let permit = tokio::select! {
+            p = Arc::clone(&connections).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = stop.changed() => break,
+        };
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _peer)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let conn_state = Arc::clone(&state);
+        let svc = service_fn(move |req| handler::handle(Arc::clone(&conn_state), req));
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), svc)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "client connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let grace = state.settings.timeouts.shutdown_grace;
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("all connections finished"),
+        _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "shutdown grace over; closing remaining connections"),
+    }
+}

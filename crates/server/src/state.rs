@@ -1,0 +1,59 @@
+//! The state every request handler shares.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use prefix_router_core::strategies::LeastOutstanding;
+use prefix_router_core::{Fleet, Strategy};
+
+use crate::metrics::Metrics;
+use crate::routing::Routing;
+use crate::settings::{ConfigSource, Settings};
+use crate::stats::StatsTable;
+use crate::upstream::{self, UpstreamClient};
+
+/// Shared by the data plane, the health checker and the admin API.
+#[derive(Debug)]
+pub struct AppState {
+    /// The live fleet.
+    pub fleet: Fleet,
+    /// Strategy and key length; swapped whole on reload or by the admin API.
+    pub routing: ArcSwap<Routing>,
+    /// Strategy for requests without a key (other `/v1/*` routes).
+    pub fallback: LeastOutstanding,
+    /// Pooled keep-alive client to the instances.
+    pub client: UpstreamClient,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Per-instance counters and health records.
+    pub stats: StatsTable,
+    /// Settings read at start (limits, timeouts, retries and health are fixed for the process).
+    pub settings: Settings,
+    /// Where to reload settings from, if anywhere.
+    pub source: Option<ConfigSource>,
+    /// Serializes membership edits (reload, admin add/remove) so none is lost.
+    pub membership: tokio::sync::Mutex<()>,
+}
+
+impl AppState {
+    /// Builds the state from validated settings.
+    pub fn new(settings: Settings, source: Option<ConfigSource>) -> Result<Arc<Self>, prefix_router_core::ConfigError> {
+        let routing = Routing::new(settings.strategy.clone(), settings.prefix_length)?;
+        Ok(Arc::new(Self {
+            fleet: Fleet::new(settings.instances.clone()),
+            routing: ArcSwap::from_pointee(routing),
+            fallback: LeastOutstanding,
+            client: upstream::client(&settings.timeouts),
+            metrics: Metrics::new(),
+            stats: StatsTable::default(),
+            settings,
+            source,
+            membership: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// The fallback strategy as a trait object.
+    pub fn fallback(&self) -> &dyn Strategy {
+        &self.fallback
+    }
+}

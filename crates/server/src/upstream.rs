@@ -1,0 +1,89 @@
+//! The client side: a pooled keep-alive HTTP/1.1 client, and how a client's request is turned
+//! into an instance's request (and an instance's response head into the client's).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName};
+use http::{Request, Uri, Version};
+use http_body_util::Full;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::error::ApiError;
+use crate::settings::Timeouts;
+
+/// The client every upstream request goes through.
+pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// How long an unused pooled connection is kept.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+
+/// Builds the pooled client: connect timeout, TCP_NODELAY, HTTP/1.1 keep-alive.
+pub fn client(timeouts: &Timeouts) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(timeouts.connect));
+    connector.set_nodelay(true);
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE)
+        .build(connector)
+}
+
+/// Headers that belong to one connection, never forwarded (RFC 9110 section 7.6.1), plus
+/// `host` and `content-length`, which the client sets for the new request.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+];
+
+/// Removes hop-by-hop headers, including those named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    for n in &HOP_BY_HOP {
+        headers.remove(n);
+    }
+}
+
+/// The instance's request: same method, path, query, headers (less hop-by-hop) and body, sent
+/// over HTTP/1.1 to `base` (`http://host:port`).
+pub fn build_request(
+    parts: &http::request::Parts,
+    base: &str,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, ApiError> {
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let uri: Uri = format!("{base}{path}")
+        .parse()
+        .map_err(|e| ApiError::internal(format!("cannot build upstream URI: {e}")))?;
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_11;
+    let headers = req.headers_mut();
+    *headers = parts.headers.clone();
+    strip_hop_by_hop(headers);
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    Ok(req)
+}

@@ -1,0 +1,422 @@
+//! Test support: in-test engine stand-ins (tiny hyper servers), a router on an ephemeral port,
+//! and a small HTTP client. Loopback only.
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prefix_router_server::settings::Settings;
+use prefix_router_server::{Router, RunningRouter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Notify, Semaphore};
+
+/// Bound on every wait in the tests.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// What a stand-in answers to ordinary requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// 200, echoing the request body.
+    Echo,
+    /// This status with an OpenAI-style error body.
+    Status(u16),
+}
+
+/// A stand-in engine. Request headers steer it:
+/// - `x-test-hold: 1`: wait until the test releases it ([`Upstream::release`]);
+/// - `x-test-stream: 1`: stream SSE chunks: one at once, the rest after [`Upstream::open_gate`],
+///   then every 10 ms until `x-test-chunks` chunks went out (or the reader is gone).
+pub struct Upstream {
+    /// Its address.
+    pub addr: SocketAddr,
+    /// Its name (sent back in `x-upstream`).
+    pub name: String,
+    shared: Arc<UpShared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct UpShared {
+    name: String,
+    mode: Mutex<Mode>,
+    models: Vec<String>,
+    healthy: AtomicBool,
+    hits: AtomicUsize,
+    held: AtomicUsize,
+    held_changed: Notify,
+    release: Semaphore,
+    gate: Semaphore,
+    cancelled: AtomicUsize,
+    finished_streams: AtomicUsize,
+    health_checks: AtomicUsize,
+}
+
+/// A body fed from a channel.
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+type UpBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+fn boxed<B: Body<Data = Bytes, Error = Infallible> + Send + Sync + 'static>(b: B) -> UpBody {
+    b.boxed()
+}
+
+/// The bytes of SSE chunk `i`.
+pub fn sse_chunk(i: usize) -> Bytes {
+    Bytes::from(format!("data: {{\"chunk\":{i}}}\n\n"))
+}
+
+async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Response<UpBody> {
+    let path = req.uri().path().to_string();
+    if path == "/health" {
+        shared.health_checks.fetch_add(1, Ordering::SeqCst);
+        let status = if shared.healthy.load(Ordering::SeqCst) { 200 } else { 503 };
+        let mut r = Response::new(boxed(Full::new(Bytes::from_static(b"{}"))));
+        *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+        return r;
+    }
+    if path == "/v1/models" {
+        let data: Vec<_> = shared
+            .models
+            .iter()
+            .map(|m| serde_json::json!({"id": m, "object": "model"}))
+            .collect();
+        let body = serde_json::json!({"object": "list", "data": data}).to_string();
+        return Response::new(boxed(Full::new(Bytes::from(body))));
+    }
+    shared.hits.fetch_add(1, Ordering::SeqCst);
+    let headers = req.headers().clone();
+    let hold = headers.contains_key("x-test-hold");
+    let stream = headers.contains_key("x-test-stream");
+    let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    if hold {
+        shared.held.fetch_add(1, Ordering::SeqCst);
+        shared.held_changed.notify_waiters();
+        if let Ok(p) = shared.release.acquire().await {
+            p.forget();
+        }
+        shared.held.fetch_sub(1, Ordering::SeqCst);
+    }
+    let mode = *shared.mode.lock().unwrap_or_else(|p| p.into_inner());
+    if let Mode::Status(code) = mode {
+        let mut r = Response::new(boxed(Full::new(Bytes::from(format!(
+            "{{\"error\":{{\"message\":\"status {code} from {}\"}}}}",
+            shared.name
+        )))));
+        *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        r.headers_mut().insert("x-upstream", shared.name.parse().unwrap_or(http::HeaderValue::from_static("?")));
+        return r;
+    }
+    let mut resp = if stream {
+        let chunks: usize = headers
+            .get("x-test-chunks")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5);
+        let (tx, rx) = mpsc::channel(1);
+        let s = Arc::clone(&shared);
+        tokio::spawn(async move {
+            if tx.send(sse_chunk(0)).await.is_err() {
+                s.cancelled.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            if let Ok(p) = s.gate.acquire().await {
+                p.forget();
+            }
+            for i in 1..chunks {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if tx.send(sse_chunk(i)).await.is_err() {
+                    s.cancelled.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+            }
+            s.finished_streams.fetch_add(1, Ordering::SeqCst);
+        });
+        let mut r = Response::new(boxed(ChannelBody(rx)));
+        r.headers_mut().insert("content-type", http::HeaderValue::from_static("text/event-stream"));
+        r
+    } else {
+        Response::new(boxed(Full::new(body)))
+    };
+    resp.headers_mut().insert(
+        "x-upstream",
+        shared.name.parse().unwrap_or(http::HeaderValue::from_static("?")),
+    );
+    resp
+}
+
+impl Upstream {
+    /// Starts a stand-in on 127.0.0.1 (ephemeral port).
+    pub async fn start(name: &str, mode: Mode, models: &[&str]) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+        let addr = listener.local_addr().expect("upstream addr");
+        let shared = Arc::new(UpShared {
+            name: name.to_string(),
+            mode: Mutex::new(mode),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            healthy: AtomicBool::new(true),
+            hits: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
+            held_changed: Notify::new(),
+            release: Semaphore::new(0),
+            gate: Semaphore::new(0),
+            cancelled: AtomicUsize::new(0),
+            finished_streams: AtomicUsize::new(0),
+            health_checks: AtomicUsize::new(0),
+        });
+        let s = Arc::clone(&shared);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let s = Arc::clone(&s);
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let s = Arc::clone(&s);
+                        async move { Ok::<_, Infallible>(serve_upstream(s, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Upstream {
+            addr,
+            name: name.to_string(),
+            shared,
+            task,
+        }
+    }
+
+    /// Base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+    /// Requests served (excluding health checks and model lists).
+    pub fn hits(&self) -> usize {
+        self.shared.hits.load(Ordering::SeqCst)
+    }
+    /// Requests currently held.
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::SeqCst)
+    }
+    /// Waits until `n` requests are held.
+    pub async fn wait_held(&self, n: usize) {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let notified = self.shared.held_changed.notified();
+                if self.held() >= n {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .expect("requests held in time");
+    }
+    /// Lets `n` held requests answer.
+    pub fn release(&self, n: usize) {
+        self.shared.release.add_permits(n);
+    }
+    /// Lets streams go past their first chunk.
+    pub fn open_gate(&self, n: usize) {
+        self.shared.gate.add_permits(n);
+    }
+    /// Streams that noticed their reader was gone.
+    pub fn cancelled(&self) -> usize {
+        self.shared.cancelled.load(Ordering::SeqCst)
+    }
+    /// Changes how it answers.
+    pub fn set_mode(&self, mode: Mode) {
+        *self.shared.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+    }
+    /// Changes what `/health` answers.
+    pub fn set_healthy(&self, healthy: bool) {
+        self.shared.healthy.store(healthy, Ordering::SeqCst);
+    }
+    /// Health checks received.
+    pub fn health_checks(&self) -> usize {
+        self.shared.health_checks.load(Ordering::SeqCst)
+    }
+    /// Stops accepting (existing connections keep going until they end).
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+/// A URL on which nothing listens (connection refused).
+pub async fn dead_url() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    drop(l);
+    format!("http://{addr}")
+}
+
+/// Settings for tests: ephemeral loopback port, no active health checks, given instances.
+pub fn settings(urls: &[String]) -> Settings {
+    let mut s = Settings::with_instances(urls.iter().cloned()).expect("valid settings");
+    s.listen = "127.0.0.1:0".parse().expect("addr");
+    s.health.active = false;
+    s.health.interval = Duration::from_millis(20);
+    s.timeouts.shutdown_grace = Duration::from_secs(2);
+    s
+}
+
+/// Starts a router.
+pub async fn router(settings: Settings) -> RunningRouter {
+    Router::start(settings, None).await.expect("router starts")
+}
+
+/// A finished HTTP exchange.
+#[derive(Debug)]
+pub struct Answer {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Whole body.
+    pub body: Bytes,
+}
+
+impl Answer {
+    /// The serving instance's name (`x-upstream`).
+    pub fn upstream(&self) -> String {
+        self.header("x-upstream")
+    }
+    /// A header as text ("" when absent).
+    pub fn header(&self, name: &str) -> String {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    }
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+    /// `error.code` of an OpenAI-shaped error.
+    pub fn error_code(&self) -> String {
+        let v = self.json();
+        assert!(v["error"]["message"].is_string(), "error shape: {v}");
+        assert!(v["error"]["type"].is_string(), "error shape: {v}");
+        assert!(v["error"].get("param").is_some(), "error shape: {v}");
+        v["error"]["code"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+/// Opens an HTTP/1.1 connection; returns the request sender.
+pub async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let stream = TcpStream::connect(addr).await.expect("connect to router");
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    sender
+}
+
+/// Builds a request.
+pub fn request(method: Method, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Request<Full<Bytes>> {
+    let mut req = Request::new(Full::new(body.into()));
+    *req.method_mut() = method;
+    *req.uri_mut() = path.parse().expect("path");
+    req.headers_mut().insert("host", http::HeaderValue::from_static("router.test"));
+    for (k, v) in headers {
+        req.headers_mut().insert(
+            http::HeaderName::from_bytes(k.as_bytes()).expect("header name"),
+            http::HeaderValue::from_bytes(v.as_bytes()).expect("header value"),
+        );
+    }
+    req
+}
+
+/// Sends one request on a fresh connection and reads the whole answer.
+pub async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Answer {
+    tokio::time::timeout(WAIT, async {
+        let mut sender = connect(addr).await;
+        let resp = sender.send_request(req).await.expect("response");
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    })
+    .await
+    .expect("answer in time")
+}
+
+/// POSTs a JSON body.
+pub async fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Answer {
+    send(addr, request(Method::POST, path, headers, body)).await
+}
+
+/// A chat body whose first message is `text` (padded past the key length when `long`).
+pub fn chat(text: &str) -> String {
+    serde_json::json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": text}],
+    })
+    .to_string()
+}
+
+/// Waits until `cond` holds (polling every 5 ms), or panics naming `what`.
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let ok = tokio::time::timeout(WAIT, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(ok.is_ok(), "timed out waiting for: {what}");
+}
+
+/// In-flight count the router holds on the instance with this URL.
+pub fn in_flight(router: &RunningRouter, url: &str) -> u32 {
+    router
+        .state()
+        .fleet
+        .snapshot()
+        .get(url)
+        .map(|(_, i)| i.in_flight())
+        .unwrap_or(u32::MAX)
+}
+
+/// Sum of in-flight counts over the fleet.
+pub fn total_in_flight(router: &RunningRouter) -> u32 {
+    router
+        .state()
+        .fleet
+        .snapshot()
+        .instances()
+        .iter()
+        .map(|i| i.in_flight())
+        .sum()
+}
+
+/// Keeps the executor type referenced for HTTP/2 tests.
+pub fn executor() -> TokioExecutor {
+    TokioExecutor::new()
+}
