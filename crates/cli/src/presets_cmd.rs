@@ -4,7 +4,8 @@ use prefix_router_engine_model::PRESETS;
 
 use prefix_router_workload::WorkloadKind;
 
-/// Prints every engine preset and built-in workload with a one-line description.
+/// Prints every engine preset (with its derived KV capacity and latencies, so a user can see what
+/// a preset means before trusting a run on it) and every built-in workload.
 pub fn run() -> anyhow::Result<()> {
     let width = PRESETS
         .iter()
@@ -15,6 +16,7 @@ pub fn run() -> anyhow::Result<()> {
     println!("Engine presets (--preset):");
     for p in PRESETS {
         println!("  {:<width$}  {}", p.name, p.description);
+        println!("  {:<width$}  {}", "", (p.config)().summary());
     }
     println!();
     println!("Workloads (--workload):");
