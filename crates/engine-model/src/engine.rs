@@ -481,6 +481,13 @@ impl Engine {
         self.queue.len()
     }
 
+    /// `(id, output tokens generated so far)` of every running request, in admission order
+    /// (a request still prefilling has 0). Finished requests have left: their count is their
+    /// `output_tokens`. Lets a real-time driver stream tokens as steps produce them.
+    pub fn progress(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.running.iter().map(|s| (s.id, s.generated))
+    }
+
     /// Plans the step starting at `t`; returns false (staying idle) when there is nothing to run.
     fn start_step(&mut self, t: f64) -> bool {
         let mut budget = self.config.max_batched_tokens;

@@ -480,3 +480,19 @@ proptest! {
         prop_assert_eq!(events, again);
     }
 }
+
+#[test]
+fn progress_counts_generated_tokens_step_by_step() {
+    let mut e = Engine::new(config(1000, 8, 512));
+    e.submit(0.0, request(1, &[], 40, 3));
+    let mut out = Vec::new();
+    let mut seen = Vec::new();
+    while let Some(t) = e.next_event_at() {
+        e.advance(t, &mut out);
+        seen.push(e.progress().collect::<Vec<_>>());
+    }
+    // Admitted (prefill under way, nothing generated), the prefill step ends with the first
+    // token, then one token per decode step; the request leaves with its last token.
+    assert_eq!(seen, vec![vec![(1, 0)], vec![(1, 1)], vec![(1, 2)], vec![]]);
+    assert!(finished(&out, 1) > first_token(&out, 1).0);
+}
