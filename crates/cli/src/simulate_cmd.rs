@@ -109,6 +109,14 @@ fn load_workload(args: &SimulateArgs) -> Result<SimWorkload> {
     if let Some(clients) = args.concurrency {
         spec.arrival = Arrival::Closed { clients };
     }
+    if let Some(groups) = args.groups {
+        spec.groups = Some(groups);
+    }
+    for assignment in &args.params {
+        spec.params
+            .apply_override(assignment)
+            .with_context(|| format!("--param {assignment}"))?;
+    }
     spec.validate().context("--workload")?;
     let requests: Vec<Request> = generators::generate(&spec).collect();
     Ok(SimWorkload {

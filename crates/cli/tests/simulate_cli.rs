@@ -132,6 +132,14 @@ fn bad_values_name_their_flag() {
             "--concurrency-threshold",
         ),
         (vec!["simulate", "--scale", "+1@soon"], "--scale"),
+        (
+            vec!["simulate", "--param", "docs=4", "--requests", "10"],
+            "--param docs=4: unknown parameter 'docs'",
+        ),
+        (
+            vec!["simulate", "--param", "documents=lots", "--requests", "10"],
+            "parameter 'documents'",
+        ),
         (vec!["simulate", "--instances", "0"], "--instances"),
         (
             vec!["simulate", "--preset", "no-such-gpu", "--requests", "10"],
@@ -234,4 +242,20 @@ fn presets_lists_presets_and_workloads() {
     for needle in ["llama-3.1-70b-h100x8", "small", "long-context", "sharegpt"] {
         assert!(text.contains(needle), "{needle} missing from: {text}");
     }
+}
+
+#[test]
+fn param_overrides_reach_the_workload_and_the_report() {
+    let json = tmp("param.json");
+    let out = small_run(&["--param", "documents=7", "--groups", "2"], &json);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = read_json(&json);
+    let spec = &v["workload"];
+    let text = spec.to_string();
+    assert!(text.contains("\"documents\":7"), "{text}");
+    assert!(text.contains("\"groups\":2"), "{text}");
 }

@@ -7,11 +7,13 @@
 //! plausibly have been generated plus a think (or tool) time, and each turn resends the history.
 
 mod distributions;
+mod param_override;
 pub(crate) use distributions::exponential;
 mod kinds;
 pub(crate) mod schedule;
 
 pub use distributions::{TokenDist, TokenRange};
+pub use param_override::ParamError;
 
 use crate::ids::generator_id;
 use crate::request::Request;
