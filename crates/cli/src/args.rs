@@ -28,8 +28,6 @@ pub enum Command {
     Simulate(Box<SimulateArgs>),
     /// List the engine presets and built-in workloads.
     Presets,
-    /// Run the router in front of a fleet of inference servers.
-    Serve(Box<crate::serve_cmd::ServeArgs>),
 }
 
 /// Where `--overflow` sends a request whose preferred instance is busy.
