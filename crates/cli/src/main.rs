@@ -5,6 +5,7 @@
 mod args;
 mod presets_cmd;
 mod progress;
+mod serve_cmd;
 mod simulate_cmd;
 
 use std::process::ExitCode;
@@ -21,6 +22,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Simulate(args) => simulate_cmd::run(*args),
         Command::Presets => presets_cmd::run(),
+        Command::Serve(args) => serve_cmd::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

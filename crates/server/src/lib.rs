@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod body;
 pub mod error;
 pub mod guard;
@@ -16,9 +17,11 @@ pub mod health;
 pub mod metrics;
 pub mod models;
 pub mod proxy;
+pub mod reload;
 pub mod routing;
 pub mod server;
 pub mod settings;
+pub mod signals;
 pub mod state;
 pub mod stats;
 pub mod stream;
@@ -26,4 +29,5 @@ pub mod upstream;
 
 pub use error::{ApiError, ServerError};
 pub use server::{Router, RunningRouter};
-pub use settings::{Settings, SettingsError};
+pub use settings::{ConfigSource, Overrides, Settings, SettingsError};
+pub use signals::run_until_signal;

@@ -26,6 +26,7 @@ pub struct Router;
 #[derive(Debug)]
 pub struct RunningRouter {
     addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
     state: Arc<AppState>,
     shutdown: watch::Sender<bool>,
     serve: JoinHandle<()>,
@@ -57,11 +58,34 @@ impl Router {
                 source,
             })?;
         let (tx, rx) = watch::channel(false);
-        let background = vec![tokio::spawn(health::run(Arc::clone(&state)))];
+        let mut background = vec![tokio::spawn(health::run(Arc::clone(&state)))];
+        let mut admin_addr = None;
+        if let Some(admin) = &state.settings.admin {
+            let listener = bind(admin.listen).await?;
+            let local = listener.local_addr().map_err(|source| ServerError::Bind {
+                addr: admin.listen,
+                source,
+            })?;
+            let app = crate::admin::router(Arc::clone(&state), &admin.token);
+            let mut stop = rx.clone();
+            background.push(tokio::spawn(async move {
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.changed().await;
+                    })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "admin listener failed");
+                }
+            }));
+            tracing::info!(addr = %local, "admin API listening");
+            admin_addr = Some(local);
+        }
         let serve = tokio::spawn(accept_loop(listener, Arc::clone(&state), rx));
         tracing::info!(%addr, instances = state.fleet.snapshot().len(), "router listening");
         Ok(RunningRouter {
             addr,
+            admin_addr,
             state,
             shutdown: tx,
             serve,
@@ -74,6 +98,11 @@ impl RunningRouter {
     /// The data-plane address (the real port when configured with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The admin API's address, when it runs.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     /// Shared state (fleet, metrics, settings).

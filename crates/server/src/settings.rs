@@ -579,6 +579,21 @@ mod tests {
     }
 
     #[test]
+    fn example_file_is_valid_and_shows_the_defaults() {
+        let text = include_str!("../../../router.example.toml");
+        let s = parse(text).unwrap_or_else(|e| panic!("{e}"));
+        let d = parse("").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s.listen, d.listen);
+        assert_eq!(s.strategy, d.strategy);
+        assert_eq!(s.prefix_length, d.prefix_length);
+        assert_eq!(s.limits, d.limits);
+        assert_eq!(s.timeouts, d.timeouts);
+        assert_eq!(s.health, d.health);
+        assert_eq!(s.max_retries, d.max_retries);
+        assert_eq!(s.instances.len(), 2);
+    }
+
+    #[test]
     fn defaults() {
         let s = parse("").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);

@@ -1,0 +1,103 @@
+//! `prefix-router serve`: the production router. Flags and `PREFIX_ROUTER_*` variables override
+//! the TOML file given with `--config`; everything is validated once before anything listens.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use prefix_router_server::{run_until_signal, ConfigSource, Overrides};
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Flags of `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (see router.example.toml); reloaded on SIGHUP.
+    #[arg(long, value_name = "FILE", env = "PREFIX_ROUTER_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Data-plane listen address [default: 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR", env = "PREFIX_ROUTER_LISTEN")]
+    pub listen: Option<String>,
+
+    /// Admin API listen address [default: 127.0.0.1:8081]; needs --admin-token.
+    #[arg(long, value_name = "ADDR", env = "PREFIX_ROUTER_ADMIN_LISTEN")]
+    pub admin_listen: Option<String>,
+
+    /// Bearer token of the admin API; the admin API is off without one.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "PREFIX_ROUTER_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+
+    /// Instance base URL (http://host:port), repeatable; replaces the file's instance list.
+    #[arg(
+        long = "instance",
+        value_name = "URL",
+        env = "PREFIX_ROUTER_INSTANCES",
+        value_delimiter = ','
+    )]
+    pub instances: Vec<String>,
+
+    /// Routing strategy: random, round-robin, least-outstanding, prefix-aware [default: prefix-aware].
+    #[arg(long, value_name = "S", env = "PREFIX_ROUTER_STRATEGY")]
+    pub strategy: Option<String>,
+
+    /// Routing-key length: bytes (native API) or characters (OpenAI APIs), 1024..=65536 [default: 1024].
+    #[arg(long, value_name = "N", env = "PREFIX_ROUTER_PREFIX_LENGTH")]
+    pub prefix_length: Option<u64>,
+
+    /// In-flight requests at which prefix-aware routing overflows, 1..=1024 [default: 32].
+    #[arg(long, value_name = "N", env = "PREFIX_ROUTER_CONCURRENCY_THRESHOLD")]
+    pub concurrency_threshold: Option<u64>,
+
+    /// Log format; the level comes from RUST_LOG (default info).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "PREFIX_ROUTER_LOG_FORMAT")]
+    pub log_format: LogFormat,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // A second initialisation (tests) is not an error worth failing for.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Runs `serve` until SIGTERM or SIGINT.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let source = ConfigSource {
+        path: args.config,
+        overrides: Overrides {
+            listen: args.listen,
+            admin_listen: args.admin_listen,
+            admin_token: args.admin_token,
+            instances: args.instances,
+            strategy: args.strategy,
+            prefix_length: args.prefix_length,
+            concurrency_threshold: args.concurrency_threshold,
+        },
+    };
+    // Validate before starting anything, so a bad value is one line and exit code 1.
+    source.load()?;
+    init_logging(args.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run_until_signal(source))?;
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! The admin API, on its own listener and behind a bearer token: list instances, add, drain,
+//! remove, change the strategy and its parameters, reload the configuration file.
+//!
+//! | method and path | body | does |
+//! | --- | --- | --- |
+//! | `GET /admin/instances` | | every instance: state, in-flight, requests, overflow, errors |
+//! | `POST /admin/instances` | `{"url", "weight"?, "models"?}` | adds an instance |
+//! | `POST /admin/instances/drain` | `{"url"}` | stops sending it new requests |
+//! | `POST /admin/instances/remove` | `{"url"}` | removes it (its in-flight requests finish) |
+//! | `GET /admin/routing` | | strategy and parameters in force |
+//! | `PUT /admin/routing` | any of `strategy`, `prefix_length`, `concurrency_threshold`, `overflow`, `balance_factor` | changes them |
+//! | `POST /admin/reload` | | reads the configuration file again (like SIGHUP) |
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use prefix_router_core::strategy::OverflowPolicy;
+use prefix_router_core::{ConcurrencyThreshold, InstanceSpec, InstanceState, PrefixLength, StrategyKind};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::reload;
+use crate::settings::{validate_instances, InstanceFile};
+use crate::state::AppState;
+
+#[derive(Clone)]
+struct Admin {
+    state: Arc<AppState>,
+    token: Arc<str>,
+}
+
+fn reply(status: StatusCode, value: Value) -> Response {
+    (status, axum::Json(value)).into_response()
+}
+
+fn error(e: ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status.as_u16()).unwrap_or(StatusCode::BAD_REQUEST);
+    reply(status, e.to_json())
+}
+
+/// Compares without an early exit, so the time taken does not reveal a matching prefix.
+fn same_token(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = given.len() ^ expected.len();
+    for (i, b) in expected.iter().enumerate() {
+        diff |= usize::from(given.get(i).copied().unwrap_or(0) ^ b);
+    }
+    diff == 0
+}
+
+fn authorized(admin: &Admin, headers: &HeaderMap) -> Result<(), Response> {
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if same_token(given.as_bytes(), admin.token.as_bytes()) {
+        Ok(())
+    } else {
+        Err(error(ApiError {
+            status: http::StatusCode::UNAUTHORIZED,
+            kind: "authentication_error",
+            message: "missing or wrong bearer token".into(),
+            param: None,
+            code: "unauthorized",
+        }))
+    }
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Response> {
+    serde_json::from_slice(body)
+        .map_err(|e| error(ApiError::bad_request("invalid_json", format!("invalid request body: {e}"), None)))
+}
+
+fn state_name(s: InstanceState) -> &'static str {
+    match s {
+        InstanceState::Healthy => "healthy",
+        InstanceState::Draining => "draining",
+        InstanceState::Ejected => "ejected",
+    }
+}
+
+async fn list(State(admin): State<Admin>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorized(&admin, &headers) {
+        return r;
+    }
+    let snapshot = admin.state.fleet.snapshot();
+    let instances: Vec<Value> = snapshot
+        .instances()
+        .iter()
+        .map(|i| {
+            let stats = admin.state.stats.get(i.id().as_str());
+            json!({
+                "url": i.spec().url,
+                "weight": i.weight(),
+                "models": i.spec().models,
+                "state": state_name(i.state()),
+                "in_flight": i.in_flight(),
+                "requests": stats.requests.load(Ordering::Relaxed),
+                "overflow": stats.overflow.load(Ordering::Relaxed),
+                "errors": stats.errors.load(Ordering::Relaxed),
+            })
+        })
+        .collect();
+    reply(StatusCode::OK, json!({ "instances": instances }))
+}
+
+fn specs(state: &AppState) -> Vec<InstanceSpec> {
+    state.fleet.snapshot().instances().iter().map(|i| i.spec().clone()).collect()
+}
+
+async fn add(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(r) = authorized(&admin, &headers) {
+        return r;
+    }
+    let entry: InstanceFile = match parse(&body) {
+        Ok(e) => e,
+        Err(r) => return r,
+    };
+    let spec = match validate_instances(std::slice::from_ref(&entry)) {
+        Ok(mut v) if v.len() == 1 => v.remove(0),
+        Ok(_) => return error(ApiError::internal("instance validation returned no instance")),
+        Err(e) => return error(ApiError::bad_request("invalid_instance", e.to_string().replace("instances[0].", ""), Some("url"))),
+    };
+    let mut all = specs(&admin.state);
+    if all.iter().any(|s| s.id == spec.id) {
+        return reply(
+            StatusCode::CONFLICT,
+            ApiError::bad_request("instance_exists", format!("instance '{}' already exists", spec.id), Some("url")).to_json(),
+        );
+    }
+    let url = spec.url.clone();
+    all.push(spec);
+    reload::set_members(&admin.state, all).await;
+    tracing::info!(instance = %url, "instance added through the admin API");
+    reply(StatusCode::CREATED, json!({ "added": url }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Target {
+    url: String,
+}
+
+fn target_id(body: &Bytes) -> Result<String, Response> {
+    let t: Target = parse(body)?;
+    crate::settings::normalize_instance_url(&t.url)
+        .map_err(|m| error(ApiError::bad_request("invalid_instance", m, Some("url"))))
+}
+
+fn unknown(id: &str) -> Response {
+    error(ApiError {
+        status: http::StatusCode::NOT_FOUND,
+        kind: "not_found_error",
+        message: format!("no instance '{id}'"),
+        param: Some("url".into()),
+        code: "instance_not_found",
+    })
+}
+
+async fn drain(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(r) = authorized(&admin, &headers) {
+        return r;
+    }
+    let id = match target_id(&body) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    if !admin.state.fleet.set_state(&id, InstanceState::Draining) {
+        return unknown(&id);
+    }
+    tracing::info!(instance = %id, "instance draining");
+    let in_flight = admin.state.fleet.snapshot().get(&id).map(|(_, i)| i.in_flight()).unwrap_or(0);
+    reply(StatusCode::OK, json!({ "draining": id, "in_flight": in_flight }))
+}
+
+async fn remove(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(r) = authorized(&admin, &headers) {
+        return r;
+    }
+    let id = match target_id(&body) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let mut all = specs(&admin.state);
+    let before = all.len();
+    all.retain(|s| s.id != id);
+    if all.len() == before {
+        return unknown(&id);
+    }
+    reload::set_members(&admin.state, all).await;
+    tracing::info!(instance = %id, "instance removed through the admin API");
+    reply(StatusCode::OK, json!({ "removed": id }))
+}
+
+fn routing_json(state: &AppState) -> Value {
+    let r = state.routing.load();
+    json!({
+        "strategy": r.config.kind.name(),
+        "prefix_length": r.prefix_length.get(),
+        "concurrency_threshold": r.config.concurrency_threshold.get(),
+        "overflow": r.config.overflow.name(),
+        "balance_factor": r.config.balance_factor,
+    })
+}
+
+async fn get_routing(State(admin): State<Admin>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorized(&admin, &headers) {
+        return r;
+    }
+    reply(StatusCode::OK, routing_json(&admin.state))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoutingChange {
+    strategy: Option<String>,
+    prefix_length: Option<u64>,
+    concurrency_threshold: Option<u64>,
+    overflow: Option<String>,
+    #[serde(default, with = "double_option")]
+    balance_factor: Option<Option<f64>>,
+}
+
+/// `null` clears the balance factor; an absent field keeps it.
+mod double_option {
+    use serde::{Deserialize, Deserializer};
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<f64>>, D::Error> {
+        Option::<f64>::deserialize(d).map(Some)
+    }
+}
+
+fn apply_change(state: &AppState, c: RoutingChange) -> Result<(), ApiError> {
+    let current = state.routing.load();
+    let mut config = current.config.clone();
+    let mut prefix_length = current.prefix_length;
+    let bad = |field: &str, e: String| ApiError::bad_request("invalid_value", e, Some(field));
+    if let Some(s) = c.strategy {
+        config.kind = s.parse::<StrategyKind>().map_err(|e| bad("strategy", e.to_string()))?;
+    }
+    if let Some(n) = c.prefix_length {
+        prefix_length = PrefixLength::new(n).map_err(|e| bad("prefix_length", e.to_string()))?;
+    }
+    if let Some(n) = c.concurrency_threshold {
+        config.concurrency_threshold =
+            ConcurrencyThreshold::new(n).map_err(|e| bad("concurrency_threshold", e.to_string()))?;
+    }
+    if let Some(o) = c.overflow {
+        config.overflow = o.parse::<OverflowPolicy>().map_err(|e| bad("overflow", e.to_string()))?;
+    }
+    if let Some(b) = c.balance_factor {
+        config.balance_factor = b;
+    }
+    reload::set_routing(state, config, prefix_length).map_err(|e| bad("balance_factor", e.to_string()))
+}
+
+async fn put_routing(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(r) = authorized(&admin, &headers) {
+        return r;
+    }
+    let change: RoutingChange = match parse(&body) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    match apply_change(&admin.state, change) {
+        Ok(()) => {
+            tracing::info!(routing = %routing_json(&admin.state), "routing changed through the admin API");
+            reply(StatusCode::OK, routing_json(&admin.state))
+        }
+        Err(e) => error(e),
+    }
+}
+
+async fn reload_config(State(admin): State<Admin>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorized(&admin, &headers) {
+        return r;
+    }
+    match reload::reload(&admin.state).await {
+        Ok(s) => reply(StatusCode::OK, json!({"instances": s.instances, "strategy": s.strategy})),
+        Err(e) => error(ApiError::bad_request("invalid_config", e.to_string(), None)),
+    }
+}
+
+/// The admin routes.
+pub fn router(state: Arc<AppState>, token: &str) -> axum::Router {
+    let admin = Admin {
+        state,
+        token: Arc::from(token),
+    };
+    axum::Router::new()
+        .route("/admin/instances", get(list).post(add))
+        .route("/admin/instances/drain", post(drain))
+        .route("/admin/instances/remove", post(remove))
+        .route("/admin/routing", get(get_routing).put(put_routing))
+        .route("/admin/reload", post(reload_config))
+        .with_state(admin)
+}

@@ -1,0 +1,62 @@
+//! Applying membership and routing changes at run time (SIGHUP, admin API) without dropping a
+//! request: instances that stay keep their in-flight counts and state; requests already sent to
+//! a removed instance finish against it.
+
+use std::sync::Arc;
+
+use prefix_router_core::{InstanceSpec, PrefixLength, StrategyConfig};
+
+use crate::routing::Routing;
+use crate::settings::SettingsError;
+use crate::state::AppState;
+
+/// What a reload changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadSummary {
+    /// Instances in the fleet afterwards.
+    pub instances: usize,
+    /// Strategy in force afterwards.
+    pub strategy: &'static str,
+}
+
+/// Replaces the fleet's member list (serialized with other membership edits).
+pub async fn set_members(state: &AppState, specs: Vec<InstanceSpec>) {
+    let _edit = state.membership.lock().await;
+    state.fleet.set_members(specs);
+    let snapshot = state.fleet.snapshot();
+    state.stats.retain(|id| snapshot.get(id).is_some());
+}
+
+/// Installs a new strategy configuration and key length.
+pub fn set_routing(
+    state: &AppState,
+    config: StrategyConfig,
+    prefix_length: PrefixLength,
+) -> Result<(), SettingsError> {
+    let routing = Routing::new(config, prefix_length).map_err(|e| SettingsError::Invalid {
+        field: "routing".into(),
+        message: e.to_string(),
+    })?;
+    state.routing.store(Arc::new(routing));
+    Ok(())
+}
+
+/// Reads the configuration source again and applies its instances and routing. Other settings
+/// (listen addresses, limits, timeouts, health) take effect only on restart.
+pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
+    let Some(source) = &state.source else {
+        return Err(SettingsError::Invalid {
+            field: "config".into(),
+            message: "the router was started without a configuration source".into(),
+        });
+    };
+    let settings = source.load()?;
+    set_routing(state, settings.strategy.clone(), settings.prefix_length)?;
+    set_members(state, settings.instances).await;
+    let summary = ReloadSummary {
+        instances: state.fleet.snapshot().len(),
+        strategy: state.routing.load().strategy.name(),
+    };
+    tracing::info!(instances = summary.instances, strategy = summary.strategy, "configuration reloaded");
+    Ok(summary)
+}

@@ -1,0 +1,36 @@
+//! Running until a signal: SIGHUP reloads the configuration, SIGTERM and SIGINT shut down
+//! gracefully (stop accepting, let in-flight requests finish up to the grace period).
+
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::error::ServerError;
+use crate::reload::reload;
+use crate::server::Router;
+use crate::settings::ConfigSource;
+
+fn install(kind: SignalKind, name: &'static str) -> Result<tokio::signal::unix::Signal, ServerError> {
+    signal(kind).map_err(|source| ServerError::Signal { signal: name, source })
+}
+
+/// Loads the configuration, starts the router and serves until SIGTERM or SIGINT.
+pub async fn run_until_signal(source: ConfigSource) -> Result<(), ServerError> {
+    let settings = source.load()?;
+    let mut hangup = install(SignalKind::hangup(), "SIGHUP")?;
+    let mut terminate = install(SignalKind::terminate(), "SIGTERM")?;
+    let mut interrupt = install(SignalKind::interrupt(), "SIGINT")?;
+    let router = Router::start(settings, Some(source)).await?;
+    loop {
+        tokio::select! {
+            _ = hangup.recv() => {
+                if let Err(e) = reload(router.state()).await {
+                    tracing::error!(error = %e, "reload failed; keeping the current configuration");
+                }
+            }
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    tracing::info!("shutting down: no new connections, waiting for in-flight requests");
+    router.shutdown().await;
+    Ok(())
+}

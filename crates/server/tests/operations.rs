@@ -1,0 +1,276 @@
+//! Operations over real sockets: health ejection and recovery, drain, admin API, metrics,
+//! reload under load, graceful shutdown.
+
+mod support;
+
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use prefix_router_core::{InstanceState, StrategyKind};
+use prefix_router_server::reload;
+use prefix_router_server::settings::{AdminSettings, ConfigSource, Overrides};
+use prefix_router_server::Router;
+use support::*;
+
+fn state_of(r: &prefix_router_server::RunningRouter, url: &str) -> Option<InstanceState> {
+    r.state().fleet.snapshot().get(url).map(|(_, i)| i.state())
+}
+
+#[tokio::test]
+async fn active_checks_eject_and_recover() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let mut s = settings(&[a.url(), b.url()]);
+    s.health.active = true;
+    s.health.unhealthy_threshold = 2;
+    s.health.healthy_threshold = 2;
+    s.health.timeout = Duration::from_millis(500);
+    let r = router(s).await;
+    eventually("probes reach the instances", || a.health_checks() >= 2 && b.health_checks() >= 2).await;
+    a.set_healthy(false);
+    eventually("a ejected", || state_of(&r, &a.url()) == Some(InstanceState::Ejected)).await;
+    for i in 0..10 {
+        let ans = post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"e{i}"}}"#)).await;
+        assert_eq!(ans.upstream(), "b", "ejected instance gets nothing");
+    }
+    a.set_healthy(true);
+    eventually("a recovered", || state_of(&r, &a.url()) == Some(InstanceState::Healthy)).await;
+    let mut reached_a = false;
+    for i in 0..24 {
+        let ans = post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"r{i}"}}"#)).await;
+        reached_a |= ans.upstream() == "a";
+    }
+    assert!(reached_a, "keys come back to a recovered instance");
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn repeated_5xx_eject_passively_and_backoff_ends() {
+    let a = Upstream::start("a", Mode::Status(500), &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let mut s = settings(&[a.url(), b.url()]);
+    s.strategy = prefix_router_core::StrategyConfig::new(StrategyKind::RoundRobin);
+    s.health.passive_failures = 2;
+    s.health.eject_backoff = Duration::from_millis(150);
+    s.health.max_eject_backoff = Duration::from_millis(300);
+    let r = router(s).await;
+    let mut failures = 0;
+    for i in 0..8 {
+        let ans = post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"{i}"}}"#)).await;
+        if ans.status == StatusCode::INTERNAL_SERVER_ERROR {
+            failures += 1;
+        }
+    }
+    assert_eq!(failures, 2, "ejected after exactly passive_failures errors");
+    assert_eq!(state_of(&r, &a.url()), Some(InstanceState::Ejected));
+    a.set_mode(Mode::Echo);
+    eventually("a back after its backoff", || state_of(&r, &a.url()) == Some(InstanceState::Healthy)).await;
+    let before = a.hits();
+    for i in 0..4 {
+        post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"x{i}"}}"#)).await;
+    }
+    assert!(a.hits() > before, "recovered instance serves again");
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn connect_errors_eject_a_dead_instance() {
+    let dead = dead_url().await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let mut s = settings(&[dead.clone(), b.url()]);
+    s.health.passive_failures = 1;
+    s.health.eject_backoff = Duration::from_secs(30);
+    s.health.max_eject_backoff = Duration::from_secs(30);
+    let r = router(s).await;
+    for i in 0..8 {
+        let ans = post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"{i}"}}"#)).await;
+        assert_eq!(ans.status, StatusCode::OK);
+    }
+    assert_eq!(state_of(&r, &dead), Some(InstanceState::Ejected));
+    r.shutdown().await;
+}
+
+async fn admin_call(addr: std::net::SocketAddr, method: Method, path: &str, token: Option<&str>, body: &str) -> Answer {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(a) = &auth {
+        headers.push(("authorization", a.as_str()));
+    }
+    send(addr, request(method, path, &headers, body.to_string())).await
+}
+
+#[tokio::test]
+async fn admin_api_lists_adds_drains_removes_and_changes_routing() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let mut s = settings(&[a.url()]);
+    s.admin = Some(AdminSettings {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        token: "s3cret".into(),
+    });
+    let r = router(s).await;
+    let admin = r.admin_addr().expect("admin listener");
+    let t = Some("s3cret");
+
+    assert_eq!(admin_call(admin, Method::GET, "/admin/instances", None, "").await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(admin_call(admin, Method::GET, "/admin/instances", Some("nope"), "").await.status, StatusCode::UNAUTHORIZED);
+    // Not on the data plane.
+    assert_eq!(admin_call(r.local_addr(), Method::GET, "/admin/instances", t, "").await.status, StatusCode::NOT_FOUND);
+
+    let body = format!(r#"{{"url":"{}","models":["m"]}}"#, b.url());
+    assert_eq!(admin_call(admin, Method::POST, "/admin/instances", t, &body).await.status, StatusCode::CREATED);
+    assert_eq!(admin_call(admin, Method::POST, "/admin/instances", t, &body).await.status, StatusCode::CONFLICT);
+    let bad = admin_call(admin, Method::POST, "/admin/instances", t, r#"{"url":"ftp://x"}"#).await;
+    assert_eq!((bad.status, bad.error_code()), (StatusCode::BAD_REQUEST, "invalid_instance".into()));
+    let ans = post(r.local_addr(), "/v1/completions", &[], r#"{"model":"m","prompt":"p"}"#).await;
+    assert_eq!(ans.upstream(), "b", "added instance serves");
+
+    // Drain a: held request on a finishes; new requests avoid a.
+    let addr = r.local_addr();
+    let held = tokio::spawn(async move { post(addr, "/v1/completions", &[("x-test-hold", "1")], r#"{"model":"x","prompt":"h"}"#).await });
+    a.wait_held(1).await;
+    let drained = admin_call(admin, Method::POST, "/admin/instances/drain", t, &format!(r#"{{"url":"{}"}}"#, a.url())).await;
+    assert_eq!(drained.status, StatusCode::OK);
+    assert_eq!(drained.json()["in_flight"], 1);
+    for i in 0..6 {
+        assert_eq!(post(addr, "/v1/completions", &[], format!(r#"{{"prompt":"d{i}"}}"#)).await.upstream(), "b");
+    }
+    a.release(1);
+    assert_eq!(held.await.expect("held").status, StatusCode::OK);
+
+    let list = admin_call(admin, Method::GET, "/admin/instances", t, "").await;
+    let instances = list.json()["instances"].as_array().cloned().unwrap_or_default();
+    assert_eq!(instances.len(), 2);
+    let a_row = instances.iter().find(|i| i["url"] == a.url()).cloned().unwrap_or_default();
+    assert_eq!(a_row["state"], "draining");
+    assert_eq!(a_row["in_flight"], 0);
+    assert_eq!(a_row["requests"], 1);
+    let b_row = instances.iter().find(|i| i["url"] == b.url()).cloned().unwrap_or_default();
+    assert_eq!(b_row["requests"], 7);
+    assert_eq!(b_row["errors"], 0);
+
+    let removed = admin_call(admin, Method::POST, "/admin/instances/remove", t, &format!(r#"{{"url":"{}"}}"#, a.url())).await;
+    assert_eq!(removed.status, StatusCode::OK);
+    let missing = admin_call(admin, Method::POST, "/admin/instances/remove", t, &format!(r#"{{"url":"{}"}}"#, a.url())).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+
+    let changed = admin_call(admin, Method::PUT, "/admin/routing", t, r#"{"strategy":"round-robin","concurrency_threshold":7}"#).await;
+    assert_eq!(changed.status, StatusCode::OK);
+    assert_eq!(changed.json()["strategy"], "round-robin");
+    assert_eq!(changed.json()["concurrency_threshold"], 7);
+    let refused = admin_call(admin, Method::PUT, "/admin/routing", t, r#"{"prefix_length":5}"#).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert!(refused.json()["error"]["message"].as_str().unwrap_or_default().contains("prefix_length"));
+    let ans = post(r.local_addr(), "/v1/completions", &[], r#"{"prompt":"rr"}"#).await;
+    assert_eq!(ans.header("x-prefix-router-decision"), "round_robin");
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn metrics_are_exported_with_the_prefix() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let r = router(settings(&[a.url()])).await;
+    let addr = r.local_addr();
+    post(addr, "/v1/chat/completions", &[], chat("metrics")).await;
+    post(addr, "/v1/chat/completions", &[], "{bad").await;
+    let m = send(addr, request(Method::GET, "/metrics", &[], "")).await;
+    assert_eq!(m.status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&m.body).to_string();
+    let inst = a.url();
+    for want in [
+        format!("prefix_router_requests_total{{instance=\"{inst}\",api=\"chat\",outcome=\"ok\"}} 1"),
+        "prefix_router_requests_total{instance=\"none\",api=\"chat\",outcome=\"client_error\"} 1".to_string(),
+        "prefix_router_decisions_total{strategy=\"prefix-aware\",reason=\"preferred\"} 1".to_string(),
+        format!("prefix_router_in_flight{{instance=\"{inst}\"}} 0"),
+        format!("prefix_router_instance_healthy{{instance=\"{inst}\"}} 1"),
+        format!("prefix_router_ttft_seconds_count{{instance=\"{inst}\"}} 1"),
+        "prefix_router_request_duration_seconds_count{api=\"chat\"} 1".to_string(),
+        "prefix_router_routing_decision_seconds_count 1".to_string(),
+    ] {
+        assert!(text.contains(&want), "missing {want} in\n{text}");
+    }
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn reload_under_load_drops_no_request() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let c = Upstream::start("c", Mode::Echo, &[]).await;
+    let dir = std::env::temp_dir().join(format!("pr-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("router.toml");
+    let write = |urls: &[String]| {
+        let mut text = String::from("listen = \"127.0.0.1:0\"\n[health]\nactive = false\n");
+        for u in urls {
+            text.push_str(&format!("[[instances]]\nurl = \"{u}\"\n"));
+        }
+        std::fs::write(&path, text).expect("write config");
+    };
+    write(&[a.url(), b.url()]);
+    let source = ConfigSource {
+        path: Some(path.clone()),
+        overrides: Overrides::default(),
+    };
+    let r = Router::start(source.load().expect("valid"), Some(source)).await.expect("start");
+    let addr = r.local_addr();
+    // A request held on a, which the reload removes: it must still finish.
+    let held = tokio::spawn(async move {
+        let mut n = 0;
+        loop {
+            // Find a key that lands on a.
+            let body = format!(r#"{{"prompt":"held {n}"}}"#);
+            let probe = post(addr, "/v1/completions", &[], body.clone()).await;
+            if probe.upstream() == "a" {
+                return post(addr, "/v1/completions", &[("x-test-hold", "1")], body).await;
+            }
+            n += 1;
+        }
+    });
+    a.wait_held(1).await;
+    let load = tokio::spawn(async move {
+        let mut statuses = Vec::new();
+        for i in 0..60 {
+            statuses.push(post(addr, "/v1/completions", &[], format!(r#"{{"prompt":"load {i}"}}"#)).await.status);
+        }
+        statuses
+    });
+    write(&[b.url(), c.url()]);
+    let summary = reload::reload(r.state()).await.expect("reload");
+    assert_eq!(summary.instances, 2);
+    a.release(1);
+    let held = held.await.expect("held");
+    assert_eq!((held.status, held.upstream()), (StatusCode::OK, "a".to_string()));
+    let statuses = load.await.expect("load");
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+    eventually("counts settle", || total_in_flight(&r) == 0).await;
+    let mut reached_c = false;
+    for i in 0..24 {
+        let ans = post(addr, "/v1/completions", &[], format!(r#"{{"prompt":"after {i}"}}"#)).await;
+        assert_ne!(ans.upstream(), "a", "removed instance gets nothing new");
+        reached_c |= ans.upstream() == "c";
+    }
+    assert!(reached_c);
+    // A broken file keeps the current configuration.
+    std::fs::write(&path, "[routing]\nprefix_length = 3\n").expect("write");
+    assert!(reload::reload(r.state()).await.is_err());
+    assert_eq!(r.state().fleet.snapshot().len(), 2);
+    r.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_requests_finish() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let r = router(settings(&[a.url()])).await;
+    let addr = r.local_addr();
+    let held = tokio::spawn(async move { post(addr, "/v1/completions", &[("x-test-hold", "1")], r#"{"prompt":"h"}"#).await });
+    a.wait_held(1).await;
+    let stopping = tokio::spawn(r.shutdown());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "no longer accepting");
+    assert!(!stopping.is_finished(), "waits for the in-flight request");
+    a.release(1);
+    assert_eq!(held.await.expect("held").status, StatusCode::OK);
+    tokio::time::timeout(WAIT, stopping).await.expect("stopped in time").expect("join");
+}
