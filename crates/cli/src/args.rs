@@ -97,6 +97,17 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "C", value_parser = clap::value_parser!(u32).range(1..))]
     pub concurrency: Option<u32>,
 
+    /// Generated workloads: set one parameter, e.g. `--param documents=1200` or
+    /// `--param question_tokens.max=90` (repeatable; the names are those of the JSON report's
+    /// `workload.params`; a wrong name lists the right ones).
+    #[arg(long = "param", value_name = "KEY=VALUE", conflicts_with = "trace")]
+    pub params: Vec<String>,
+
+    /// Generated workloads: spread documents/conversations over G tenants, each with its own
+    /// routing group (`prompt_cache_key`), so equal prefixes of different tenants are kept apart.
+    #[arg(long, value_name = "G", conflicts_with = "trace", value_parser = clap::value_parser!(u32).range(1..))]
+    pub groups: Option<u32>,
+
     /// Characters of the chat text (roles and message text, in order) that form the routing
     /// key, 1024..=65536. Default 1024, the smallest allowed: at five characters per token that
     /// is about 200 tokens, already unique per shared document or conversation start in the
