@@ -20,7 +20,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use prefix_router_core::strategy::OverflowPolicy;
-use prefix_router_core::{ConcurrencyThreshold, InstanceSpec, InstanceState, PrefixLength, StrategyKind};
+use prefix_router_core::{
+    ConcurrencyThreshold, InstanceSpec, InstanceState, PrefixLength, StrategyKind,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -53,7 +55,7 @@ fn same_token(given: &[u8], expected: &[u8]) -> bool {
     diff == 0
 }
 
-fn authorized(admin: &Admin, headers: &HeaderMap) -> Result<(), Response> {
+fn authorized(admin: &Admin, headers: &HeaderMap) -> Result<(), ApiError> {
     let given = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -62,19 +64,20 @@ fn authorized(admin: &Admin, headers: &HeaderMap) -> Result<(), Response> {
     if same_token(given.as_bytes(), admin.token.as_bytes()) {
         Ok(())
     } else {
-        Err(error(ApiError {
+        Err(ApiError {
             status: http::StatusCode::UNAUTHORIZED,
             kind: "authentication_error",
             message: "missing or wrong bearer token".into(),
             param: None,
             code: "unauthorized",
-        }))
+        })
     }
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Response> {
-    serde_json::from_slice(body)
-        .map_err(|e| error(ApiError::bad_request("invalid_json", format!("invalid request body: {e}"), None)))
+fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request("invalid_json", format!("invalid request body: {e}"), None)
+    })
 }
 
 fn state_name(s: InstanceState) -> &'static str {
@@ -87,7 +90,7 @@ fn state_name(s: InstanceState) -> &'static str {
 
 async fn list(State(admin): State<Admin>, headers: HeaderMap) -> Response {
     if let Err(r) = authorized(&admin, &headers) {
-        return r;
+        return error(r);
     }
     let snapshot = admin.state.fleet.snapshot();
     let instances: Vec<Value> = snapshot
@@ -111,27 +114,48 @@ async fn list(State(admin): State<Admin>, headers: HeaderMap) -> Response {
 }
 
 fn specs(state: &AppState) -> Vec<InstanceSpec> {
-    state.fleet.snapshot().instances().iter().map(|i| i.spec().clone()).collect()
+    state
+        .fleet
+        .snapshot()
+        .instances()
+        .iter()
+        .map(|i| i.spec().clone())
+        .collect()
 }
 
 async fn add(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(r) = authorized(&admin, &headers) {
-        return r;
+        return error(r);
     }
     let entry: InstanceFile = match parse(&body) {
         Ok(e) => e,
-        Err(r) => return r,
+        Err(r) => return error(r),
     };
     let spec = match validate_instances(std::slice::from_ref(&entry)) {
         Ok(mut v) if v.len() == 1 => v.remove(0),
-        Ok(_) => return error(ApiError::internal("instance validation returned no instance")),
-        Err(e) => return error(ApiError::bad_request("invalid_instance", e.to_string().replace("instances[0].", ""), Some("url"))),
+        Ok(_) => {
+            return error(ApiError::internal(
+                "instance validation returned no instance",
+            ))
+        }
+        Err(e) => {
+            return error(ApiError::bad_request(
+                "invalid_instance",
+                e.to_string().replace("instances[0].", ""),
+                Some("url"),
+            ))
+        }
     };
     let mut all = specs(&admin.state);
     if all.iter().any(|s| s.id == spec.id) {
         return reply(
             StatusCode::CONFLICT,
-            ApiError::bad_request("instance_exists", format!("instance '{}' already exists", spec.id), Some("url")).to_json(),
+            ApiError::bad_request(
+                "instance_exists",
+                format!("instance '{}' already exists", spec.id),
+                Some("url"),
+            )
+            .to_json(),
         );
     }
     let url = spec.url.clone();
@@ -147,10 +171,10 @@ struct Target {
     url: String,
 }
 
-fn target_id(body: &Bytes) -> Result<String, Response> {
+fn target_id(body: &Bytes) -> Result<String, ApiError> {
     let t: Target = parse(body)?;
     crate::settings::normalize_instance_url(&t.url)
-        .map_err(|m| error(ApiError::bad_request("invalid_instance", m, Some("url"))))
+        .map_err(|m| ApiError::bad_request("invalid_instance", m, Some("url")))
 }
 
 fn unknown(id: &str) -> Response {
@@ -165,27 +189,36 @@ fn unknown(id: &str) -> Response {
 
 async fn drain(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(r) = authorized(&admin, &headers) {
-        return r;
+        return error(r);
     }
     let id = match target_id(&body) {
         Ok(id) => id,
-        Err(r) => return r,
+        Err(r) => return error(r),
     };
     if !admin.state.fleet.set_state(&id, InstanceState::Draining) {
         return unknown(&id);
     }
     tracing::info!(instance = %id, "instance draining");
-    let in_flight = admin.state.fleet.snapshot().get(&id).map(|(_, i)| i.in_flight()).unwrap_or(0);
-    reply(StatusCode::OK, json!({ "draining": id, "in_flight": in_flight }))
+    let in_flight = admin
+        .state
+        .fleet
+        .snapshot()
+        .get(&id)
+        .map(|(_, i)| i.in_flight())
+        .unwrap_or(0);
+    reply(
+        StatusCode::OK,
+        json!({ "draining": id, "in_flight": in_flight }),
+    )
 }
 
 async fn remove(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(r) = authorized(&admin, &headers) {
-        return r;
+        return error(r);
     }
     let id = match target_id(&body) {
         Ok(id) => id,
-        Err(r) => return r,
+        Err(r) => return error(r),
     };
     let mut all = specs(&admin.state);
     let before = all.len();
@@ -211,7 +244,7 @@ fn routing_json(state: &AppState) -> Value {
 
 async fn get_routing(State(admin): State<Admin>, headers: HeaderMap) -> Response {
     if let Err(r) = authorized(&admin, &headers) {
-        return r;
+        return error(r);
     }
     reply(StatusCode::OK, routing_json(&admin.state))
 }
@@ -241,31 +274,36 @@ fn apply_change(state: &AppState, c: RoutingChange) -> Result<(), ApiError> {
     let mut prefix_length = current.prefix_length;
     let bad = |field: &str, e: String| ApiError::bad_request("invalid_value", e, Some(field));
     if let Some(s) = c.strategy {
-        config.kind = s.parse::<StrategyKind>().map_err(|e| bad("strategy", e.to_string()))?;
+        config.kind = s
+            .parse::<StrategyKind>()
+            .map_err(|e| bad("strategy", e.to_string()))?;
     }
     if let Some(n) = c.prefix_length {
         prefix_length = PrefixLength::new(n).map_err(|e| bad("prefix_length", e.to_string()))?;
     }
     if let Some(n) = c.concurrency_threshold {
-        config.concurrency_threshold =
-            ConcurrencyThreshold::new(n).map_err(|e| bad("concurrency_threshold", e.to_string()))?;
+        config.concurrency_threshold = ConcurrencyThreshold::new(n)
+            .map_err(|e| bad("concurrency_threshold", e.to_string()))?;
     }
     if let Some(o) = c.overflow {
-        config.overflow = o.parse::<OverflowPolicy>().map_err(|e| bad("overflow", e.to_string()))?;
+        config.overflow = o
+            .parse::<OverflowPolicy>()
+            .map_err(|e| bad("overflow", e.to_string()))?;
     }
     if let Some(b) = c.balance_factor {
         config.balance_factor = b;
     }
-    reload::set_routing(state, config, prefix_length).map_err(|e| bad("balance_factor", e.to_string()))
+    reload::set_routing(state, config, prefix_length)
+        .map_err(|e| bad("balance_factor", e.to_string()))
 }
 
 async fn put_routing(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(r) = authorized(&admin, &headers) {
-        return r;
+        return error(r);
     }
     let change: RoutingChange = match parse(&body) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(r) => return error(r),
     };
     match apply_change(&admin.state, change) {
         Ok(()) => {
@@ -278,10 +316,13 @@ async fn put_routing(State(admin): State<Admin>, headers: HeaderMap, body: Bytes
 
 async fn reload_config(State(admin): State<Admin>, headers: HeaderMap) -> Response {
     if let Err(r) = authorized(&admin, &headers) {
-        return r;
+        return error(r);
     }
     match reload::reload(&admin.state).await {
-        Ok(s) => reply(StatusCode::OK, json!({"instances": s.instances, "strategy": s.strategy})),
+        Ok(s) => reply(
+            StatusCode::OK,
+            json!({"instances": s.instances, "strategy": s.strategy}),
+        ),
         Err(e) => error(ApiError::bad_request("invalid_config", e.to_string(), None)),
     }
 }

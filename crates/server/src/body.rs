@@ -16,7 +16,9 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// A fixed body.
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// Reads a whole request body: at most `limit` bytes (else 413), within `timeout` (else 408).

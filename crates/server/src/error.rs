@@ -23,7 +23,11 @@ pub struct ApiError {
 
 impl ApiError {
     /// A 400 about the request.
-    pub fn bad_request(code: &'static str, message: impl Into<String>, param: Option<&str>) -> Self {
+    pub fn bad_request(
+        code: &'static str,
+        message: impl Into<String>,
+        param: Option<&str>,
+    ) -> Self {
         Self {
             status: StatusCode::BAD_REQUEST,
             kind: "invalid_request_error",
@@ -79,7 +83,11 @@ impl ApiError {
 
     /// 400 when the request body could not be read (the client broke the stream).
     pub fn body_read(err: impl std::fmt::Display) -> Self {
-        Self::bad_request("body_read_error", format!("could not read the request body: {err}"), None)
+        Self::bad_request(
+            "body_read_error",
+            format!("could not read the request body: {err}"),
+            None,
+        )
     }
 
     /// 502 for an upstream failure.

@@ -50,7 +50,9 @@ impl InFlightGuard {
 
     /// Counts an upstream error against the instance (admin API's `errors`).
     pub fn count_error(&self) {
-        crate::stats::InstanceStats::bump(&self.state.stats.get(self.instance.id().as_str()).errors);
+        crate::stats::InstanceStats::bump(
+            &self.state.stats.get(self.instance.id().as_str()).errors,
+        );
     }
 
     /// The instance it holds a slot on.

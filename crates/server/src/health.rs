@@ -54,7 +54,10 @@ async fn probe(state: &AppState, inst: &Instance) -> bool {
         resp.into_body().collect().await.ok()?;
         Some(ok)
     };
-    matches!(tokio::time::timeout(h.timeout, answer).await, Ok(Some(true)))
+    matches!(
+        tokio::time::timeout(h.timeout, answer).await,
+        Ok(Some(true))
+    )
 }
 
 /// Applies one probe result to `inst`.

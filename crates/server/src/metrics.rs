@@ -1,12 +1,12 @@
 //! Prometheus metrics on an explicit registry, names prefixed `prefix_router_`.
 
+use prefix_router_core::{FleetSnapshot, InstanceState};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use prefix_router_core::{FleetSnapshot, InstanceState};
 
 /// `instance, api, outcome`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -109,15 +109,32 @@ impl Metrics {
         let ttft = Family::<InstanceLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
-        let duration =
-            Family::<ApiLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let duration = Family::<ApiLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
         let decision_latency = decision_histogram();
         let upstream_errors = Family::<ErrorLabels, Counter>::default();
         let retries = Family::<RetryLabels, Counter>::default();
-        registry.register("requests", "Requests finished by instance, API and outcome", requests.clone());
-        registry.register("decisions", "Routing decisions by strategy and reason", decisions.clone());
-        registry.register("in_flight", "Requests in flight per instance", in_flight.clone());
-        registry.register("instance_healthy", "1 when the instance takes new requests", healthy.clone());
+        registry.register(
+            "requests",
+            "Requests finished by instance, API and outcome",
+            requests.clone(),
+        );
+        registry.register(
+            "decisions",
+            "Routing decisions by strategy and reason",
+            decisions.clone(),
+        );
+        registry.register(
+            "in_flight",
+            "Requests in flight per instance",
+            in_flight.clone(),
+        );
+        registry.register(
+            "instance_healthy",
+            "1 when the instance takes new requests",
+            healthy.clone(),
+        );
         registry.register(
             "ttft_seconds",
             "Request received to first response body byte, per instance",
@@ -133,8 +150,16 @@ impl Metrics {
             "Time spent choosing an instance",
             decision_latency.clone(),
         );
-        registry.register("upstream_errors", "Upstream errors by instance and kind", upstream_errors.clone());
-        registry.register("retries", "Retries on another instance, by reason", retries.clone());
+        registry.register(
+            "upstream_errors",
+            "Upstream errors by instance and kind",
+            upstream_errors.clone(),
+        );
+        registry.register(
+            "retries",
+            "Retries on another instance, by reason",
+            retries.clone(),
+        );
         Self {
             registry,
             requests,

@@ -207,14 +207,21 @@ async fn forward(
             InstanceStats::bump(&stats.overflow);
         }
         let id = instance.id().to_string();
-        let mut guard =
-            InFlightGuard::acquire(Arc::clone(state), Arc::clone(&instance), api.label(), received);
+        let mut guard = InFlightGuard::acquire(
+            Arc::clone(state),
+            Arc::clone(&instance),
+            api.label(),
+            received,
+        );
         let upstream_req = build_request(&parts, &instance.spec().url, body.clone())?;
         // Another attempt is possible when retries remain and another instance could take it.
         let can_retry = attempt < settings.max_retries && {
             let mut rest = tried.clone();
             rest.push(Arc::clone(&instance));
-            without(&snapshot, &rest).eligible(model.as_deref()).next().is_some()
+            without(&snapshot, &rest)
+                .eligible(model.as_deref())
+                .next()
+                .is_some()
         };
         let sent = tokio::time::timeout(
             settings.timeouts.first_byte,

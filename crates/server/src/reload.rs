@@ -57,6 +57,10 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
         instances: state.fleet.snapshot().len(),
         strategy: state.routing.load().strategy.name(),
     };
-    tracing::info!(instances = summary.instances, strategy = summary.strategy, "configuration reloaded");
+    tracing::info!(
+        instances = summary.instances,
+        strategy = summary.strategy,
+        "configuration reloaded"
+    );
     Ok(summary)
 }

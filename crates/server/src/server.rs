@@ -51,12 +51,10 @@ impl Router {
             message: e.to_string(),
         })?;
         let listener = bind(state.settings.listen).await?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| ServerError::Bind {
-                addr: state.settings.listen,
-                source,
-            })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: state.settings.listen,
+            source,
+        })?;
         let (tx, rx) = watch::channel(false);
         let mut background = vec![tokio::spawn(health::run(Arc::clone(&state)))];
         let mut admin_addr = None;

@@ -478,7 +478,10 @@ impl Settings {
         let h = &f.health;
         let path = h.path.clone().unwrap_or_else(|| "/health".into());
         if !path.starts_with('/') || path.parse::<http::uri::PathAndQuery>().is_err() {
-            return Err(invalid("health.path", format!("'{path}' is not an absolute path")));
+            return Err(invalid(
+                "health.path",
+                format!("'{path}' is not an absolute path"),
+            ));
         }
         let health = HealthSettings {
             active: h.active.unwrap_or(true),
@@ -489,7 +492,11 @@ impl Settings {
             healthy_threshold: positive("health.healthy_threshold", h.healthy_threshold, 2)?,
             passive_failures: positive("health.passive_failures", h.passive_failures, 3)?,
             eject_backoff: ms("health.eject_backoff_ms", h.eject_backoff_ms, 5_000)?,
-            max_eject_backoff: ms("health.max_eject_backoff_ms", h.max_eject_backoff_ms, 60_000)?,
+            max_eject_backoff: ms(
+                "health.max_eject_backoff_ms",
+                h.max_eject_backoff_ms,
+                60_000,
+            )?,
         };
         if health.max_eject_backoff < health.eject_backoff {
             return Err(invalid(
@@ -544,7 +551,10 @@ pub fn validate_instances(entries: &[InstanceFile]) -> Result<Vec<InstanceSpec>,
         }
         let weight = e.weight.unwrap_or(1);
         if weight == 0 {
-            return Err(invalid(format!("instances[{i}].weight"), "must be at least 1"));
+            return Err(invalid(
+                format!("instances[{i}].weight"),
+                "must be at least 1",
+            ));
         }
         if e.models.iter().any(|m| m.trim().is_empty()) {
             return Err(invalid(
@@ -608,7 +618,9 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         assert!(err("[routing]\nprefix_length = 12").contains("routing.prefix_length"));
-        assert!(err("[routing]\nconcurrency_threshold = 0").contains("routing.concurrency_threshold"));
+        assert!(
+            err("[routing]\nconcurrency_threshold = 0").contains("routing.concurrency_threshold")
+        );
         assert!(err("[routing]\nconcurrency_threshold = 1025").contains("1..=1024"));
         assert!(err("[routing]\nstrategy = \"fastest\"").contains("routing.strategy"));
         assert!(err("[routing]\nbalance_factor = 0.5").contains("routing.balance_factor"));
@@ -617,12 +629,20 @@ mod tests {
         assert!(err("[timeouts]\nconnect_ms = 0").contains("timeouts.connect_ms"));
         let dup = "[[instances]]\nurl = \"http://127.0.0.1:1\"\n[[instances]]\nurl = \"http://127.0.0.1:1/\"";
         let e = err(dup);
-        assert!(e.contains("instances[1].url") && e.contains("duplicate"), "{e}");
+        assert!(
+            e.contains("instances[1].url") && e.contains("duplicate"),
+            "{e}"
+        );
         assert!(err("[[instances]]\nurl = \"https://x:1\"").contains("scheme"));
         assert!(err("[[instances]]\nurl = \"http://x:1/v1\"").contains("without path"));
         assert!(err("[[instances]]\nurl = \"not a url\"").contains("instances[0].url"));
-        assert!(err("[[instances]]\nurl = \"http://x:1\"\nweight = 0").contains("instances[0].weight"));
-        for e in [err("[routing]\nprefix_length = 12"), err("[[instances]]\nurl = \"x\"")] {
+        assert!(
+            err("[[instances]]\nurl = \"http://x:1\"\nweight = 0").contains("instances[0].weight")
+        );
+        for e in [
+            err("[routing]\nprefix_length = 12"),
+            err("[[instances]]\nurl = \"x\""),
+        ] {
             assert!(!e.contains('\n'), "one line: {e}");
         }
     }
@@ -632,8 +652,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pr-settings-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
         let path = dir.join("bad.toml");
-        std::fs::write(&path, "listen = \"127.0.0.1:1\"\n[routing]\nprefix_lenght = 2048\n")
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:1\"\n[routing]\nprefix_lenght = 2048\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let src = ConfigSource {
             path: Some(path.clone()),
             overrides: Overrides::default(),

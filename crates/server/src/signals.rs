@@ -8,8 +8,14 @@ use crate::reload::reload;
 use crate::server::Router;
 use crate::settings::ConfigSource;
 
-fn install(kind: SignalKind, name: &'static str) -> Result<tokio::signal::unix::Signal, ServerError> {
-    signal(kind).map_err(|source| ServerError::Signal { signal: name, source })
+fn install(
+    kind: SignalKind,
+    name: &'static str,
+) -> Result<tokio::signal::unix::Signal, ServerError> {
+    signal(kind).map_err(|source| ServerError::Signal {
+        signal: name,
+        source,
+    })
 }
 
 /// Loads the configuration, starts the router and serves until SIGTERM or SIGINT.

@@ -37,7 +37,10 @@ pub struct AppState {
 
 impl AppState {
     /// Builds the state from validated settings.
-    pub fn new(settings: Settings, source: Option<ConfigSource>) -> Result<Arc<Self>, prefix_router_core::ConfigError> {
+    pub fn new(
+        settings: Settings,
+        source: Option<ConfigSource>,
+    ) -> Result<Arc<Self>, prefix_router_core::ConfigError> {
         let routing = Routing::new(settings.strategy.clone(), settings.prefix_length)?;
         Ok(Arc::new(Self {
             fleet: Fleet::new(settings.instances.clone()),

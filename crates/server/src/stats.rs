@@ -54,12 +54,7 @@ pub struct StatsTable {
 impl StatsTable {
     /// The stats of `id`, created on first use.
     pub fn get(&self, id: &str) -> Arc<InstanceStats> {
-        if let Some(s) = self
-            .map
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-        {
+        if let Some(s) = self.map.read().unwrap_or_else(|p| p.into_inner()).get(id) {
             return Arc::clone(s);
         }
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());

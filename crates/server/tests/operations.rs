@@ -26,18 +26,39 @@ async fn active_checks_eject_and_recover() {
     s.health.healthy_threshold = 2;
     s.health.timeout = Duration::from_millis(500);
     let r = router(s).await;
-    eventually("probes reach the instances", || a.health_checks() >= 2 && b.health_checks() >= 2).await;
+    eventually("probes reach the instances", || {
+        a.health_checks() >= 2 && b.health_checks() >= 2
+    })
+    .await;
     a.set_healthy(false);
-    eventually("a ejected", || state_of(&r, &a.url()) == Some(InstanceState::Ejected)).await;
+    eventually("a ejected", || {
+        state_of(&r, &a.url()) == Some(InstanceState::Ejected)
+    })
+    .await;
     for i in 0..10 {
-        let ans = post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"e{i}"}}"#)).await;
+        let ans = post(
+            r.local_addr(),
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"e{i}"}}"#),
+        )
+        .await;
         assert_eq!(ans.upstream(), "b", "ejected instance gets nothing");
     }
     a.set_healthy(true);
-    eventually("a recovered", || state_of(&r, &a.url()) == Some(InstanceState::Healthy)).await;
+    eventually("a recovered", || {
+        state_of(&r, &a.url()) == Some(InstanceState::Healthy)
+    })
+    .await;
     let mut reached_a = false;
     for i in 0..24 {
-        let ans = post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"r{i}"}}"#)).await;
+        let ans = post(
+            r.local_addr(),
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"r{i}"}}"#),
+        )
+        .await;
         reached_a |= ans.upstream() == "a";
     }
     assert!(reached_a, "keys come back to a recovered instance");
@@ -56,7 +77,13 @@ async fn repeated_5xx_eject_passively_and_backoff_ends() {
     let r = router(s).await;
     let mut failures = 0;
     for i in 0..8 {
-        let ans = post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"{i}"}}"#)).await;
+        let ans = post(
+            r.local_addr(),
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"{i}"}}"#),
+        )
+        .await;
         if ans.status == StatusCode::INTERNAL_SERVER_ERROR {
             failures += 1;
         }
@@ -64,10 +91,19 @@ async fn repeated_5xx_eject_passively_and_backoff_ends() {
     assert_eq!(failures, 2, "ejected after exactly passive_failures errors");
     assert_eq!(state_of(&r, &a.url()), Some(InstanceState::Ejected));
     a.set_mode(Mode::Echo);
-    eventually("a back after its backoff", || state_of(&r, &a.url()) == Some(InstanceState::Healthy)).await;
+    eventually("a back after its backoff", || {
+        state_of(&r, &a.url()) == Some(InstanceState::Healthy)
+    })
+    .await;
     let before = a.hits();
     for i in 0..4 {
-        post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"x{i}"}}"#)).await;
+        post(
+            r.local_addr(),
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"x{i}"}}"#),
+        )
+        .await;
     }
     assert!(a.hits() > before, "recovered instance serves again");
     r.shutdown().await;
@@ -83,14 +119,26 @@ async fn connect_errors_eject_a_dead_instance() {
     s.health.max_eject_backoff = Duration::from_secs(30);
     let r = router(s).await;
     for i in 0..8 {
-        let ans = post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"{i}"}}"#)).await;
+        let ans = post(
+            r.local_addr(),
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"{i}"}}"#),
+        )
+        .await;
         assert_eq!(ans.status, StatusCode::OK);
     }
     assert_eq!(state_of(&r, &dead), Some(InstanceState::Ejected));
     r.shutdown().await;
 }
 
-async fn admin_call(addr: std::net::SocketAddr, method: Method, path: &str, token: Option<&str>, body: &str) -> Answer {
+async fn admin_call(
+    addr: std::net::SocketAddr,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Answer {
     let auth = token.map(|t| format!("Bearer {t}"));
     let mut headers = vec![("content-type", "application/json")];
     if let Some(a) = &auth {
@@ -112,55 +160,163 @@ async fn admin_api_lists_adds_drains_removes_and_changes_routing() {
     let admin = r.admin_addr().expect("admin listener");
     let t = Some("s3cret");
 
-    assert_eq!(admin_call(admin, Method::GET, "/admin/instances", None, "").await.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(admin_call(admin, Method::GET, "/admin/instances", Some("nope"), "").await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        admin_call(admin, Method::GET, "/admin/instances", None, "")
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        admin_call(admin, Method::GET, "/admin/instances", Some("nope"), "")
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
     // Not on the data plane.
-    assert_eq!(admin_call(r.local_addr(), Method::GET, "/admin/instances", t, "").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        admin_call(r.local_addr(), Method::GET, "/admin/instances", t, "")
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
 
     let body = format!(r#"{{"url":"{}","models":["m"]}}"#, b.url());
-    assert_eq!(admin_call(admin, Method::POST, "/admin/instances", t, &body).await.status, StatusCode::CREATED);
-    assert_eq!(admin_call(admin, Method::POST, "/admin/instances", t, &body).await.status, StatusCode::CONFLICT);
-    let bad = admin_call(admin, Method::POST, "/admin/instances", t, r#"{"url":"ftp://x"}"#).await;
-    assert_eq!((bad.status, bad.error_code()), (StatusCode::BAD_REQUEST, "invalid_instance".into()));
-    let ans = post(r.local_addr(), "/v1/completions", &[], r#"{"model":"m","prompt":"p"}"#).await;
+    assert_eq!(
+        admin_call(admin, Method::POST, "/admin/instances", t, &body)
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        admin_call(admin, Method::POST, "/admin/instances", t, &body)
+            .await
+            .status,
+        StatusCode::CONFLICT
+    );
+    let bad = admin_call(
+        admin,
+        Method::POST,
+        "/admin/instances",
+        t,
+        r#"{"url":"ftp://x"}"#,
+    )
+    .await;
+    assert_eq!(
+        (bad.status, bad.error_code()),
+        (StatusCode::BAD_REQUEST, "invalid_instance".into())
+    );
+    let ans = post(
+        r.local_addr(),
+        "/v1/completions",
+        &[],
+        r#"{"model":"m","prompt":"p"}"#,
+    )
+    .await;
     assert_eq!(ans.upstream(), "b", "added instance serves");
 
     // Drain a: held request on a finishes; new requests avoid a.
     let addr = r.local_addr();
-    let held = tokio::spawn(async move { post(addr, "/v1/completions", &[("x-test-hold", "1")], r#"{"model":"x","prompt":"h"}"#).await });
+    let held = tokio::spawn(async move {
+        post(
+            addr,
+            "/v1/completions",
+            &[("x-test-hold", "1")],
+            r#"{"model":"x","prompt":"h"}"#,
+        )
+        .await
+    });
     a.wait_held(1).await;
-    let drained = admin_call(admin, Method::POST, "/admin/instances/drain", t, &format!(r#"{{"url":"{}"}}"#, a.url())).await;
+    let drained = admin_call(
+        admin,
+        Method::POST,
+        "/admin/instances/drain",
+        t,
+        &format!(r#"{{"url":"{}"}}"#, a.url()),
+    )
+    .await;
     assert_eq!(drained.status, StatusCode::OK);
     assert_eq!(drained.json()["in_flight"], 1);
     for i in 0..6 {
-        assert_eq!(post(addr, "/v1/completions", &[], format!(r#"{{"prompt":"d{i}"}}"#)).await.upstream(), "b");
+        assert_eq!(
+            post(
+                addr,
+                "/v1/completions",
+                &[],
+                format!(r#"{{"prompt":"d{i}"}}"#)
+            )
+            .await
+            .upstream(),
+            "b"
+        );
     }
     a.release(1);
     assert_eq!(held.await.expect("held").status, StatusCode::OK);
 
     let list = admin_call(admin, Method::GET, "/admin/instances", t, "").await;
-    let instances = list.json()["instances"].as_array().cloned().unwrap_or_default();
+    let instances = list.json()["instances"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(instances.len(), 2);
-    let a_row = instances.iter().find(|i| i["url"] == a.url()).cloned().unwrap_or_default();
+    let a_row = instances
+        .iter()
+        .find(|i| i["url"] == a.url())
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(a_row["state"], "draining");
     assert_eq!(a_row["in_flight"], 0);
     assert_eq!(a_row["requests"], 1);
-    let b_row = instances.iter().find(|i| i["url"] == b.url()).cloned().unwrap_or_default();
+    let b_row = instances
+        .iter()
+        .find(|i| i["url"] == b.url())
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(b_row["requests"], 7);
     assert_eq!(b_row["errors"], 0);
 
-    let removed = admin_call(admin, Method::POST, "/admin/instances/remove", t, &format!(r#"{{"url":"{}"}}"#, a.url())).await;
+    let removed = admin_call(
+        admin,
+        Method::POST,
+        "/admin/instances/remove",
+        t,
+        &format!(r#"{{"url":"{}"}}"#, a.url()),
+    )
+    .await;
     assert_eq!(removed.status, StatusCode::OK);
-    let missing = admin_call(admin, Method::POST, "/admin/instances/remove", t, &format!(r#"{{"url":"{}"}}"#, a.url())).await;
+    let missing = admin_call(
+        admin,
+        Method::POST,
+        "/admin/instances/remove",
+        t,
+        &format!(r#"{{"url":"{}"}}"#, a.url()),
+    )
+    .await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
 
-    let changed = admin_call(admin, Method::PUT, "/admin/routing", t, r#"{"strategy":"round-robin","concurrency_threshold":7}"#).await;
+    let changed = admin_call(
+        admin,
+        Method::PUT,
+        "/admin/routing",
+        t,
+        r#"{"strategy":"round-robin","concurrency_threshold":7}"#,
+    )
+    .await;
     assert_eq!(changed.status, StatusCode::OK);
     assert_eq!(changed.json()["strategy"], "round-robin");
     assert_eq!(changed.json()["concurrency_threshold"], 7);
-    let refused = admin_call(admin, Method::PUT, "/admin/routing", t, r#"{"prefix_length":5}"#).await;
+    let refused = admin_call(
+        admin,
+        Method::PUT,
+        "/admin/routing",
+        t,
+        r#"{"prefix_length":5}"#,
+    )
+    .await;
     assert_eq!(refused.status, StatusCode::BAD_REQUEST);
-    assert!(refused.json()["error"]["message"].as_str().unwrap_or_default().contains("prefix_length"));
+    assert!(refused.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("prefix_length"));
     let ans = post(r.local_addr(), "/v1/completions", &[], r#"{"prompt":"rr"}"#).await;
     assert_eq!(ans.header("x-prefix-router-decision"), "round_robin");
     r.shutdown().await;
@@ -178,9 +334,13 @@ async fn metrics_are_exported_with_the_prefix() {
     let text = String::from_utf8_lossy(&m.body).to_string();
     let inst = a.url();
     for want in [
-        format!("prefix_router_requests_total{{instance=\"{inst}\",api=\"chat\",outcome=\"ok\"}} 1"),
-        "prefix_router_requests_total{instance=\"none\",api=\"chat\",outcome=\"client_error\"} 1".to_string(),
-        "prefix_router_decisions_total{strategy=\"prefix-aware\",reason=\"preferred\"} 1".to_string(),
+        format!(
+            "prefix_router_requests_total{{instance=\"{inst}\",api=\"chat\",outcome=\"ok\"}} 1"
+        ),
+        "prefix_router_requests_total{instance=\"none\",api=\"chat\",outcome=\"client_error\"} 1"
+            .to_string(),
+        "prefix_router_decisions_total{strategy=\"prefix-aware\",reason=\"preferred\"} 1"
+            .to_string(),
         format!("prefix_router_in_flight{{instance=\"{inst}\"}} 0"),
         format!("prefix_router_instance_healthy{{instance=\"{inst}\"}} 1"),
         format!("prefix_router_ttft_seconds_count{{instance=\"{inst}\"}} 1"),
@@ -212,7 +372,9 @@ async fn reload_under_load_drops_no_request() {
         path: Some(path.clone()),
         overrides: Overrides::default(),
     };
-    let r = Router::start(source.load().expect("valid"), Some(source)).await.expect("start");
+    let r = Router::start(source.load().expect("valid"), Some(source))
+        .await
+        .expect("start");
     let addr = r.local_addr();
     // A request held on a, which the reload removes: it must still finish.
     let held = tokio::spawn(async move {
@@ -231,7 +393,16 @@ async fn reload_under_load_drops_no_request() {
     let load = tokio::spawn(async move {
         let mut statuses = Vec::new();
         for i in 0..60 {
-            statuses.push(post(addr, "/v1/completions", &[], format!(r#"{{"prompt":"load {i}"}}"#)).await.status);
+            statuses.push(
+                post(
+                    addr,
+                    "/v1/completions",
+                    &[],
+                    format!(r#"{{"prompt":"load {i}"}}"#),
+                )
+                .await
+                .status,
+            );
         }
         statuses
     });
@@ -240,13 +411,25 @@ async fn reload_under_load_drops_no_request() {
     assert_eq!(summary.instances, 2);
     a.release(1);
     let held = held.await.expect("held");
-    assert_eq!((held.status, held.upstream()), (StatusCode::OK, "a".to_string()));
+    assert_eq!(
+        (held.status, held.upstream()),
+        (StatusCode::OK, "a".to_string())
+    );
     let statuses = load.await.expect("load");
-    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
     eventually("counts settle", || total_in_flight(&r) == 0).await;
     let mut reached_c = false;
     for i in 0..24 {
-        let ans = post(addr, "/v1/completions", &[], format!(r#"{{"prompt":"after {i}"}}"#)).await;
+        let ans = post(
+            addr,
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"after {i}"}}"#),
+        )
+        .await;
         assert_ne!(ans.upstream(), "a", "removed instance gets nothing new");
         reached_c |= ans.upstream() == "c";
     }
@@ -264,13 +447,27 @@ async fn shutdown_lets_in_flight_requests_finish() {
     let a = Upstream::start("a", Mode::Echo, &[]).await;
     let r = router(settings(&[a.url()])).await;
     let addr = r.local_addr();
-    let held = tokio::spawn(async move { post(addr, "/v1/completions", &[("x-test-hold", "1")], r#"{"prompt":"h"}"#).await });
+    let held = tokio::spawn(async move {
+        post(
+            addr,
+            "/v1/completions",
+            &[("x-test-hold", "1")],
+            r#"{"prompt":"h"}"#,
+        )
+        .await
+    });
     a.wait_held(1).await;
     let stopping = tokio::spawn(r.shutdown());
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "no longer accepting");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "no longer accepting"
+    );
     assert!(!stopping.is_finished(), "waits for the in-flight request");
     a.release(1);
     assert_eq!(held.await.expect("held").status, StatusCode::OK);
-    tokio::time::timeout(WAIT, stopping).await.expect("stopped in time").expect("join");
+    tokio::time::timeout(WAIT, stopping)
+        .await
+        .expect("stopped in time")
+        .expect("join");
 }

@@ -20,17 +20,33 @@ async fn streaming_is_incremental_and_byte_exact() {
         &[("x-test-stream", "1"), ("x-test-chunks", "6")],
         r#"{"messages":[{"role":"user","content":"stream"}],"stream":true}"#,
     );
-    let resp = tokio::time::timeout(WAIT, sender.send_request(req)).await.expect("head in time").expect("head");
+    let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("head in time")
+        .expect("head");
     assert_eq!(resp.status(), StatusCode::OK);
-    assert_eq!(resp.headers().get("content-type").map(|v| v.as_bytes()), Some(&b"text/event-stream"[..]));
+    assert_eq!(
+        resp.headers().get("content-type").map(|v| v.as_bytes()),
+        Some(&b"text/event-stream"[..])
+    );
     let mut body = resp.into_body();
     // The upstream sends chunk 0 and then waits for the gate: it arrives before the upstream is done.
-    let first = tokio::time::timeout(WAIT, body.frame()).await.expect("first chunk in time");
-    let first = first.expect("a frame").expect("no error").into_data().expect("data");
+    let first = tokio::time::timeout(WAIT, body.frame())
+        .await
+        .expect("first chunk in time");
+    let first = first
+        .expect("a frame")
+        .expect("no error")
+        .into_data()
+        .expect("data");
     assert_eq!(first, sse_chunk(0));
     assert_eq!(in_flight(&r, &up.url()), 1, "held while streaming");
     up.open_gate(1);
-    let rest = tokio::time::timeout(WAIT, body.collect()).await.expect("rest in time").expect("rest").to_bytes();
+    let rest = tokio::time::timeout(WAIT, body.collect())
+        .await
+        .expect("rest in time")
+        .expect("rest")
+        .to_bytes();
     let mut want = Vec::new();
     for i in 1..6 {
         want.extend_from_slice(&sse_chunk(i));
@@ -54,7 +70,13 @@ async fn client_disconnect_cancels_the_upstream_and_releases_in_flight() {
         );
         let resp = sender.send_request(req).await.expect("head");
         let mut body = resp.into_body();
-        let first = body.frame().await.expect("frame").expect("ok").into_data().expect("data");
+        let first = body
+            .frame()
+            .await
+            .expect("frame")
+            .expect("ok")
+            .into_data()
+            .expect("data");
         assert_eq!(first, sse_chunk(0));
         assert_eq!(in_flight(&r, &up.url()), 1);
         up.open_gate(1);
@@ -66,13 +88,21 @@ async fn client_disconnect_cancels_the_upstream_and_releases_in_flight() {
     // Disconnect while the instance has not answered yet (request held upstream).
     {
         let mut sender = connect(r.local_addr()).await;
-        let req = request(Method::POST, "/v1/completions", &[("x-test-hold", "1")], r#"{"prompt":"held"}"#);
+        let req = request(
+            Method::POST,
+            "/v1/completions",
+            &[("x-test-hold", "1")],
+            r#"{"prompt":"held"}"#,
+        );
         let pending = tokio::spawn(async move { sender.send_request(req).await.map(|_| ()) });
         up.wait_held(1).await;
         assert_eq!(in_flight(&r, &up.url()), 1);
         pending.abort();
     }
-    eventually("in-flight released after an early disconnect", || in_flight(&r, &up.url()) == 0).await;
+    eventually("in-flight released after an early disconnect", || {
+        in_flight(&r, &up.url()) == 0
+    })
+    .await;
     up.release(1);
     r.shutdown().await;
 }
@@ -85,13 +115,22 @@ async fn dead_instance_is_retried_elsewhere_without_client_error() {
     s.health.passive_failures = 1000; // keep it in the fleet: every request may try it first
     let r = router(s).await;
     for i in 0..12 {
-        let a = post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"p{i}"}}"#)).await;
+        let a = post(
+            r.local_addr(),
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"p{i}"}}"#),
+        )
+        .await;
         assert_eq!(a.status, StatusCode::OK, "request {i}");
         assert_eq!(a.upstream(), "alive");
     }
     let metrics = send(r.local_addr(), request(Method::GET, "/metrics", &[], "")).await;
     let text = String::from_utf8_lossy(&metrics.body).to_string();
-    assert!(text.contains("prefix_router_retries_total{reason=\"connect\"}"), "{text}");
+    assert!(
+        text.contains("prefix_router_retries_total{reason=\"connect\"}"),
+        "{text}"
+    );
     assert_eq!(total_in_flight(&r), 0);
     r.shutdown().await;
 }
@@ -104,13 +143,27 @@ async fn status_503_and_429_are_retried_then_passed_through() {
     s.health.passive_failures = 1000;
     let r = router(s).await;
     for i in 0..8 {
-        let a = post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"q{i}"}}"#)).await;
+        let a = post(
+            r.local_addr(),
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"q{i}"}}"#),
+        )
+        .await;
         assert_eq!((a.status, a.upstream()), (StatusCode::OK, "ok".to_string()));
     }
     ok.set_mode(Mode::Status(429));
     let a = post(r.local_addr(), "/v1/completions", &[], r#"{"prompt":"x"}"#).await;
-    assert!(a.status == StatusCode::SERVICE_UNAVAILABLE || a.status == StatusCode::TOO_MANY_REQUESTS);
-    assert!(a.json()["error"]["message"].as_str().unwrap_or_default().contains("status"), "the instance's own answer");
+    assert!(
+        a.status == StatusCode::SERVICE_UNAVAILABLE || a.status == StatusCode::TOO_MANY_REQUESTS
+    );
+    assert!(
+        a.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("status"),
+        "the instance's own answer"
+    );
     assert_eq!(total_in_flight(&r), 0);
     r.shutdown().await;
 }
@@ -124,34 +177,155 @@ async fn bad_inputs_get_openai_errors_naming_the_problem() {
     let addr = r.local_addr();
     let chat = "/v1/chat/completions";
     let long_group = "a".repeat(65);
-    let cases: Vec<(&str, Vec<(&str, &str)>, Vec<u8>, StatusCode, &str, &str)> = vec![
-        (chat, vec![], b"{not json".to_vec(), StatusCode::BAD_REQUEST, "invalid_json", "JSON"),
-        (chat, vec![], br#"{"messages":"hi"}"#.to_vec(), StatusCode::BAD_REQUEST, "invalid_type", "messages"),
-        (chat, vec![], br#"{"messages":[{"role":1,"content":"x"}]}"#.to_vec(), StatusCode::BAD_REQUEST, "invalid_type", "role"),
-        (chat, vec![], br#"{"model":3,"messages":[]}"#.to_vec(), StatusCode::BAD_REQUEST, "invalid_type", "model"),
-        (chat, vec![], br#"{"model":"m"}"#.to_vec(), StatusCode::BAD_REQUEST, "missing_field", "messages"),
-        ("/v1/completions", vec![], br#"{"model":"m"}"#.to_vec(), StatusCode::BAD_REQUEST, "missing_field", "prompt"),
-        (chat, vec![], b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}".to_vec(), StatusCode::BAD_REQUEST, "invalid_json", "JSON"),
-        (chat, vec![], br#"{"messages":[],"prompt_cache_key":""}"#.to_vec(), StatusCode::BAD_REQUEST, "invalid_group_id", "group"),
-        ("/invocations", vec![("x-prefix-aware-id", "")], b"x".to_vec(), StatusCode::BAD_REQUEST, "invalid_group_id", "x-prefix-aware-id"),
-        ("/invocations", vec![("x-prefix-aware-id", &long_group)], b"x".to_vec(), StatusCode::BAD_REQUEST, "invalid_group_id", "64"),
-        ("/invocations", vec![("x-prefix-aware-id", "t\tab")], b"x".to_vec(), StatusCode::BAD_REQUEST, "invalid_group_id", "printable"),
-        (chat, vec![], vec![b' '; 5000], StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "4096"),
-        ("/nope", vec![], b"{}".to_vec(), StatusCode::NOT_FOUND, "unknown_route", "/nope"),
+    type Case<'a> = (
+        &'a str,
+        Vec<(&'a str, &'a str)>,
+        Vec<u8>,
+        StatusCode,
+        &'a str,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            chat,
+            vec![],
+            b"{not json".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "JSON",
+        ),
+        (
+            chat,
+            vec![],
+            br#"{"messages":"hi"}"#.to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_type",
+            "messages",
+        ),
+        (
+            chat,
+            vec![],
+            br#"{"messages":[{"role":1,"content":"x"}]}"#.to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_type",
+            "role",
+        ),
+        (
+            chat,
+            vec![],
+            br#"{"model":3,"messages":[]}"#.to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_type",
+            "model",
+        ),
+        (
+            chat,
+            vec![],
+            br#"{"model":"m"}"#.to_vec(),
+            StatusCode::BAD_REQUEST,
+            "missing_field",
+            "messages",
+        ),
+        (
+            "/v1/completions",
+            vec![],
+            br#"{"model":"m"}"#.to_vec(),
+            StatusCode::BAD_REQUEST,
+            "missing_field",
+            "prompt",
+        ),
+        (
+            chat,
+            vec![],
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "JSON",
+        ),
+        (
+            chat,
+            vec![],
+            br#"{"messages":[],"prompt_cache_key":""}"#.to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_group_id",
+            "group",
+        ),
+        (
+            "/invocations",
+            vec![("x-prefix-aware-id", "")],
+            b"x".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_group_id",
+            "x-prefix-aware-id",
+        ),
+        (
+            "/invocations",
+            vec![("x-prefix-aware-id", &long_group)],
+            b"x".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_group_id",
+            "64",
+        ),
+        (
+            "/invocations",
+            vec![("x-prefix-aware-id", "t\tab")],
+            b"x".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid_group_id",
+            "printable",
+        ),
+        (
+            chat,
+            vec![],
+            vec![b' '; 5000],
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "4096",
+        ),
+        (
+            "/nope",
+            vec![],
+            b"{}".to_vec(),
+            StatusCode::NOT_FOUND,
+            "unknown_route",
+            "/nope",
+        ),
     ];
     for (path, headers, body, status, code, mention) in cases {
         let a = post(addr, path, &headers, body.clone()).await;
-        assert_eq!(a.status, status, "{path} {}", String::from_utf8_lossy(&body[..body.len().min(60)]));
+        assert_eq!(
+            a.status,
+            status,
+            "{path} {}",
+            String::from_utf8_lossy(&body[..body.len().min(60)])
+        );
         assert_eq!(a.error_code(), code, "{path}");
-        let msg = a.json()["error"]["message"].as_str().unwrap_or_default().to_string();
-        assert!(msg.contains(mention), "message '{msg}' should mention '{mention}'");
+        let msg = a.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            msg.contains(mention),
+            "message '{msg}' should mention '{mention}'"
+        );
     }
     // Non-ASCII group header bytes (obs-text).
     let mut req = request(Method::POST, "/invocations", &[], "x");
-    req.headers_mut().insert("x-prefix-aware-id", http::HeaderValue::from_bytes(b"caf\xe9").expect("obs-text"));
+    req.headers_mut().insert(
+        "x-prefix-aware-id",
+        http::HeaderValue::from_bytes(b"caf\xe9").expect("obs-text"),
+    );
     let a = send(addr, req).await;
-    assert_eq!((a.status, a.error_code()), (StatusCode::BAD_REQUEST, "invalid_group_id".into()));
-    for (method, path) in [(Method::GET, "/v1/chat/completions"), (Method::PUT, "/invocations"), (Method::POST, "/health"), (Method::DELETE, "/v1/models")] {
+    assert_eq!(
+        (a.status, a.error_code()),
+        (StatusCode::BAD_REQUEST, "invalid_group_id".into())
+    );
+    for (method, path) in [
+        (Method::GET, "/v1/chat/completions"),
+        (Method::PUT, "/invocations"),
+        (Method::POST, "/health"),
+        (Method::DELETE, "/v1/models"),
+    ] {
         let a = send(addr, request(method.clone(), path, &[], "")).await;
         assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
         assert_eq!(a.error_code(), "method_not_allowed");
@@ -162,7 +336,13 @@ async fn bad_inputs_get_openai_errors_naming_the_problem() {
     *req.body_mut() = big;
     assert_eq!(send(addr, req).await.status, StatusCode::PAYLOAD_TOO_LARGE);
     // The router keeps serving everyone else.
-    let ok = post(addr, chat, &[], r#"{"messages":[{"role":"user","content":"fine"}]}"#).await;
+    let ok = post(
+        addr,
+        chat,
+        &[],
+        r#"{"messages":[{"role":"user","content":"fine"}]}"#,
+    )
+    .await;
     assert_eq!(ok.status, StatusCode::OK);
     assert_eq!(up.hits(), 1, "no bad request reached the instance");
     r.shutdown().await;
@@ -174,13 +354,33 @@ async fn health_ready_ping_and_no_instance() {
     let r = router(settings(&[up.url()])).await;
     let addr = r.local_addr();
     for path in ["/health", "/ready", "/ping"] {
-        assert_eq!(send(addr, request(Method::GET, path, &[], "")).await.status, StatusCode::OK, "{path}");
+        assert_eq!(
+            send(addr, request(Method::GET, path, &[], "")).await.status,
+            StatusCode::OK,
+            "{path}"
+        );
     }
     r.state().fleet.set_members(Vec::new());
-    assert_eq!(send(addr, request(Method::GET, "/health", &[], "")).await.status, StatusCode::OK);
-    assert_eq!(send(addr, request(Method::GET, "/ready", &[], "")).await.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        send(addr, request(Method::GET, "/health", &[], ""))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(addr, request(Method::GET, "/ready", &[], ""))
+            .await
+            .status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     let a = post(addr, "/v1/completions", &[], r#"{"prompt":"x"}"#).await;
-    assert_eq!((a.status, a.error_code()), (StatusCode::SERVICE_UNAVAILABLE, "no_healthy_instance".into()));
+    assert_eq!(
+        (a.status, a.error_code()),
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_healthy_instance".into()
+        )
+    );
     r.shutdown().await;
 }
 
@@ -188,14 +388,25 @@ async fn health_ready_ping_and_no_instance() {
 async fn http2_clients_are_served() {
     let up = Upstream::start("u", Mode::Echo, &[]).await;
     let r = router(settings(&[up.url()])).await;
-    let stream = tokio::net::TcpStream::connect(r.local_addr()).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(executor(), hyper_util::rt::TokioIo::new(stream))
+    let stream = tokio::net::TcpStream::connect(r.local_addr())
         .await
-        .expect("h2 handshake");
+        .expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(executor(), hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
     tokio::spawn(conn);
-    let mut req = request(Method::POST, "http://router.test/v1/completions", &[], r#"{"prompt":"over h2"}"#);
+    let mut req = request(
+        Method::POST,
+        "http://router.test/v1/completions",
+        &[],
+        r#"{"prompt":"over h2"}"#,
+    );
     req.headers_mut().remove("host");
-    let resp = tokio::time::timeout(WAIT, sender.send_request(req)).await.expect("in time").expect("response");
+    let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("in time")
+        .expect("response");
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.version(), http::Version::HTTP_2);
     let body = resp.into_body().collect().await.expect("body").to_bytes();
@@ -210,13 +421,23 @@ async fn idle_upstream_stream_is_cut_and_released() {
     s.timeouts.idle_stream = Duration::from_millis(100);
     let r = router(s).await;
     let mut sender = connect(r.local_addr()).await;
-    let req = request(Method::POST, "/v1/completions", &[("x-test-stream", "1")], r#"{"prompt":"idle","stream":true}"#);
+    let req = request(
+        Method::POST,
+        "/v1/completions",
+        &[("x-test-stream", "1")],
+        r#"{"prompt":"idle","stream":true}"#,
+    );
     let resp = sender.send_request(req).await.expect("head");
     let mut body = resp.into_body();
     let _first = body.frame().await.expect("frame").expect("ok");
     // The gate stays closed: the stream goes idle and the router ends it.
-    let end = tokio::time::timeout(WAIT, body.collect()).await.expect("ended in time");
-    assert!(end.is_err(), "the client sees a broken stream, not a clean end");
+    let end = tokio::time::timeout(WAIT, body.collect())
+        .await
+        .expect("ended in time");
+    assert!(
+        end.is_err(),
+        "the client sees a broken stream, not a clean end"
+    );
     eventually("in-flight released", || in_flight(&r, &up.url()) == 0).await;
     r.shutdown().await;
 }

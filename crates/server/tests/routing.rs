@@ -27,12 +27,19 @@ async fn same_key_goes_to_the_same_instance_and_keys_spread() {
     let body = chat("You are a helpful assistant. Summarise the policy document.");
     let first = post(r.local_addr(), "/v1/chat/completions", &[], body.clone()).await;
     assert_eq!(first.status, StatusCode::OK);
-    assert_eq!(first.body, body.as_bytes(), "body forwarded unchanged and echoed");
+    assert_eq!(
+        first.body,
+        body.as_bytes(),
+        "body forwarded unchanged and echoed"
+    );
     assert_eq!(first.header("x-prefix-router-decision"), "preferred");
     let home = first.upstream();
     assert_eq!(
         first.header("x-prefix-router-instance"),
-        ups.iter().find(|u| u.name == home).map(Upstream::url).unwrap_or_default()
+        ups.iter()
+            .find(|u| u.name == home)
+            .map(Upstream::url)
+            .unwrap_or_default()
     );
     for _ in 0..10 {
         let a = post(r.local_addr(), "/v1/chat/completions", &[], body.clone()).await;
@@ -40,11 +47,20 @@ async fn same_key_goes_to_the_same_instance_and_keys_spread() {
     }
     let mut seen = HashSet::new();
     for i in 0..24 {
-        let a = post(r.local_addr(), "/v1/completions", &[], format!(r#"{{"prompt":"document {i}"}}"#)).await;
+        let a = post(
+            r.local_addr(),
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"document {i}"}}"#),
+        )
+        .await;
         assert_eq!(a.status, StatusCode::OK);
         seen.insert(a.upstream());
     }
-    assert!(seen.len() >= 2, "distinct keys spread over the fleet: {seen:?}");
+    assert!(
+        seen.len() >= 2,
+        "distinct keys spread over the fleet: {seen:?}"
+    );
     assert_eq!(total_in_flight(&r), 0);
     r.shutdown().await;
 }
@@ -64,14 +80,21 @@ async fn overflow_happens_exactly_at_the_threshold() {
 
     // One held request: still below the threshold of 2.
     let b = body.clone();
-    let h1 = tokio::spawn(async move { post(addr, "/v1/chat/completions", &[("x-test-hold", "1")], b).await });
+    let h1 = tokio::spawn(async move {
+        post(addr, "/v1/chat/completions", &[("x-test-hold", "1")], b).await
+    });
     home.wait_held(1).await;
     let a = post(addr, "/v1/chat/completions", &[], body.clone()).await;
-    assert_eq!((a.upstream(), a.header("x-prefix-router-decision")), (home_name.clone(), "preferred".into()));
+    assert_eq!(
+        (a.upstream(), a.header("x-prefix-router-decision")),
+        (home_name.clone(), "preferred".into())
+    );
 
     // Two held: the preferred instance is at its threshold, so the next one overflows.
     let b = body.clone();
-    let h2 = tokio::spawn(async move { post(addr, "/v1/chat/completions", &[("x-test-hold", "1")], b).await });
+    let h2 = tokio::spawn(async move {
+        post(addr, "/v1/chat/completions", &[("x-test-hold", "1")], b).await
+    });
     home.wait_held(2).await;
     assert_eq!(in_flight(&r, &home.url()), 2);
     let a = post(addr, "/v1/chat/completions", &[], body.clone()).await;
@@ -81,7 +104,10 @@ async fn overflow_happens_exactly_at_the_threshold() {
     home.release(2);
     for h in [h1, h2] {
         let a = h.await.expect("held request");
-        assert_eq!((a.status, a.upstream()), (StatusCode::OK, home_name.clone()));
+        assert_eq!(
+            (a.status, a.upstream()),
+            (StatusCode::OK, home_name.clone())
+        );
     }
     eventually("in-flight back to zero", || total_in_flight(&r) == 0).await;
     let a = post(addr, "/v1/chat/completions", &[], body).await;
@@ -100,14 +126,26 @@ async fn group_ids_separate_placement() {
         let group = format!("tenant-{g}");
         let a = post(addr, "/invocations", &[("x-prefix-aware-id", &group)], body).await;
         assert_eq!(a.status, StatusCode::OK);
-        let again = post(addr, "/invocations", &[("X-Amzn-SageMaker-Prefix-Aware-Id", &group)], body).await;
-        assert_eq!(a.upstream(), again.upstream(), "both header names carry the group");
+        let again = post(
+            addr,
+            "/invocations",
+            &[("X-Amzn-SageMaker-Prefix-Aware-Id", &group)],
+            body,
+        )
+        .await;
+        assert_eq!(
+            a.upstream(),
+            again.upstream(),
+            "both header names carry the group"
+        );
         by_group.insert(a.upstream());
     }
     assert!(by_group.len() >= 2, "groups spread: {by_group:?}");
     let mut by_key = HashSet::new();
     for g in 0..16 {
-        let b = format!(r#"{{"messages":[{{"role":"user","content":"same"}}],"prompt_cache_key":"t{g}"}}"#);
+        let b = format!(
+            r#"{{"messages":[{{"role":"user","content":"same"}}],"prompt_cache_key":"t{g}"}}"#
+        );
         by_key.insert(post(addr, "/v1/chat/completions", &[], b).await.upstream());
     }
     assert!(by_key.len() >= 2, "prompt_cache_key separates: {by_key:?}");
@@ -124,23 +162,48 @@ async fn models_select_eligible_instances() {
     let r = router(s).await;
     let addr = r.local_addr();
     for i in 0..8 {
-        let body = format!(r#"{{"model":"lora-b","messages":[{{"role":"user","content":"q{i}"}}]}}"#);
-        assert_eq!(post(addr, "/v1/chat/completions", &[], body).await.upstream(), "b");
+        let body =
+            format!(r#"{{"model":"lora-b","messages":[{{"role":"user","content":"q{i}"}}]}}"#);
+        assert_eq!(
+            post(addr, "/v1/chat/completions", &[], body)
+                .await
+                .upstream(),
+            "b"
+        );
         let body = format!(r#"{{"model":"lora-a","prompt":"q{i}"}}"#);
-        assert_eq!(post(addr, "/v1/completions", &[], body).await.upstream(), "a");
+        assert_eq!(
+            post(addr, "/v1/completions", &[], body).await.upstream(),
+            "a"
+        );
     }
-    let missing = post(addr, "/v1/chat/completions", &[], r#"{"model":"gpt-9","messages":[]}"#).await;
+    let missing = post(
+        addr,
+        "/v1/chat/completions",
+        &[],
+        r#"{"model":"gpt-9","messages":[]}"#,
+    )
+    .await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     assert_eq!(missing.error_code(), "model_not_found");
-    assert!(missing.json()["error"]["message"].as_str().unwrap_or_default().contains("gpt-9"));
+    assert!(missing.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("gpt-9"));
 
     let models = send(addr, request(Method::GET, "/v1/models", &[], "")).await;
     assert_eq!(models.status, StatusCode::OK);
     let ids: HashSet<String> = models.json()["data"]
         .as_array()
-        .map(|d| d.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect())
+        .map(|d| {
+            d.iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default();
-    let want: HashSet<String> = ["base", "lora-a", "lora-b", "lora-c"].iter().map(|s| s.to_string()).collect();
+    let want: HashSet<String> = ["base", "lora-a", "lora-b", "lora-c"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     assert_eq!(ids, want, "union of listed and configured models");
     r.shutdown().await;
 }
@@ -149,7 +212,13 @@ async fn models_select_eligible_instances() {
 async fn other_v1_routes_are_forwarded() {
     let ups = fleet(2).await;
     let r = router(settings(&urls(&ups))).await;
-    let a = post(r.local_addr(), "/v1/embeddings?x=1", &[], r#"{"input":"hi"}"#).await;
+    let a = post(
+        r.local_addr(),
+        "/v1/embeddings?x=1",
+        &[],
+        r#"{"input":"hi"}"#,
+    )
+    .await;
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(a.header("x-prefix-router-decision"), "least_outstanding");
     assert_eq!(a.body.as_ref(), br#"{"input":"hi"}"#);

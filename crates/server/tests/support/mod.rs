@@ -91,7 +91,11 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
     let path = req.uri().path().to_string();
     if path == "/health" {
         shared.health_checks.fetch_add(1, Ordering::SeqCst);
-        let status = if shared.healthy.load(Ordering::SeqCst) { 200 } else { 503 };
+        let status = if shared.healthy.load(Ordering::SeqCst) {
+            200
+        } else {
+            503
+        };
         let mut r = Response::new(boxed(Full::new(Bytes::from_static(b"{}"))));
         *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
         return r;
@@ -109,7 +113,12 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
     let headers = req.headers().clone();
     let hold = headers.contains_key("x-test-hold");
     let stream = headers.contains_key("x-test-stream");
-    let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
     if hold {
         shared.held.fetch_add(1, Ordering::SeqCst);
         shared.held_changed.notify_waiters();
@@ -125,7 +134,13 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
             shared.name
         )))));
         *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        r.headers_mut().insert("x-upstream", shared.name.parse().unwrap_or(http::HeaderValue::from_static("?")));
+        r.headers_mut().insert(
+            "x-upstream",
+            shared
+                .name
+                .parse()
+                .unwrap_or(http::HeaderValue::from_static("?")),
+        );
         return r;
     }
     let mut resp = if stream {
@@ -154,14 +169,20 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
             s.finished_streams.fetch_add(1, Ordering::SeqCst);
         });
         let mut r = Response::new(boxed(ChannelBody(rx)));
-        r.headers_mut().insert("content-type", http::HeaderValue::from_static("text/event-stream"));
+        r.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("text/event-stream"),
+        );
         r
     } else {
         Response::new(boxed(Full::new(body)))
     };
     resp.headers_mut().insert(
         "x-upstream",
-        shared.name.parse().unwrap_or(http::HeaderValue::from_static("?")),
+        shared
+            .name
+            .parse()
+            .unwrap_or(http::HeaderValue::from_static("?")),
     );
     resp
 }
@@ -169,7 +190,9 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
 impl Upstream {
     /// Starts a stand-in on 127.0.0.1 (ephemeral port).
     pub async fn start(name: &str, mode: Mode, models: &[&str]) -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
         let addr = listener.local_addr().expect("upstream addr");
         let shared = Arc::new(UpShared {
             name: name.to_string(),
@@ -188,7 +211,9 @@ impl Upstream {
         let s = Arc::clone(&shared);
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let s = Arc::clone(&s);
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
@@ -337,11 +362,17 @@ pub async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendReques
 }
 
 /// Builds a request.
-pub fn request(method: Method, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Request<Full<Bytes>> {
+pub fn request(
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Request<Full<Bytes>> {
     let mut req = Request::new(Full::new(body.into()));
     *req.method_mut() = method;
     *req.uri_mut() = path.parse().expect("path");
-    req.headers_mut().insert("host", http::HeaderValue::from_static("router.test"));
+    req.headers_mut()
+        .insert("host", http::HeaderValue::from_static("router.test"));
     for (k, v) in headers {
         req.headers_mut().insert(
             http::HeaderName::from_bytes(k.as_bytes()).expect("header name"),
@@ -369,7 +400,12 @@ pub async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Answer {
 }
 
 /// POSTs a JSON body.
-pub async fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Answer {
+pub async fn post(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
     send(addr, request(Method::POST, path, headers, body)).await
 }
 
