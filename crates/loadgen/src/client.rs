@@ -1,0 +1,286 @@
+//! Sending one request and reading its streamed answer.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{ACCEPT, CONTENT_TYPE};
+use http::{HeaderMap, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::record::{Failure, RequestRecord};
+use crate::sse::{parse_chunk, Chunk, SseParser};
+use crate::{FailureKind, Target};
+
+/// Response header naming the instance a router sent the request to.
+pub const INSTANCE_HEADER: &str = "x-prefix-router-instance";
+/// Response header with the router's decision reason (`preferred`, `overflow`, ...).
+pub const DECISION_HEADER: &str = "x-prefix-router-decision";
+
+/// Largest non-streamed response body read.
+const MAX_JSON_BODY: usize = 64 << 20;
+
+/// Idle pooled connections are closed after this long.
+const POOL_IDLE: Duration = Duration::from_secs(30);
+
+/// A pooled HTTP/1.1 client bound to one chat-completions endpoint. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ChatClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    endpoint: Uri,
+    timeout: Duration,
+}
+
+/// What a request is and when it was due, for [`ChatClient::send`].
+#[derive(Debug, Clone, Copy)]
+pub struct Slot {
+    /// Position in the run's request list.
+    pub index: usize,
+    /// The workload's request id.
+    pub id: u64,
+    /// When it was due, seconds since the run's start.
+    pub due_s: f64,
+}
+
+impl ChatClient {
+    /// A client for `target` whose requests each end after at most `timeout`.
+    pub fn new(target: &Target, timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(connector);
+        ChatClient {
+            client,
+            endpoint: target.endpoint.clone(),
+            timeout,
+        }
+    }
+
+    /// Sends `body` now and reads the whole answer; `clock` is the run's start. Never fails:
+    /// a failure is recorded in the returned record.
+    pub async fn send(&self, slot: Slot, body: String, clock: Instant) -> RequestRecord {
+        let mut rec = RequestRecord {
+            index: slot.index,
+            id: slot.id,
+            due_s: slot.due_s,
+            sent_s: secs(clock),
+            first_content_s: None,
+            finished_s: 0.0,
+            status: None,
+            usage: None,
+            content_chunks: 0,
+            instance: None,
+            decision: None,
+            failure: None,
+        };
+        let result = tokio::time::timeout(self.timeout, self.exchange(body, &mut rec, clock)).await;
+        let finished = secs(clock);
+        rec.failure = match result {
+            Ok(Ok(done_s)) => {
+                rec.finished_s = done_s.unwrap_or(finished);
+                None
+            }
+            Ok(Err(f)) => {
+                rec.finished_s = finished;
+                Some(f)
+            }
+            Err(_) => {
+                rec.finished_s = finished;
+                Some(Failure {
+                    kind: FailureKind::Timeout,
+                    detail: format!("no complete answer within {:?}", self.timeout),
+                })
+            }
+        };
+        rec
+    }
+
+    /// Sends and reads; returns when `[DONE]` arrived, if it did.
+    async fn exchange(
+        &self,
+        body: String,
+        rec: &mut RequestRecord,
+        clock: Instant,
+    ) -> Result<Option<f64>, Failure> {
+        let req = http::Request::post(self.endpoint.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "text/event-stream")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| failure(FailureKind::Request, e.to_string()))?;
+        rec.sent_s = secs(clock);
+        let resp = self.client.request(req).await.map_err(|e| {
+            let kind = if e.is_connect() {
+                FailureKind::Connect
+            } else {
+                FailureKind::Request
+            };
+            failure(kind, chain(&e))
+        })?;
+        let status = resp.status();
+        rec.status = Some(status.as_u16());
+        rec.instance = header(resp.headers(), INSTANCE_HEADER);
+        rec.decision = header(resp.headers(), DECISION_HEADER);
+        if !status.is_success() {
+            return Err(failure(
+                FailureKind::from_status(status.as_u16()),
+                format!("HTTP {status}"),
+            ));
+        }
+        let streamed = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.to_ascii_lowercase().contains("text/event-stream"));
+        let body = resp.into_body();
+        if streamed {
+            read_stream(body, rec, clock).await
+        } else {
+            read_whole(body, rec, clock).await.map(|()| None)
+        }
+    }
+}
+
+/// Reads an SSE body chunk by chunk; returns when `[DONE]` arrived.
+async fn read_stream(
+    mut body: Incoming,
+    rec: &mut RequestRecord,
+    clock: Instant,
+) -> Result<Option<f64>, Failure> {
+    let mut parser = SseParser::new();
+    let mut events = Vec::new();
+    let mut done_s = None;
+    loop {
+        let frame = match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => return Err(failure(FailureKind::StreamError, chain(&e))),
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        parser.push(&data, &mut events).map_err(malformed)?;
+        handle_events(&mut events, rec, &mut done_s, secs(clock))?;
+    }
+    parser.finish(&mut events).map_err(malformed)?;
+    handle_events(&mut events, rec, &mut done_s, secs(clock))?;
+    match done_s {
+        Some(t) => Ok(Some(t)),
+        None => Err(failure(
+            FailureKind::MalformedStream,
+            "stream ended without data: [DONE]".into(),
+        )),
+    }
+}
+
+fn handle_events(
+    events: &mut Vec<String>,
+    rec: &mut RequestRecord,
+    done_s: &mut Option<f64>,
+    now_s: f64,
+) -> Result<(), Failure> {
+    for data in events.drain(..) {
+        if done_s.is_some() {
+            continue; // anything after [DONE] is not part of the answer
+        }
+        match parse_chunk(&data).map_err(malformed)? {
+            Chunk::Done => *done_s = Some(now_s),
+            Chunk::Data {
+                content,
+                usage,
+                error,
+            } => {
+                if let Some(message) = error {
+                    return Err(failure(FailureKind::StreamError, message));
+                }
+                if content {
+                    rec.content_chunks += 1;
+                    rec.first_content_s.get_or_insert(now_s);
+                }
+                if usage.is_some() {
+                    rec.usage = usage;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads a non-streamed JSON answer (a server that ignored `stream: true`).
+async fn read_whole(
+    mut body: Incoming,
+    rec: &mut RequestRecord,
+    clock: Instant,
+) -> Result<(), Failure> {
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| failure(FailureKind::StreamError, chain(&e)))?;
+        if let Ok(data) = frame.into_data() {
+            if bytes.len() + data.len() > MAX_JSON_BODY {
+                return Err(failure(
+                    FailureKind::MalformedStream,
+                    format!("response body over {MAX_JSON_BODY} bytes"),
+                ));
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| failure(FailureKind::MalformedStream, "body is not UTF-8".into()))?;
+    match parse_chunk(text).map_err(malformed)? {
+        Chunk::Done => Err(failure(
+            FailureKind::MalformedStream,
+            "a bare [DONE] is no answer".into(),
+        )),
+        Chunk::Data {
+            content,
+            usage,
+            error,
+        } => {
+            if let Some(message) = error {
+                return Err(failure(FailureKind::StreamError, message));
+            }
+            if content {
+                rec.content_chunks = 1;
+                rec.first_content_s = Some(secs(clock));
+            }
+            rec.usage = usage;
+            Ok(())
+        }
+    }
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+fn failure(kind: FailureKind, detail: String) -> Failure {
+    Failure { kind, detail }
+}
+
+fn malformed(e: crate::sse::StreamError) -> Failure {
+    failure(FailureKind::MalformedStream, e.to_string())
+}
+
+/// An error and its causes on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Seconds since `clock`.
+pub(crate) fn secs(clock: Instant) -> f64 {
+    clock.elapsed().as_secs_f64()
+}

@@ -1,0 +1,282 @@
+//! The result of a run: every request's record plus HDR histograms and derived figures.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+
+use crate::{FailureKind, LoadMode, RequestRecord};
+
+/// Largest latency the histograms hold, microseconds (one hour); longer ones are clamped.
+const HIST_MAX_US: u64 = 3_600_000_000;
+/// Significant decimal digits the histograms keep (0.1% relative error).
+const HIST_DIGITS: u8 = 3;
+
+/// Decision labels that mean the key's preferred instance was skipped because of load.
+pub const OVERFLOW_DECISIONS: [&str; 2] = ["overflow", "all_busy"];
+
+/// Percentiles, mean and maximum of a latency, milliseconds (all 0 when there are no samples).
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct LatencyStats {
+    /// Samples.
+    pub count: u64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Mean.
+    pub mean: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// Everything a run observed.
+#[derive(Debug, Clone)]
+pub struct BenchOutcome {
+    /// The target as given.
+    pub target: String,
+    /// The endpoint requests went to.
+    pub endpoint: String,
+    /// Pacing used.
+    pub mode: LoadMode,
+    /// Requests the run could have sent (the list after `max_requests`).
+    pub planned: u64,
+    /// One record per request sent, in the request list's order.
+    pub records: Vec<RequestRecord>,
+    /// From the start to the last response, seconds.
+    pub wall_s: f64,
+    ttft_us: Histogram<u64>,
+    e2e_us: Histogram<u64>,
+    send_lag_us: Histogram<u64>,
+}
+
+fn histogram() -> Histogram<u64> {
+    // Constant, valid bounds: construction cannot fail.
+    Histogram::new_with_bounds(1, HIST_MAX_US, HIST_DIGITS).expect("valid histogram bounds")
+}
+
+fn micros(s: f64) -> u64 {
+    (s * 1e6).round().clamp(1.0, HIST_MAX_US as f64) as u64
+}
+
+fn stats(h: &Histogram<u64>) -> LatencyStats {
+    if h.is_empty() {
+        return LatencyStats::default();
+    }
+    let ms = |us: u64| us as f64 / 1000.0;
+    LatencyStats {
+        count: h.len(),
+        p50: ms(h.value_at_quantile(0.50)),
+        p90: ms(h.value_at_quantile(0.90)),
+        p99: ms(h.value_at_quantile(0.99)),
+        mean: h.mean() / 1000.0,
+        max: ms(h.max()),
+    }
+}
+
+/// `(n - 1) / (last - first)` over ascending times: the mean rate of `n` events.
+fn rate(times: impl Iterator<Item = f64>) -> Option<f64> {
+    let (mut n, mut first, mut last) = (0u64, f64::INFINITY, f64::NEG_INFINITY);
+    for t in times {
+        n += 1;
+        first = first.min(t);
+        last = last.max(t);
+    }
+    (n >= 2 && last > first).then(|| (n - 1) as f64 / (last - first))
+}
+
+impl BenchOutcome {
+    /// Builds the outcome from the records of a run (sorted here by index).
+    pub fn from_records(
+        target: String,
+        endpoint: String,
+        mode: LoadMode,
+        planned: u64,
+        mut records: Vec<RequestRecord>,
+        wall_s: f64,
+    ) -> Self {
+        records.sort_by_key(|r| r.index);
+        let (mut ttft_us, mut e2e_us, mut send_lag_us) = (histogram(), histogram(), histogram());
+        for r in &records {
+            if matches!(mode, LoadMode::OpenLoop { .. }) {
+                send_lag_us.saturating_record(micros(r.send_lag_s()));
+            }
+            if !r.is_ok() {
+                continue;
+            }
+            e2e_us.saturating_record(micros(r.e2e_s()));
+            if let Some(t) = r.ttft_s() {
+                ttft_us.saturating_record(micros(t));
+            }
+        }
+        BenchOutcome {
+            target,
+            endpoint,
+            mode,
+            planned,
+            records,
+            wall_s,
+            ttft_us,
+            e2e_us,
+            send_lag_us,
+        }
+    }
+
+    fn ok(&self) -> impl Iterator<Item = &RequestRecord> {
+        self.records.iter().filter(|r| r.is_ok())
+    }
+
+    /// Requests sent.
+    pub fn sent(&self) -> u64 {
+        self.records.len() as u64
+    }
+
+    /// Requests answered completely.
+    pub fn completed(&self) -> u64 {
+        self.ok().count() as u64
+    }
+
+    /// Failed requests by kind (kinds that did not occur are absent).
+    pub fn failures(&self) -> BTreeMap<FailureKind, u64> {
+        let mut out = BTreeMap::new();
+        for f in self.records.iter().filter_map(|r| r.failure.as_ref()) {
+            *out.entry(f.kind).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Time to first content chunk of completed requests that had one.
+    pub fn ttft_ms(&self) -> LatencyStats {
+        stats(&self.ttft_us)
+    }
+
+    /// Send-to-end latency of completed requests.
+    pub fn e2e_ms(&self) -> LatencyStats {
+        stats(&self.e2e_us)
+    }
+
+    /// How late sends were against the open-loop schedule (no samples in closed loop).
+    pub fn send_lag_ms(&self) -> LatencyStats {
+        stats(&self.send_lag_us)
+    }
+
+    /// TTFT percentiles 0, 1, ..., 100 in milliseconds (empty when there are no samples).
+    pub fn ttft_percentiles_ms(&self) -> Vec<f64> {
+        if self.ttft_us.is_empty() {
+            return Vec::new();
+        }
+        (0..=100)
+            .map(|p| self.ttft_us.value_at_quantile(f64::from(p) / 100.0) as f64 / 1000.0)
+            .collect()
+    }
+
+    /// Achieved send rate: the mean rate of the actual send times, requests per second.
+    pub fn send_rate_rps(&self) -> Option<f64> {
+        rate(self.records.iter().map(|r| r.sent_s))
+    }
+
+    /// The rate the schedule asked for over the requests sent (open loop).
+    pub fn scheduled_rate_rps(&self) -> Option<f64> {
+        rate(self.records.iter().map(|r| r.due_s))
+    }
+
+    /// Prompt tokens reported by completed requests.
+    pub fn prompt_tokens(&self) -> u64 {
+        self.ok()
+            .filter_map(|r| r.usage.and_then(|u| u.prompt_tokens))
+            .sum()
+    }
+
+    /// Cached prompt tokens reported by completed requests (0 where not reported).
+    pub fn cached_tokens(&self) -> u64 {
+        self.ok()
+            .filter(|r| r.usage.and_then(|u| u.prompt_tokens).is_some())
+            .filter_map(|r| r.usage.and_then(|u| u.cached_tokens))
+            .sum()
+    }
+
+    /// Completed requests whose usage reported `cached_tokens`.
+    pub fn cached_tokens_reported(&self) -> u64 {
+        self.ok()
+            .filter(|r| r.usage.and_then(|u| u.cached_tokens).is_some())
+            .count() as u64
+    }
+
+    /// Output tokens of completed requests.
+    pub fn output_tokens(&self) -> u64 {
+        self.ok().map(RequestRecord::output_tokens).sum()
+    }
+
+    /// Cached over prompt tokens of completed requests (0 when none were reported).
+    pub fn hit_rate(&self) -> f64 {
+        let prompt = self.prompt_tokens();
+        if prompt == 0 {
+            0.0
+        } else {
+            self.cached_tokens() as f64 / prompt as f64
+        }
+    }
+
+    /// Completed requests per `x-prefix-router-instance` value (requests without the header
+    /// are not counted).
+    pub fn instance_requests(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for i in self.ok().filter_map(|r| r.instance.as_ref()) {
+            *out.entry(i.clone()).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Completed requests per `x-prefix-router-decision` value.
+    pub fn decisions(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for d in self.ok().filter_map(|r| r.decision.as_ref()) {
+            *out.entry(d.clone()).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Fraction of decisions (of completed requests that reported one) that were overflows.
+    pub fn overflow_rate(&self) -> f64 {
+        let d = self.decisions();
+        let total: u64 = d.values().sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let over: u64 = OVERFLOW_DECISIONS
+            .iter()
+            .filter_map(|k| d.get(*k))
+            .sum();
+        over as f64 / total as f64
+    }
+
+    /// From the first send to the last response's end, seconds.
+    pub fn makespan_s(&self) -> f64 {
+        let first = self.records.iter().map(|r| r.sent_s).fold(f64::INFINITY, f64::min);
+        let last = self.records.iter().map(|r| r.finished_s).fold(0.0, f64::max);
+        if first.is_finite() {
+            (last - first).max(0.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// Completed requests per second over the makespan.
+    pub fn throughput_rps(&self) -> f64 {
+        per_second(self.completed(), self.makespan_s())
+    }
+
+    /// Output tokens per second over the makespan.
+    pub fn output_tokens_per_s(&self) -> f64 {
+        per_second(self.output_tokens(), self.makespan_s())
+    }
+}
+
+fn per_second(n: u64, span_s: f64) -> f64 {
+    if span_s > 0.0 {
+        n as f64 / span_s
+    } else {
+        0.0
+    }
+}

@@ -1,0 +1,105 @@
+//! Open-loop send times and the request bodies sent.
+
+use prefix_router_workload::Request;
+
+/// Seconds after the run's start at which each request is due, in the requests' order: their
+/// `arrival_s` relative to the first. With `rate`, the gaps are scaled (keeping their shape) so
+/// that the mean rate over the span is `rate`: `n - 1` gaps in `(n - 1) / rate` seconds. A
+/// workload with a single request, or with all arrivals equal, is sent at once. Negative or
+/// non-finite gaps count as 0 (a malformed trace cannot stall the run).
+pub fn send_offsets(requests: &[Request], rate: Option<f64>) -> Vec<f64> {
+    let Some(first) = requests.first().map(|r| r.arrival_s) else {
+        return Vec::new();
+    };
+    let mut offsets: Vec<f64> = Vec::with_capacity(requests.len());
+    let mut last = 0.0f64;
+    for r in requests {
+        let t = r.arrival_s - first;
+        // Keep the schedule monotone: a request is never due before the one listed before it.
+        last = if t.is_finite() { last.max(t) } else { last };
+        offsets.push(last);
+    }
+    let span = last;
+    if let Some(rate) = rate.filter(|r| r.is_finite() && *r > 0.0) {
+        if requests.len() >= 2 && span > 0.0 {
+            let factor = (requests.len() - 1) as f64 / rate / span;
+            for o in &mut offsets {
+                *o *= factor;
+            }
+        }
+    }
+    offsets
+}
+
+/// The JSON body sent for `request`: its streaming chat body plus
+/// `"stream_options":{"include_usage":true}`, so the final chunk reports token counts.
+pub fn request_body(request: &Request) -> String {
+    let mut body = request.chat_body(true, None);
+    // `chat_body` always renders one JSON object; insert the extra field before its closing
+    // brace rather than parsing and re-serializing tens of kilobytes of prompt.
+    if body.ends_with('}') {
+        body.pop();
+        body.push_str(",\"stream_options\":{\"include_usage\":true}}");
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefix_router_workload::{Message, Role, Segment};
+
+    fn at(times: &[f64]) -> Vec<Request> {
+        times
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| Request {
+                id: i as u64,
+                arrival_s: t,
+                group: Some("g".into()),
+                model: None,
+                messages: vec![Message::new(
+                    Role::User,
+                    vec![Segment {
+                        id: 7,
+                        tokens: 3,
+                    }],
+                )],
+                output_tokens: 2,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn offsets_are_relative_to_the_first_arrival() {
+        assert_eq!(send_offsets(&at(&[5.0, 5.5, 7.0]), None), vec![0.0, 0.5, 2.0]);
+        assert!(send_offsets(&[], Some(3.0)).is_empty());
+    }
+
+    #[test]
+    fn rate_rescales_keeping_the_shape() {
+        // 3 gaps over 4 s at 1 per second become 3 gaps over 3 s.
+        let o = send_offsets(&at(&[10.0, 11.0, 13.0, 14.0]), Some(1.0));
+        assert_eq!(o, vec![0.0, 0.75, 2.25, 3.0]);
+        assert_eq!(send_offsets(&at(&[2.0, 2.0]), Some(5.0)), vec![0.0, 0.0]);
+    }
+
+    #[test]
+    fn out_of_order_or_bad_times_never_go_backwards() {
+        let o = send_offsets(&at(&[0.0, 2.0, 1.0, f64::NAN, 3.0]), None);
+        assert_eq!(o, vec![0.0, 2.0, 2.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn body_streams_with_usage() {
+        let r = &at(&[0.0])[0];
+        let v: serde_json::Value =
+            serde_json::from_str(&request_body(r)).unwrap_or(serde_json::Value::Null);
+        assert_eq!(v["stream"], true);
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["prompt_cache_key"], "g");
+        assert_eq!(v["max_tokens"], 2);
+        // Same request, same bytes.
+        assert_eq!(request_body(r), request_body(r));
+    }
+}
