@@ -1,0 +1,103 @@
+//! Real signals to this test process (its own binary, so no other test sees them): SIGHUP
+//! reloads the configuration file, SIGTERM stops accepting and lets in-flight requests finish.
+
+mod support;
+
+use std::time::Duration;
+
+use http::StatusCode;
+use prefix_router_server::run_until_signal;
+use prefix_router_server::settings::{ConfigSource, Overrides};
+use support::*;
+
+fn signal_self(name: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(std::process::id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_and_sigterm_drains() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let dir = std::env::temp_dir().join(format!("pr-signals-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("router.toml");
+    let write = |url: &str| {
+        let text = format!(
+            "listen = \"{addr}\"\n[health]\nactive = false\n[timeouts]\nshutdown_grace_ms = 5000\n[[instances]]\nurl = \"{url}\"\n"
+        );
+        std::fs::write(&path, text).expect("write config");
+    };
+    write(&a.url());
+    let source = ConfigSource {
+        path: Some(path.clone()),
+        overrides: Overrides::default(),
+    };
+    let router = tokio::spawn(run_until_signal(source));
+    let up = tokio::time::timeout(WAIT, async {
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(up.is_ok(), "router listening");
+    assert_eq!(
+        post(addr, "/v1/completions", &[], r#"{"prompt":"1"}"#)
+            .await
+            .upstream(),
+        "a"
+    );
+
+    write(&b.url());
+    signal_self("HUP");
+    let moved = tokio::time::timeout(WAIT, async {
+        loop {
+            if post(addr, "/v1/completions", &[], r#"{"prompt":"2"}"#)
+                .await
+                .upstream()
+                == "b"
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(moved.is_ok(), "SIGHUP applied the new instance list");
+
+    let held = tokio::spawn(async move {
+        post(
+            addr,
+            "/v1/completions",
+            &[("x-test-hold", "1")],
+            r#"{"prompt":"h"}"#,
+        )
+        .await
+    });
+    b.wait_held(1).await;
+    signal_self("TERM");
+    let refused = tokio::time::timeout(WAIT, async {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(refused.is_ok(), "stopped accepting");
+    assert!(!router.is_finished(), "waits for the in-flight request");
+    b.release(1);
+    assert_eq!(held.await.expect("held").status, StatusCode::OK);
+    let ended = tokio::time::timeout(WAIT, router)
+        .await
+        .expect("router stopped in time");
+    assert!(matches!(ended, Ok(Ok(()))));
+    let _ = std::fs::remove_dir_all(dir);
+}
