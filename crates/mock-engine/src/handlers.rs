@@ -1,0 +1,222 @@
+//! Request routing and the endpoint handlers.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use prefix_router_engine_model::EngineRequest;
+use tokio::sync::mpsc;
+
+use crate::api_error::ApiError;
+use crate::body::ResponseBody;
+use crate::driver::{Progress, Submission};
+use crate::faults::{FaultState, Verdict};
+use crate::metrics::Metrics;
+use crate::request::{self, ApiKind};
+use crate::response::Meta;
+use crate::stream::SseStream;
+use crate::MockEngineConfig;
+
+/// Largest request body accepted (a 100k-token prompt is well under 1 MiB).
+const MAX_BODY_BYTES: usize = 32 << 20;
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub(crate) struct AppState {
+    pub config: MockEngineConfig,
+    pub submit: mpsc::UnboundedSender<Submission>,
+    pub metrics: Arc<Mutex<Metrics>>,
+    pub faults: FaultState,
+    pub next_id: AtomicU64,
+}
+
+type Reply = Response<ResponseBody>;
+
+/// Answers one request.
+pub(crate) async fn handle<B>(state: Arc<AppState>, req: Request<B>) -> Result<Reply, Infallible>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let path = req.uri().path().to_owned();
+    if path == "/metrics" {
+        return Ok(match *req.method() {
+            Method::GET => metrics(&state),
+            _ => error(ApiError::method_not_allowed(&path)),
+        });
+    }
+    if state.faults.stopped() {
+        return Ok(stopped());
+    }
+    let kind = match path.as_str() {
+        "/v1/chat/completions" => Some(ApiKind::Chat),
+        "/v1/completions" => Some(ApiKind::Completion),
+        "/invocations" => None,
+        "/health" | "/ping" | "/v1/models" => {
+            return Ok(match *req.method() {
+                Method::GET if path == "/v1/models" => models(&state.config),
+                Method::GET => plain(StatusCode::OK, ResponseBody::empty()),
+                _ => error(ApiError::method_not_allowed(&path)),
+            })
+        }
+        _ => return Ok(error(ApiError::not_found(&path))),
+    };
+    if req.method() != Method::POST {
+        return Ok(error(ApiError::method_not_allowed(&path)));
+    }
+    Ok(inference(&state, kind, req).await.unwrap_or_else(error))
+}
+
+/// Chat, completions and the native invoke API.
+async fn inference<B>(state: &AppState, kind: Option<ApiKind>, req: Request<B>) -> Result<Reply, ApiError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    if state.faults.arrive() {
+        return Ok(stopped());
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY_BYTES).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(ApiError::too_large(MAX_BODY_BYTES))
+        }
+        Err(e) => return Err(ApiError::bad_body(format!("cannot read the body: {e}"))),
+    };
+    let config = &state.config;
+    let default_model = kind.is_none().then_some(config.model.as_str());
+    let parsed = request::parse(kind, &body, default_model, config.engine.block_tokens)?;
+    if !config.serves(&parsed.model) {
+        return Err(ApiError::unknown_model(&parsed.model));
+    }
+    match state.faults.draw() {
+        Verdict::Fail(status) => return Err(ApiError::injected(status, "injected failure")),
+        Verdict::Serve(Some(delay)) => tokio::time::sleep(delay).await,
+        Verdict::Serve(None) => {}
+    }
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let prompt_tokens = parsed.prompt.tokens.max(1);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let submission = Submission {
+        request: EngineRequest {
+            id,
+            block_hashes: parsed.prompt.block_hashes,
+            prompt_tokens,
+            output_tokens: parsed.max_tokens,
+        },
+        progress: tx,
+    };
+    if state.submit.send(submission).is_err() {
+        return Err(ApiError::injected(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped"));
+    }
+    let meta = Meta {
+        kind: parsed.kind,
+        id: match parsed.kind {
+            ApiKind::Chat => format!("chatcmpl-{id:016x}"),
+            ApiKind::Completion => format!("cmpl-{id:016x}"),
+        },
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model: parsed.model,
+        prompt_tokens,
+        seed: parsed.prompt.digest,
+        include_usage: parsed.stream && parsed.include_usage,
+    };
+    if parsed.stream {
+        let stream = SseStream::new(
+            meta,
+            rx,
+            parsed.max_tokens,
+            state.faults.close_stream_after_tokens(),
+        );
+        let mut r = plain(StatusCode::OK, ResponseBody::Sse(Box::new(stream)));
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CACHE_CONTROL, http::HeaderValue::from_static("no-cache"));
+        return Ok(r);
+    }
+    let mut cached_tokens = 0;
+    loop {
+        match rx.recv().await {
+            Some(Progress::Started { cached_tokens: c }) => cached_tokens = c,
+            Some(Progress::Generated(_)) => {}
+            Some(Progress::Finished) => break,
+            None => {
+                return Err(ApiError::injected(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped"))
+            }
+        }
+    }
+    Ok(json(StatusCode::OK, meta.full(parsed.max_tokens, cached_tokens)))
+}
+
+/// `GET /v1/models`: the base model, then the adapters (with the base model as parent).
+fn models(config: &MockEngineConfig) -> Reply {
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let entry = |id: &str, parent: Option<&str>| {
+        serde_json::json!({
+            "id": id,
+            "object": "model",
+            "created": created,
+            "owned_by": "prefix-router-mock-engine",
+            "root": id,
+            "parent": parent,
+        })
+    };
+    let mut data = vec![entry(&config.model, None)];
+    data.extend(config.loras.iter().map(|l| entry(l, Some(&config.model))));
+    let v = serde_json::json!({ "object": "list", "data": data });
+    json(StatusCode::OK, v.to_string().into_bytes())
+}
+
+fn metrics(state: &AppState) -> Reply {
+    let text = match state.metrics.lock() {
+        Ok(m) => m.render(),
+        Err(poisoned) => poisoned.into_inner().render(),
+    };
+    let mut r = plain(StatusCode::OK, ResponseBody::full(text));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// A stopped engine: 503 and the connection closed.
+fn stopped() -> Reply {
+    let mut r = error(ApiError::injected(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the engine has stopped answering (stop_after)",
+    ));
+    r.headers_mut()
+        .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    r
+}
+
+fn error(e: ApiError) -> Reply {
+    json(e.status, e.to_json())
+}
+
+fn json(status: StatusCode, body: Vec<u8>) -> Reply {
+    let mut r = plain(status, ResponseBody::full(body));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn plain(status: StatusCode, body: ResponseBody) -> Reply {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    r
+}

@@ -1,0 +1,283 @@
+//! Parsing and checking OpenAI request bodies; every refusal names the field at fault.
+
+use serde_json::{Map, Value};
+
+use crate::api_error::ApiError;
+use crate::config::{DEFAULT_MAX_TOKENS, MAX_OUTPUT_TOKENS};
+use crate::tokenizer::{PromptTokens, Tokenizer};
+
+/// Which API shape a request uses (and its response takes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ApiKind {
+    /// `/v1/chat/completions`: `messages` in, `chat.completion` out.
+    Chat,
+    /// `/v1/completions`: `prompt` in, `text_completion` out.
+    Completion,
+}
+
+/// A checked inference request.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Inference {
+    pub kind: ApiKind,
+    pub model: String,
+    pub prompt: PromptTokens,
+    pub max_tokens: u32,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Parses a body for `kind`; with `kind == None` (native `/invocations`) the shape is chosen by
+/// the body (`messages`: chat, `prompt`: completion) and a missing `model` means `default_model`.
+pub(crate) fn parse(
+    kind: Option<ApiKind>,
+    body: &[u8],
+    default_model: Option<&str>,
+    block_tokens: u32,
+) -> Result<Inference, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_body(format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::bad_body("the body must be a JSON object"));
+    };
+    let kind = match kind {
+        Some(k) => k,
+        None if obj.contains_key("messages") => ApiKind::Chat,
+        None if obj.contains_key("prompt") => ApiKind::Completion,
+        None => {
+            return Err(ApiError::bad_body(
+                "the body needs `messages` (chat) or `prompt` (completion)",
+            ))
+        }
+    };
+    let model = match (obj.get("model"), default_model) {
+        (Some(Value::String(m)), _) if !m.is_empty() => m.clone(),
+        (None | Some(Value::Null), Some(d)) => d.to_owned(),
+        (None | Some(Value::Null), None) => {
+            return Err(ApiError::invalid("model", "`model` is required"))
+        }
+        (Some(_), _) => {
+            return Err(ApiError::invalid(
+                "model",
+                "`model` must be a non-empty string",
+            ))
+        }
+    };
+    let mut tok = Tokenizer::new(block_tokens);
+    match kind {
+        ApiKind::Chat => messages(&obj, &mut tok)?,
+        ApiKind::Completion => prompt(&obj, &mut tok)?,
+    }
+    let max_tokens = match (
+        uint_field(&obj, "max_completion_tokens")?,
+        uint_field(&obj, "max_tokens")?,
+    ) {
+        (Some(n), _) => n,
+        (None, Some(n)) => n,
+        (None, None) => DEFAULT_MAX_TOKENS,
+    };
+    let stream = bool_field(&obj, "stream", "stream")?.unwrap_or(false);
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => {
+            bool_field(o, "include_usage", "stream_options.include_usage")?.unwrap_or(false)
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` must be an object",
+            ))
+        }
+    };
+    match obj.get("n") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.as_u64() == Some(1) => {}
+        Some(_) => return Err(ApiError::invalid("n", "only `n` = 1 is supported")),
+    }
+    Ok(Inference {
+        kind,
+        model,
+        prompt: tok.finish(),
+        max_tokens,
+        stream,
+        include_usage,
+    })
+}
+
+/// Tokenizes `messages`: every message's text content, in order (roles add no tokens).
+fn messages(obj: &Map<String, Value>, tok: &mut Tokenizer) -> Result<(), ApiError> {
+    let list = match obj.get("messages") {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid("messages", "`messages` must not be empty"))
+        }
+        None => return Err(ApiError::invalid("messages", "`messages` is required")),
+        Some(_) => {
+            return Err(ApiError::invalid("messages", "`messages` must be an array"))
+        }
+    };
+    for (i, m) in list.iter().enumerate() {
+        let Value::Object(m) = m else {
+            return Err(ApiError::invalid(
+                format!("messages[{i}]"),
+                "each message must be an object",
+            ));
+        };
+        match m.get("role") {
+            Some(Value::String(r))
+                if matches!(
+                    r.as_str(),
+                    "system" | "developer" | "user" | "assistant" | "tool"
+                ) => {}
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    "`role` must be one of system, developer, user, assistant, tool",
+                ))
+            }
+        }
+        match m.get("content") {
+            Some(Value::String(s)) => tok.push_text(s),
+            None | Some(Value::Null) => {}
+            Some(Value::Array(parts)) => {
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.get("type"), p.get("text")) {
+                        (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => {
+                            tok.push_text(text)
+                        }
+                        _ => {
+                            return Err(ApiError::invalid(
+                                format!("messages[{i}].content[{j}]"),
+                                "content parts must be {\"type\":\"text\",\"text\":\"...\"}",
+                            ))
+                        }
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].content"),
+                    "`content` must be a string or an array of text parts",
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Tokenizes `prompt`: a string, or an array holding one string.
+fn prompt(obj: &Map<String, Value>, tok: &mut Tokenizer) -> Result<(), ApiError> {
+    match obj.get("prompt") {
+        Some(Value::String(s)) => tok.push_text(s),
+        Some(Value::Array(a)) => match a.as_slice() {
+            [Value::String(s)] => tok.push_text(s),
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "`prompt` must be a string or an array of exactly one string",
+                ))
+            }
+        },
+        None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+        Some(_) => return Err(ApiError::invalid("prompt", "`prompt` must be a string")),
+    }
+    Ok(())
+}
+
+/// An optional output length field: absent or null, or an integer in 1..=MAX_OUTPUT_TOKENS.
+fn uint_field(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=u64::from(MAX_OUTPUT_TOKENS)).contains(&n) => Ok(Some(n as u32)),
+            _ => Err(ApiError::invalid(
+                name,
+                format!("`{name}` must be an integer from 1 to {MAX_OUTPUT_TOKENS}"),
+            )),
+        },
+    }
+}
+
+/// An optional boolean field.
+fn bool_field(obj: &Map<String, Value>, name: &str, param: &str) -> Result<Option<bool>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::invalid(param, format!("`{param}` must be a boolean"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &str) -> Result<Inference, ApiError> {
+        parse(Some(ApiKind::Chat), body.as_bytes(), None, 16)
+    }
+
+    fn param(r: Result<Inference, ApiError>) -> Option<String> {
+        r.unwrap_err().param
+    }
+
+    #[test]
+    fn chat_counts_content_words_only() {
+        let r = chat(
+            r#"{"model":"m","messages":[{"role":"system","content":"a b c"},
+                {"role":"user","content":[{"type":"text","text":"d e"}]}],
+                "max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.prompt.tokens, 5);
+        assert_eq!((r.max_tokens, r.stream, r.include_usage), (5, true, true));
+        assert_eq!(r.model, "m");
+    }
+
+    #[test]
+    fn max_completion_tokens_wins_and_default_applies() {
+        let r = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":3,"max_completion_tokens":7}"#).unwrap();
+        assert_eq!(r.max_tokens, 7);
+        let r = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#).unwrap();
+        assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let ok_msgs = r#""messages":[{"role":"user","content":"x"}]"#;
+        assert_eq!(param(chat(&format!("{{{ok_msgs}}}"))).as_deref(), Some("model"));
+        assert_eq!(param(chat(r#"{"model":"m","messages":[]}"#)).as_deref(), Some("messages"));
+        assert_eq!(
+            param(chat(r#"{"model":"m","messages":[{"role":"bot","content":"x"}]}"#)).as_deref(),
+            Some("messages[0].role")
+        );
+        assert_eq!(
+            param(chat(r#"{"model":"m","messages":[{"role":"user","content":5}]}"#)).as_deref(),
+            Some("messages[0].content")
+        );
+        for (field, v) in [("max_tokens", "0"), ("max_tokens", "-1"), ("max_tokens", "\"9\""),
+                           ("max_completion_tokens", "100000000"), ("stream", "1"), ("n", "2")] {
+            let body = format!(r#"{{"model":"m",{ok_msgs},"{field}":{v}}}"#);
+            assert_eq!(param(chat(&body)).as_deref(), Some(field), "{body}");
+        }
+        let body = format!(r#"{{"model":"m",{ok_msgs},"stream_options":{{"include_usage":"yes"}}}}"#);
+        assert_eq!(param(chat(&body)).as_deref(), Some("stream_options.include_usage"));
+        assert!(chat("{not json").is_err());
+        assert!(chat("[1]").is_err());
+    }
+
+    #[test]
+    fn completion_prompt_shapes() {
+        let p = |b: &str| parse(Some(ApiKind::Completion), b.as_bytes(), None, 16);
+        assert_eq!(p(r#"{"model":"m","prompt":"a b"}"#).unwrap().prompt.tokens, 2);
+        assert_eq!(p(r#"{"model":"m","prompt":["a b c"]}"#).unwrap().prompt.tokens, 3);
+        assert_eq!(param(p(r#"{"model":"m","prompt":["a","b"]}"#)).as_deref(), Some("prompt"));
+        assert_eq!(param(p(r#"{"model":"m"}"#)).as_deref(), Some("prompt"));
+    }
+
+    #[test]
+    fn native_detects_the_shape_and_defaults_the_model() {
+        let r = parse(None, br#"{"prompt":"a"}"#, Some("base"), 16).unwrap();
+        assert_eq!((r.kind, r.model.as_str()), (ApiKind::Completion, "base"));
+        let r = parse(None, br#"{"messages":[{"role":"user","content":"a"}]}"#, Some("base"), 16).unwrap();
+        assert_eq!(r.kind, ApiKind::Chat);
+        assert!(parse(None, br#"{"x":1}"#, Some("base"), 16).is_err());
+    }
+}

@@ -1,0 +1,108 @@
+//! A streaming response: SSE chunks built from the engine's progress as it arrives.
+
+use std::collections::VecDeque;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::body::StreamCut;
+use crate::driver::Progress;
+use crate::response::{Meta, DONE};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Waiting for the engine.
+    Running,
+    /// Cut on purpose (or the engine went away): error out once `pending` is sent.
+    Cut,
+    /// Everything queued is the rest of the stream.
+    Ended,
+}
+
+/// The SSE body of one streaming request.
+#[derive(Debug)]
+pub(crate) struct SseStream {
+    meta: Meta,
+    progress: mpsc::UnboundedReceiver<Progress>,
+    output_tokens: u32,
+    /// Tokens sent in chunks so far.
+    sent: u32,
+    cached_tokens: u32,
+    /// Cut the stream after this many tokens (fault injection).
+    cut_after: Option<u32>,
+    pending: VecDeque<Bytes>,
+    state: State,
+}
+
+impl SseStream {
+    /// A stream of `output_tokens` tokens fed by `progress`.
+    pub fn new(
+        meta: Meta,
+        progress: mpsc::UnboundedReceiver<Progress>,
+        output_tokens: u32,
+        cut_after: Option<u32>,
+    ) -> Self {
+        SseStream {
+            meta,
+            progress,
+            output_tokens,
+            sent: 0,
+            cached_tokens: 0,
+            cut_after: cut_after.filter(|&n| n < output_tokens),
+            pending: VecDeque::new(),
+            state: State::Running,
+        }
+    }
+
+    /// The next piece of the body.
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, StreamCut>>> {
+        loop {
+            if let Some(b) = self.pending.pop_front() {
+                return Poll::Ready(Some(Ok(b)));
+            }
+            match self.state {
+                State::Ended => return Poll::Ready(None),
+                State::Cut => {
+                    self.state = State::Ended;
+                    return Poll::Ready(Some(Err(StreamCut(self.sent))));
+                }
+                State::Running => {}
+            }
+            match ready!(self.progress.poll_recv(cx)) {
+                Some(Progress::Started { cached_tokens }) => self.cached_tokens = cached_tokens,
+                Some(Progress::Generated(total)) => self.tokens(total),
+                Some(Progress::Finished) => {
+                    self.tokens(self.output_tokens);
+                    if self.state == State::Running {
+                        if self.meta.include_usage {
+                            self.pending
+                                .push_back(self.meta.usage_chunk(self.sent, self.cached_tokens));
+                        }
+                        self.pending.push_back(Bytes::from_static(DONE));
+                        self.state = State::Ended;
+                    }
+                }
+                // The engine stopped (shutdown): the stream ends abnormally.
+                None => self.state = State::Cut,
+            }
+        }
+    }
+
+    /// Queues a chunk for the tokens up to `total`, stopping at the cut point.
+    fn tokens(&mut self, total: u32) {
+        let mut to = total.min(self.output_tokens);
+        let cut = self.cut_after.is_some_and(|n| to >= n);
+        if let Some(n) = self.cut_after.filter(|_| cut) {
+            to = n;
+        }
+        if to > self.sent {
+            self.pending
+                .push_back(self.meta.chunk(self.sent, to, to == self.output_tokens));
+            self.sent = to;
+        }
+        if cut {
+            self.state = State::Cut;
+        }
+    }
+}
