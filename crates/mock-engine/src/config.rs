@@ -144,12 +144,18 @@ mod tests {
         assert!(matches!(bad.validate(), Err(ConfigError::TimeScale(_))));
         let mut bad = MockEngineConfig::default();
         bad.faults.fail_rate = 1.5;
-        assert!(bad.validate().unwrap_err().to_string().contains("fail_rate"));
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("fail_rate"));
         let mut bad = MockEngineConfig::default();
         bad.faults.fail_status = 404;
         assert!(matches!(bad.validate(), Err(ConfigError::FailStatus(404))));
-        let mut bad = MockEngineConfig::default();
-        bad.loras = vec!["a".into(), "a".into()];
+        let bad = MockEngineConfig {
+            loras: vec!["a".into(), "a".into()],
+            ..MockEngineConfig::default()
+        };
         assert!(matches!(bad.validate(), Err(ConfigError::BadLora(_))));
         assert!(matches!(
             MockEngineConfig::from_preset("nope"),

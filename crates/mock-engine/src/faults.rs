@@ -65,8 +65,9 @@ impl FaultState {
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             return Verdict::Fail(status);
         }
-        let delay = (spike < self.faults.latency_spike_rate && !self.faults.latency_spike.is_zero())
-            .then_some(self.faults.latency_spike);
+        let delay = (spike < self.faults.latency_spike_rate
+            && !self.faults.latency_spike.is_zero())
+        .then_some(self.faults.latency_spike);
         Verdict::Serve(delay)
     }
 
@@ -95,15 +96,27 @@ mod tests {
         };
         let a = run();
         assert_eq!(a, run());
-        let failed = a.iter().filter(|v| matches!(v, Verdict::Fail(s) if *s == 503)).count();
+        let failed = a
+            .iter()
+            .filter(|v| matches!(v, Verdict::Fail(s) if *s == 503))
+            .count();
         assert!((230..370).contains(&failed), "{failed}");
-        let spiked = a.iter().filter(|v| matches!(v, Verdict::Serve(Some(_)))).count();
+        let spiked = a
+            .iter()
+            .filter(|v| matches!(v, Verdict::Serve(Some(_))))
+            .count();
         assert!((270..430).contains(&spiked), "{spiked}");
     }
 
     #[test]
     fn stops_after_n() {
-        let f = FaultState::new(Faults { stop_after: Some(2), ..Faults::default() }, 0);
+        let f = FaultState::new(
+            Faults {
+                stop_after: Some(2),
+                ..Faults::default()
+            },
+            0,
+        );
         assert!(!f.stopped());
         assert!(!f.arrive());
         assert!(!f.arrive());

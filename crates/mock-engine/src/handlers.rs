@@ -72,7 +72,11 @@ where
 }
 
 /// Chat, completions and the native invoke API.
-async fn inference<B>(state: &AppState, kind: Option<ApiKind>, req: Request<B>) -> Result<Reply, ApiError>
+async fn inference<B>(
+    state: &AppState,
+    kind: Option<ApiKind>,
+    req: Request<B>,
+) -> Result<Reply, ApiError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
@@ -80,7 +84,10 @@ where
     if state.faults.arrive() {
         return Ok(stopped());
     }
-    let body = match Limited::new(req.into_body(), MAX_BODY_BYTES).collect().await {
+    let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             return Err(ApiError::too_large(MAX_BODY_BYTES))
@@ -111,7 +118,10 @@ where
         progress: tx,
     };
     if state.submit.send(submission).is_err() {
-        return Err(ApiError::injected(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped"));
+        return Err(ApiError::injected(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the engine has stopped",
+        ));
     }
     let meta = Meta {
         kind: parsed.kind,
@@ -140,7 +150,10 @@ where
             header::CONTENT_TYPE,
             http::HeaderValue::from_static("text/event-stream"),
         );
-        h.insert(header::CACHE_CONTROL, http::HeaderValue::from_static("no-cache"));
+        h.insert(
+            header::CACHE_CONTROL,
+            http::HeaderValue::from_static("no-cache"),
+        );
         return Ok(r);
     }
     let mut cached_tokens = 0;
@@ -150,11 +163,17 @@ where
             Some(Progress::Generated(_)) => {}
             Some(Progress::Finished) => break,
             None => {
-                return Err(ApiError::injected(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped"))
+                return Err(ApiError::injected(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the engine has stopped",
+                ))
             }
         }
     }
-    Ok(json(StatusCode::OK, meta.full(parsed.max_tokens, cached_tokens)))
+    Ok(json(
+        StatusCode::OK,
+        meta.full(parsed.max_tokens, cached_tokens),
+    ))
 }
 
 /// `GET /v1/models`: the base model, then the adapters (with the base model as parent).

@@ -89,7 +89,10 @@ impl Metrics {
             ),
         ];
         for (name, help, v) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{label}}} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{label}}} {v}"
+            );
         }
         let counters: [(&str, &str, u64); 4] = [
             (
@@ -114,7 +117,10 @@ impl Metrics {
             ),
         ];
         for (name, help, v) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{label}}} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{label}}} {v}"
+            );
         }
         let name = "vllm:time_to_first_token_seconds";
         let _ = writeln!(
@@ -127,7 +133,11 @@ impl Metrics {
             cumulative += c;
             let _ = writeln!(out, "{name}_bucket{{{label},le=\"{b}\"}} {cumulative}");
         }
-        let _ = writeln!(out, "{name}_bucket{{{label},le=\"+Inf\"}} {}", self.ttft_count);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{label},le=\"+Inf\"}} {}",
+            self.ttft_count
+        );
         let _ = writeln!(out, "{name}_sum{{{label}}} {}", self.ttft_sum);
         let _ = writeln!(out, "{name}_count{{{label}}} {}", self.ttft_count);
         out
@@ -158,7 +168,10 @@ mod tests {
         m.observe_ttft(0.03);
         m.observe_ttft(5000.0);
         let t = m.render();
-        assert!(t.contains("vllm:prefix_cache_hits_total{model_name=\"m\\\"x\"} 96\n"), "{t}");
+        assert!(
+            t.contains("vllm:prefix_cache_hits_total{model_name=\"m\\\"x\"} 96\n"),
+            "{t}"
+        );
         assert!(t.contains("vllm:prefix_cache_queries_total{model_name=\"m\\\"x\"} 200\n"));
         assert!(t.contains("vllm:kv_cache_usage_perc{model_name=\"m\\\"x\"} 0.25\n"));
         assert!(t.contains("vllm:num_requests_running{model_name=\"m\\\"x\"} 2\n"));

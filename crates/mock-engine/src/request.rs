@@ -108,12 +108,13 @@ fn messages(obj: &Map<String, Value>, tok: &mut Tokenizer) -> Result<(), ApiErro
     let list = match obj.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => {
-            return Err(ApiError::invalid("messages", "`messages` must not be empty"))
+            return Err(ApiError::invalid(
+                "messages",
+                "`messages` must not be empty",
+            ))
         }
         None => return Err(ApiError::invalid("messages", "`messages` is required")),
-        Some(_) => {
-            return Err(ApiError::invalid("messages", "`messages` must be an array"))
-        }
+        Some(_) => return Err(ApiError::invalid("messages", "`messages` must be an array")),
     };
     for (i, m) in list.iter().enumerate() {
         let Value::Object(m) = m else {
@@ -202,7 +203,10 @@ fn bool_field(obj: &Map<String, Value>, name: &str, param: &str) -> Result<Optio
     match obj.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::invalid(param, format!("`{param}` must be a boolean"))),
+        Some(_) => Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be a boolean"),
+        )),
     }
 }
 
@@ -242,23 +246,45 @@ mod tests {
     #[test]
     fn bad_fields_are_named() {
         let ok_msgs = r#""messages":[{"role":"user","content":"x"}]"#;
-        assert_eq!(param(chat(&format!("{{{ok_msgs}}}"))).as_deref(), Some("model"));
-        assert_eq!(param(chat(r#"{"model":"m","messages":[]}"#)).as_deref(), Some("messages"));
         assert_eq!(
-            param(chat(r#"{"model":"m","messages":[{"role":"bot","content":"x"}]}"#)).as_deref(),
+            param(chat(&format!("{{{ok_msgs}}}"))).as_deref(),
+            Some("model")
+        );
+        assert_eq!(
+            param(chat(r#"{"model":"m","messages":[]}"#)).as_deref(),
+            Some("messages")
+        );
+        assert_eq!(
+            param(chat(
+                r#"{"model":"m","messages":[{"role":"bot","content":"x"}]}"#
+            ))
+            .as_deref(),
             Some("messages[0].role")
         );
         assert_eq!(
-            param(chat(r#"{"model":"m","messages":[{"role":"user","content":5}]}"#)).as_deref(),
+            param(chat(
+                r#"{"model":"m","messages":[{"role":"user","content":5}]}"#
+            ))
+            .as_deref(),
             Some("messages[0].content")
         );
-        for (field, v) in [("max_tokens", "0"), ("max_tokens", "-1"), ("max_tokens", "\"9\""),
-                           ("max_completion_tokens", "100000000"), ("stream", "1"), ("n", "2")] {
+        for (field, v) in [
+            ("max_tokens", "0"),
+            ("max_tokens", "-1"),
+            ("max_tokens", "\"9\""),
+            ("max_completion_tokens", "100000000"),
+            ("stream", "1"),
+            ("n", "2"),
+        ] {
             let body = format!(r#"{{"model":"m",{ok_msgs},"{field}":{v}}}"#);
             assert_eq!(param(chat(&body)).as_deref(), Some(field), "{body}");
         }
-        let body = format!(r#"{{"model":"m",{ok_msgs},"stream_options":{{"include_usage":"yes"}}}}"#);
-        assert_eq!(param(chat(&body)).as_deref(), Some("stream_options.include_usage"));
+        let body =
+            format!(r#"{{"model":"m",{ok_msgs},"stream_options":{{"include_usage":"yes"}}}}"#);
+        assert_eq!(
+            param(chat(&body)).as_deref(),
+            Some("stream_options.include_usage")
+        );
         assert!(chat("{not json").is_err());
         assert!(chat("[1]").is_err());
     }
@@ -266,9 +292,21 @@ mod tests {
     #[test]
     fn completion_prompt_shapes() {
         let p = |b: &str| parse(Some(ApiKind::Completion), b.as_bytes(), None, 16);
-        assert_eq!(p(r#"{"model":"m","prompt":"a b"}"#).unwrap().prompt.tokens, 2);
-        assert_eq!(p(r#"{"model":"m","prompt":["a b c"]}"#).unwrap().prompt.tokens, 3);
-        assert_eq!(param(p(r#"{"model":"m","prompt":["a","b"]}"#)).as_deref(), Some("prompt"));
+        assert_eq!(
+            p(r#"{"model":"m","prompt":"a b"}"#).unwrap().prompt.tokens,
+            2
+        );
+        assert_eq!(
+            p(r#"{"model":"m","prompt":["a b c"]}"#)
+                .unwrap()
+                .prompt
+                .tokens,
+            3
+        );
+        assert_eq!(
+            param(p(r#"{"model":"m","prompt":["a","b"]}"#)).as_deref(),
+            Some("prompt")
+        );
         assert_eq!(param(p(r#"{"model":"m"}"#)).as_deref(), Some("prompt"));
     }
 
@@ -276,7 +314,13 @@ mod tests {
     fn native_detects_the_shape_and_defaults_the_model() {
         let r = parse(None, br#"{"prompt":"a"}"#, Some("base"), 16).unwrap();
         assert_eq!((r.kind, r.model.as_str()), (ApiKind::Completion, "base"));
-        let r = parse(None, br#"{"messages":[{"role":"user","content":"a"}]}"#, Some("base"), 16).unwrap();
+        let r = parse(
+            None,
+            br#"{"messages":[{"role":"user","content":"a"}]}"#,
+            Some("base"),
+            16,
+        )
+        .unwrap();
         assert_eq!(r.kind, ApiKind::Chat);
         assert!(parse(None, br#"{"x":1}"#, Some("base"), 16).is_err());
     }

@@ -1,10 +1,14 @@
 //! A streaming response: SSE chunks built from the engine's progress as it arrives.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
+use tokio::time::Sleep;
 
 use crate::body::StreamCut;
 use crate::driver::Progress;
@@ -20,6 +24,10 @@ enum State {
     Ended,
 }
 
+/// How long a cut stream waits before failing, so the chunks before the cut leave the socket
+/// (hyper drops unflushed output when a body fails).
+const CUT_GRACE: Duration = Duration::from_millis(20);
+
 /// The SSE body of one streaming request.
 #[derive(Debug)]
 pub(crate) struct SseStream {
@@ -33,6 +41,8 @@ pub(crate) struct SseStream {
     cut_after: Option<u32>,
     pending: VecDeque<Bytes>,
     state: State,
+    /// Runs while a cut stream lets its last chunks flush.
+    grace: Option<Pin<Box<Sleep>>>,
 }
 
 impl SseStream {
@@ -52,6 +62,7 @@ impl SseStream {
             cut_after: cut_after.filter(|&n| n < output_tokens),
             pending: VecDeque::new(),
             state: State::Running,
+            grace: None,
         }
     }
 
@@ -64,6 +75,10 @@ impl SseStream {
             match self.state {
                 State::Ended => return Poll::Ready(None),
                 State::Cut => {
+                    let grace = self
+                        .grace
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(CUT_GRACE)));
+                    ready!(grace.as_mut().poll(cx));
                     self.state = State::Ended;
                     return Poll::Ready(Some(Err(StreamCut(self.sent))));
                 }

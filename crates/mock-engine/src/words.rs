@@ -5,8 +5,9 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// Words the mock engine answers with (one word is one token).
 const WORDS: [&str; 32] = [
     "the", "model", "cache", "prefix", "token", "block", "engine", "router", "fast", "slow",
-    "warm", "cold", "queue", "batch", "step", "decode", "prefill", "reuse", "hit", "miss", "answer",
-    "request", "stream", "chunk", "share", "route", "load", "keep", "send", "wait", "done", "again",
+    "warm", "cold", "queue", "batch", "step", "decode", "prefill", "reuse", "hit", "miss",
+    "answer", "request", "stream", "chunk", "share", "route", "load", "keep", "send", "wait",
+    "done", "again",
 ];
 
 /// Word `index` of the answer to a prompt whose digest is `seed`.

@@ -1,0 +1,123 @@
+//! Prefix-cache and batching behaviour over real HTTP.
+
+mod support;
+
+use std::time::Instant;
+
+use prefix_router_mock_engine::{MockEngineConfig, DEFAULT_MODEL};
+use support::*;
+
+#[tokio::test]
+async fn a_repeated_prompt_is_served_from_cache() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let e = start_default(0.05).await;
+        // 100 words: 6 full blocks of 16.
+        let body = chat_body(DEFAULT_MODEL, &words(100, "doc"), 4, false);
+        let (s, first) = post_json(e.local_addr(), "/v1/chat/completions", body.clone()).await;
+        assert_eq!(s, 200, "{first}");
+        assert_eq!(first["usage"]["prompt_tokens"], 100);
+        assert_eq!(cached_tokens(&first), 0);
+        let (_, second) = post_json(e.local_addr(), "/v1/chat/completions", body).await;
+        assert_eq!(cached_tokens(&second), 96);
+        // Same prompt, same answer.
+        assert_eq!(
+            first["choices"][0]["message"],
+            second["choices"][0]["message"]
+        );
+        // A prompt sharing only the first 40 words hits the first 2 blocks.
+        let partial = format!("{} {}", &words(40, "doc"), words(60, "other"));
+        let (_, third) = post_json(
+            e.local_addr(),
+            "/v1/completions",
+            serde_json::json!({"model": DEFAULT_MODEL, "prompt": partial, "max_tokens": 2})
+                .to_string(),
+        )
+        .await;
+        assert_eq!(cached_tokens(&third), 32);
+    })
+    .await
+    .expect("timed out");
+}
+
+#[tokio::test]
+async fn a_prompt_evicted_by_others_is_not_a_hit_and_metrics_agree() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // 32 blocks = 512 tokens of KV: a few 200-token prompts push the first one out.
+        let e = start(MockEngineConfig::new(engine(32)).with_time_scale(0.05)).await;
+        let addr = e.local_addr();
+        let target = chat_body(DEFAULT_MODEL, &words(100, "target"), 4, false);
+        let mut cached_sum = 0;
+        let mut prompt_sum = 0;
+        let mut send = |v: serde_json::Value| {
+            cached_sum += cached_tokens(&v);
+            prompt_sum += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+            cached_tokens(&v)
+        };
+        let (_, v) = post_json(addr, "/v1/chat/completions", target.clone()).await;
+        assert_eq!(send(v), 0);
+        let (_, v) = post_json(addr, "/v1/chat/completions", target.clone()).await;
+        assert_eq!(send(v), 96, "still cached before the others come");
+        for i in 0..4 {
+            let other = chat_body(DEFAULT_MODEL, &words(200, &format!("o{i}-")), 4, false);
+            let (s, v) = post_json(addr, "/v1/chat/completions", other).await;
+            assert_eq!(s, 200);
+            assert_eq!(send(v), 0);
+        }
+        let (_, v) = post_json(addr, "/v1/chat/completions", target).await;
+        assert_eq!(send(v), 0, "evicted by the others");
+        let (s, m) = get(addr, "/metrics").await;
+        assert_eq!(s, 200);
+        assert_eq!(
+            metric(&m, "vllm:prefix_cache_hits_total"),
+            cached_sum as f64
+        );
+        assert_eq!(
+            metric(&m, "vllm:prefix_cache_queries_total"),
+            prompt_sum as f64
+        );
+        assert_eq!(metric(&m, "vllm:prompt_tokens_total"), prompt_sum as f64);
+        assert_eq!(metric(&m, "vllm:generation_tokens_total"), 7.0 * 4.0);
+        assert_eq!(metric(&m, "vllm:time_to_first_token_seconds_count"), 7.0);
+        assert_eq!(metric(&m, "vllm:num_requests_running"), 0.0);
+        assert_eq!(metric(&m, "vllm:num_requests_waiting"), 0.0);
+        assert_eq!(metric(&m, "vllm:kv_cache_usage_perc"), 0.0);
+        assert!(m.contains(&format!("model_name=\"{DEFAULT_MODEL}\"")));
+    })
+    .await
+    .expect("timed out");
+}
+
+#[tokio::test]
+async fn concurrent_requests_share_decode_steps() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // 40 decode steps of 10 ms engine time = 0.4 s engine, 80 ms wall per request.
+        let e = start_default(0.2).await;
+        let addr = e.local_addr();
+        let body = |i: usize| chat_body(DEFAULT_MODEL, &words(20, &format!("c{i}-")), 40, false);
+        let t = Instant::now();
+        for i in 0..4 {
+            let (s, _) = post_json(addr, "/v1/chat/completions", body(i)).await;
+            assert_eq!(s, 200);
+        }
+        let sequential = t.elapsed();
+        let t = Instant::now();
+        let handles: Vec<_> = (4..8)
+            .map(|i| tokio::spawn(post_json(addr, "/v1/chat/completions", body(i))))
+            .collect();
+        for h in handles {
+            let (s, v) = h.await.expect("join");
+            assert_eq!(s, 200);
+            assert_eq!(v["usage"]["completion_tokens"], 40);
+        }
+        let concurrent = t.elapsed();
+        // Four in one batch take about as long as one; sequentially, four times that.
+        assert!(
+            concurrent.as_secs_f64() < 0.5 * sequential.as_secs_f64(),
+            "concurrent {concurrent:?} vs sequential {sequential:?}"
+        );
+        // And time does follow the engine model: 40 steps at 10 ms × 0.2 = 80 ms at least.
+        assert!(sequential.as_millis() >= 4 * 80, "{sequential:?}");
+    })
+    .await
+    .expect("timed out");
+}
