@@ -30,6 +30,8 @@ pub enum Command {
     Presets,
     /// Run the router in front of a fleet of inference servers.
     Serve(Box<crate::serve_cmd::ServeArgs>),
+    /// Replay a workload over HTTP against an OpenAI-compatible URL and measure it.
+    Bench(Box<crate::bench_cmd::BenchArgs>),
 }
 
 /// Where `--overflow` sends a request whose preferred instance is busy.

@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 mod args;
+mod bench_cmd;
 mod presets_cmd;
 mod progress;
 mod serve_cmd;
@@ -23,6 +24,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate_cmd::run(*args),
         Command::Presets => presets_cmd::run(),
         Command::Serve(args) => serve_cmd::run(*args),
+        Command::Bench(args) => bench_cmd::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
