@@ -30,6 +30,8 @@ pub enum Command {
     Presets,
     /// Run the router in front of a fleet of inference servers.
     Serve(Box<crate::serve_cmd::ServeArgs>),
+    /// Run a fake OpenAI-compatible engine (engine-model timing and prefix cache, in real time).
+    MockEngine(Box<crate::mock_engine_cmd::MockEngineArgs>),
     /// Replay a workload over HTTP against an OpenAI-compatible URL and measure it.
     Bench(Box<crate::bench_cmd::BenchArgs>),
 }

@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 mod args;
+mod mock_engine_cmd;
 mod bench_cmd;
 mod presets_cmd;
 mod progress;
@@ -24,6 +25,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate_cmd::run(*args),
         Command::Presets => presets_cmd::run(),
         Command::Serve(args) => serve_cmd::run(*args),
+        Command::MockEngine(args) => mock_engine_cmd::run(*args),
         Command::Bench(args) => bench_cmd::run(*args),
     };
     match result {

@@ -1,0 +1,98 @@
+//! `prefix-router mock-engine`: one fake OpenAI-compatible engine backed by the engine model.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use prefix_router_mock_engine::{Faults, MockEngine, MockEngineConfig, DEFAULT_MODEL};
+
+/// Flags of `mock-engine`.
+#[derive(Debug, Args)]
+pub struct MockEngineArgs {
+    /// Listen address (IP:PORT; port 0 picks a free one).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: SocketAddr,
+
+    /// Engine preset: cache capacity, batch limits, step costs (see `prefix-router presets`).
+    #[arg(long, value_name = "P", default_value = "small")]
+    pub preset: String,
+
+    /// Wall seconds per engine second: 0.05 runs everything 20 times faster.
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub time_scale: f64,
+
+    /// Base model name served.
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_MODEL)]
+    pub model: String,
+
+    /// LoRA adapter name also served (repeatable).
+    #[arg(long = "lora", value_name = "NAME")]
+    pub loras: Vec<String>,
+
+    /// Share (0..1) of inference requests failed with --fail-status.
+    #[arg(long, value_name = "F", default_value_t = 0.0)]
+    pub fail_rate: f64,
+
+    /// Status of injected failures: 500 or 503.
+    #[arg(long, value_name = "STATUS", default_value_t = 500)]
+    pub fail_status: u16,
+
+    /// Share (0..1) of inference requests delayed by --latency-spike-ms.
+    #[arg(long, value_name = "F", default_value_t = 0.0)]
+    pub latency_spike_rate: f64,
+
+    /// Length of a latency spike, wall milliseconds.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub latency_spike_ms: u64,
+
+    /// Stop answering after N inference requests (503 and closed connections; /metrics stays up).
+    #[arg(long, value_name = "N")]
+    pub stop_after: Option<u64>,
+
+    /// Cut streaming responses (close the connection, no [DONE]) after N tokens.
+    #[arg(long, value_name = "N")]
+    pub close_stream_after_tokens: Option<u32>,
+
+    /// Seed of the fault decisions.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Runs one mock engine until Ctrl-C.
+pub fn run(args: MockEngineArgs) -> Result<()> {
+    if args.latency_spike_rate > 0.0 && args.latency_spike_ms == 0 {
+        bail!("--latency-spike-rate needs --latency-spike-ms");
+    }
+    let mut config = MockEngineConfig::from_preset(&args.preset)?.with_time_scale(args.time_scale);
+    config.model = args.model;
+    config.loras = args.loras;
+    config.seed = args.seed;
+    config.faults = Faults {
+        fail_rate: args.fail_rate,
+        fail_status: args.fail_status,
+        latency_spike_rate: args.latency_spike_rate,
+        latency_spike: Duration::from_millis(args.latency_spike_ms),
+        stop_after: args.stop_after,
+        close_stream_after_tokens: args.close_stream_after_tokens,
+    };
+    config.validate()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let engine = MockEngine::bind(args.listen, config).await?;
+        eprintln!(
+            "mock engine (preset {}, time scale {}) listening on {}",
+            args.preset,
+            args.time_scale,
+            engine.url()
+        );
+        tokio::signal::ctrl_c()
+            .await
+            .context("cannot wait for Ctrl-C")?;
+        engine.shutdown().await;
+        Ok(())
+    })
+}
