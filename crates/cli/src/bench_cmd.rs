@@ -192,6 +192,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         plot::write_svg(&sim_report(&report)?, path)
             .with_context(|| format!("--plot {}", path.display()))?;
     }
+    if outcome.sent() > 0 && outcome.completed() == 0 {
+        anyhow::bail!(
+            "none of the {} requests sent to {} completed (see the errors above)",
+            outcome.sent(),
+            outcome.endpoint
+        );
+    }
     Ok(())
 }
 
@@ -371,11 +378,7 @@ pub fn bench_report(
                 .map(|r| f64::from(r.prompt_tokens()))
                 .sum::<f64>()
                 / n,
-            mean_output_tokens: sent
-                .iter()
-                .map(|r| f64::from(r.output_tokens))
-                .sum::<f64>()
-                / n,
+            mean_output_tokens: sent.iter().map(|r| f64::from(r.output_tokens)).sum::<f64>() / n,
             arrival_span_s,
         },
         fleet: TargetSummary {
@@ -426,7 +429,13 @@ pub fn render_table(report: &BenchReport) -> Result<String> {
     let target = format!("Target:   {} ({instances})", f.endpoint);
     Ok(text
         .lines()
-        .map(|l| if l.starts_with("Fleet:") { target.as_str() } else { l })
+        .map(|l| {
+            if l.starts_with("Fleet:") {
+                target.as_str()
+            } else {
+                l
+            }
+        })
         .fold(String::new(), |mut out, l| {
             out.push_str(l);
             out.push('\n');
@@ -489,15 +498,30 @@ impl Bar {
             if !std::io::stderr().is_terminal() {
                 return;
             }
-            let bar = ProgressBar::with_draw_target(Some(p.planned), ProgressDrawTarget::stderr());
-            let style = ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar());
+            // With a duration the run ends on time, not on a count: the bar tracks seconds.
+            let len = match p.stop_s {
+                Some(stop) => (stop * 10.0).ceil() as u64,
+                None => p.planned,
+            };
+            let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+            let style =
+                ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
             self.0 = Some(bar);
         }
         if let Some(bar) = &self.0 {
-            bar.set_position(p.completed + p.failed);
-            bar.set_message(format!("in flight {}, failed {}", p.in_flight(), p.failed));
+            let pos = match p.stop_s {
+                Some(_) => (p.elapsed_s * 10.0) as u64,
+                None => p.completed + p.failed,
+            };
+            bar.set_position(pos.min(bar.length().unwrap_or(u64::MAX)));
+            bar.set_message(format!(
+                "done {}, in flight {}, failed {}",
+                p.completed,
+                p.in_flight(),
+                p.failed
+            ));
         }
     }
 
@@ -614,7 +638,9 @@ mod tests {
     #[test]
     fn table_names_the_target() {
         let text = render_table(&report()).unwrap_or_default();
-        assert!(text.contains("Target:   http://127.0.0.1:9/v1/chat/completions (2 instances seen)"));
+        assert!(
+            text.contains("Target:   http://127.0.0.1:9/v1/chat/completions (2 instances seen)")
+        );
         assert!(!text.contains("Fleet:"));
         assert!(text.contains("router"));
         let extras = render_extras(&report(), &outcome());

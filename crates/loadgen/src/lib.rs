@@ -33,5 +33,5 @@ pub use config::{BenchConfig, LoadMode, Target};
 pub use error::{FailureKind, LoadgenError};
 pub use outcome::{BenchOutcome, LatencyStats};
 pub use record::{Failure, RequestRecord};
-pub use sse::Usage;
 pub use run::{run, run_with_progress, Progress};
+pub use sse::Usage;

@@ -244,17 +244,22 @@ impl BenchOutcome {
         if total == 0 {
             return 0.0;
         }
-        let over: u64 = OVERFLOW_DECISIONS
-            .iter()
-            .filter_map(|k| d.get(*k))
-            .sum();
+        let over: u64 = OVERFLOW_DECISIONS.iter().filter_map(|k| d.get(*k)).sum();
         over as f64 / total as f64
     }
 
     /// From the first send to the last response's end, seconds.
     pub fn makespan_s(&self) -> f64 {
-        let first = self.records.iter().map(|r| r.sent_s).fold(f64::INFINITY, f64::min);
-        let last = self.records.iter().map(|r| r.finished_s).fold(0.0, f64::max);
+        let first = self
+            .records
+            .iter()
+            .map(|r| r.sent_s)
+            .fold(f64::INFINITY, f64::min);
+        let last = self
+            .records
+            .iter()
+            .map(|r| r.finished_s)
+            .fold(0.0, f64::max);
         if first.is_finite() {
             (last - first).max(0.0)
         } else {

@@ -90,7 +90,14 @@ where
         }
         LoadMode::ClosedLoop { concurrency } => {
             planned = requests.len() as u64;
-            tokio::spawn(closed_loop(client, requests, concurrency, stop_s, clock, tx))
+            tokio::spawn(closed_loop(
+                client,
+                requests,
+                concurrency,
+                stop_s,
+                clock,
+                tx,
+            ))
         }
     };
 

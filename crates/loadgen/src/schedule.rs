@@ -58,13 +58,7 @@ mod tests {
                 arrival_s: t,
                 group: Some("g".into()),
                 model: None,
-                messages: vec![Message::new(
-                    Role::User,
-                    vec![Segment {
-                        id: 7,
-                        tokens: 3,
-                    }],
-                )],
+                messages: vec![Message::new(Role::User, vec![Segment { id: 7, tokens: 3 }])],
                 output_tokens: 2,
             })
             .collect()
@@ -72,7 +66,10 @@ mod tests {
 
     #[test]
     fn offsets_are_relative_to_the_first_arrival() {
-        assert_eq!(send_offsets(&at(&[5.0, 5.5, 7.0]), None), vec![0.0, 0.5, 2.0]);
+        assert_eq!(
+            send_offsets(&at(&[5.0, 5.5, 7.0]), None),
+            vec![0.0, 0.5, 2.0]
+        );
         assert!(send_offsets(&[], Some(3.0)).is_empty());
     }
 

@@ -260,7 +260,8 @@ mod tests {
     #[test]
     fn chunks() {
         assert_eq!(parse_chunk("[DONE]"), Ok(Chunk::Done));
-        let c = parse_chunk(r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#);
+        let c =
+            parse_chunk(r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#);
         assert_eq!(
             c,
             Ok(Chunk::Data {
@@ -270,7 +271,14 @@ mod tests {
             })
         );
         let c = parse_chunk(r#"{"choices":[{"delta":{"content":"hi"}}],"usage":null}"#);
-        assert!(matches!(c, Ok(Chunk::Data { content: true, usage: None, .. })));
+        assert!(matches!(
+            c,
+            Ok(Chunk::Data {
+                content: true,
+                usage: None,
+                ..
+            })
+        ));
         let c = parse_chunk(
             r#"{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":64}}}"#,
         );
@@ -284,7 +292,10 @@ mod tests {
         assert!(matches!(c, Ok(Chunk::Data { content: true, .. })));
         let c = parse_chunk(r#"{"error":{"message":"boom","code":500}}"#);
         assert!(matches!(c, Ok(Chunk::Data { error: Some(ref m), .. }) if m == "boom"));
-        assert!(matches!(parse_chunk("{not json"), Err(StreamError::BadJson(_))));
+        assert!(matches!(
+            parse_chunk("{not json"),
+            Err(StreamError::BadJson(_))
+        ));
         assert!(matches!(parse_chunk("[1,2]"), Err(StreamError::BadJson(_))));
     }
 }

@@ -65,7 +65,10 @@ async fn open_loop_holds_its_rate_against_a_slow_target() {
         .iter()
         .filter(|&&t| t < 1.0)
         .count() as u64;
-    assert!((35..=65).contains(&due_in_first_second), "{due_in_first_second}");
+    assert!(
+        (35..=65).contains(&due_in_first_second),
+        "{due_in_first_second}"
+    );
 
     let mut config = BenchConfig::new(&target.url, LoadMode::OpenLoop { rate: None });
     config.duration = Some(Duration::from_secs(1));
@@ -82,7 +85,10 @@ async fn open_loop_holds_its_rate_against_a_slow_target() {
     // at once at the server, each on time.
     let arrivals = target.seen.arrivals();
     let spread = arrivals.last().copied().unwrap_or(0.0) - arrivals.first().copied().unwrap_or(0.0);
-    assert!((0.7..1.1).contains(&spread), "arrivals spread over {spread} s");
+    assert!(
+        (0.7..1.1).contains(&spread),
+        "arrivals spread over {spread} s"
+    );
     assert!(target.seen.max_in_flight.load(Ordering::SeqCst) >= 8);
     let lag = out.send_lag_ms();
     assert!(lag.p99 < 50.0, "send lag {lag:?}");
@@ -90,7 +96,10 @@ async fn open_loop_holds_its_rate_against_a_slow_target() {
         out.send_rate_rps().unwrap_or(0.0),
         out.scheduled_rate_rps().unwrap_or(0.0),
     );
-    assert!((sent_rate / due_rate - 1.0).abs() < 0.1, "{sent_rate} vs {due_rate}");
+    assert!(
+        (sent_rate / due_rate - 1.0).abs() < 0.1,
+        "{sent_rate} vs {due_rate}"
+    );
     assert!(out.e2e_ms().p50 >= 300.0);
     // One second of sending plus the last answer's 300 ms, not 50 x 300 ms.
     assert!(wall < Duration::from_millis(2000), "{wall:?}");
@@ -115,7 +124,11 @@ async fn closed_loop_keeps_exactly_c_in_flight() {
     // Requests went out in workload order.
     let ids: Vec<u64> = out.records.iter().map(|r| r.id).collect();
     assert_eq!(ids, (0..16).collect::<Vec<u64>>());
-    assert_eq!(out.send_lag_ms().count, 0, "closed loop has no schedule to lag");
+    assert_eq!(
+        out.send_lag_ms().count,
+        0,
+        "closed loop has no schedule to lag"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

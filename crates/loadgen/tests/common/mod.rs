@@ -113,7 +113,8 @@ pub async fn start(behaviour: Behaviour) -> StandIn {
             };
             let (b, s) = (Arc::clone(&b), Arc::clone(&s));
             tokio::spawn(async move {
-                let service = service_fn(move |req| answer(req, Arc::clone(&b), Arc::clone(&s), started));
+                let service =
+                    service_fn(move |req| answer(req, Arc::clone(&b), Arc::clone(&s), started));
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
@@ -179,10 +180,16 @@ async fn answer(
     tokio::spawn(async move {
         if b.status != 200 {
             seen.in_flight.fetch_sub(1, Ordering::SeqCst);
-            let _ = tx.send(Bytes::from_static(b"{\"error\":{\"message\":\"no\"}}")).await;
+            let _ = tx
+                .send(Bytes::from_static(b"{\"error\":{\"message\":\"no\"}}"))
+                .await;
             return;
         }
-        let _ = tx.send(event(r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#)).await;
+        let _ = tx
+            .send(event(
+                r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            ))
+            .await;
         let chunks = b.chunks.max(1);
         for i in 0..chunks {
             let at = if chunks == 1 {
@@ -191,10 +198,9 @@ async fn answer(
                 b.first_after + (b.last_after.saturating_sub(b.first_after)) * i / (chunks - 1)
             };
             tokio::time::sleep_until((arrived + at).into()).await;
-            let data = b
-                .raw_chunk
-                .map(str::to_string)
-                .unwrap_or_else(|| format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"w{i} "}}}}]}}"#));
+            let data = b.raw_chunk.map(str::to_string).unwrap_or_else(|| {
+                format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"w{i} "}}}}]}}"#)
+            });
             let _ = tx.send(event(&data)).await;
         }
         // Count the request done before its last bytes go out, so the client can never send
