@@ -76,7 +76,7 @@ pub fn run(args: MockEngineArgs) -> Result<()> {
         stop_after: args.stop_after,
         close_stream_after_tokens: args.close_stream_after_tokens,
     };
-    config.validate()?;
+    config.validate().context("invalid mock-engine flags")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
