@@ -121,3 +121,42 @@ async fn concurrent_requests_share_decode_steps() {
     .await
     .expect("timed out");
 }
+
+#[tokio::test]
+async fn requests_past_max_num_seqs_wait_and_metrics_show_it() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let mut config = engine(1000);
+        config.max_num_seqs = 2;
+        let e = start(MockEngineConfig::new(config).with_time_scale(0.2)).await;
+        let addr = e.local_addr();
+        let handles: Vec<_> = (0..6)
+            .map(|i| {
+                let body = chat_body(DEFAULT_MODEL, &words(20, &format!("q{i}-")), 40, false);
+                tokio::spawn(post_json(addr, "/v1/chat/completions", body))
+            })
+            .collect();
+        // Each batch of two takes 40 steps × 10 ms × 0.2 = 80 ms of wall time.
+        let mut seen = (0.0, 0.0);
+        for _ in 0..50 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            let (_, m) = get(addr, "/metrics").await;
+            let now = (
+                metric(&m, "vllm:num_requests_running"),
+                metric(&m, "vllm:num_requests_waiting"),
+            );
+            seen = now;
+            if now.0 >= 2.0 && now.1 > 0.0 {
+                break;
+            }
+        }
+        assert_eq!(seen.0, 2.0, "running is capped at max_num_seqs: {seen:?}");
+        assert!(seen.1 >= 1.0, "the rest wait: {seen:?}");
+        for h in handles {
+            assert_eq!(h.await.expect("join").0, 200);
+        }
+        let (_, m) = get(addr, "/metrics").await;
+        assert_eq!(metric(&m, "vllm:num_requests_waiting"), 0.0);
+    })
+    .await
+    .expect("timed out");
+}
