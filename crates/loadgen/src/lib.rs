@@ -22,16 +22,16 @@
 
 pub mod client;
 pub mod config;
+pub mod driver;
 pub mod error;
 pub mod outcome;
 pub mod record;
-pub mod run;
 pub mod schedule;
 pub mod sse;
 
 pub use config::{BenchConfig, LoadMode, Target};
+pub use driver::{run, run_with_progress, Progress};
 pub use error::{FailureKind, LoadgenError};
 pub use outcome::{BenchOutcome, LatencyStats};
 pub use record::{Failure, RequestRecord};
-pub use run::{run, run_with_progress, Progress};
 pub use sse::Usage;
