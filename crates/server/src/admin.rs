@@ -6,7 +6,7 @@
 //! | `GET /admin/instances` | | every instance: state, in-flight, requests, overflow, errors |
 //! | `POST /admin/instances` | `{"url", "weight"?, "models"?}` | adds an instance |
 //! | `POST /admin/instances/drain` | `{"url"}` | stops sending it new requests |
-//! | `POST /admin/instances/remove` | `{"url"}` | removes it (its in-flight requests finish) |
+//! | `POST /admin/instances/remove` | `{"url"}` | removes a configured or added instance (its in-flight requests finish); one found by DNS can only be drained |
 //! | `GET /admin/routing` | | strategy and parameters in force |
 //! | `PUT /admin/routing` | any of `strategy`, `prefix_length`, `concurrency_threshold`, `overflow`, `balance_factor` | changes them |
 //! | `POST /admin/reload` | | reads the configuration file again (like SIGHUP) |
@@ -20,9 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use prefix_router_core::strategy::OverflowPolicy;
-use prefix_router_core::{
-    ConcurrencyThreshold, InstanceSpec, InstanceState, PrefixLength, StrategyKind,
-};
+use prefix_router_core::{ConcurrencyThreshold, InstanceState, PrefixLength, StrategyKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -113,16 +111,6 @@ async fn list(State(admin): State<Admin>, headers: HeaderMap) -> Response {
     reply(StatusCode::OK, json!({ "instances": instances }))
 }
 
-fn specs(state: &AppState) -> Vec<InstanceSpec> {
-    state
-        .fleet
-        .snapshot()
-        .instances()
-        .iter()
-        .map(|i| i.spec().clone())
-        .collect()
-}
-
 async fn add(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(r) = authorized(&admin, &headers) {
         return error(r);
@@ -146,21 +134,26 @@ async fn add(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Res
             ))
         }
     };
-    let mut all = specs(&admin.state);
-    if all.iter().any(|s| s.id == spec.id) {
+    let url = spec.url.clone();
+    let added = reload::edit_members(&admin.state, |m| {
+        if m.specs().iter().any(|s| s.id == spec.id) {
+            return false;
+        }
+        m.static_specs.push(spec);
+        true
+    })
+    .await;
+    if !added {
         return reply(
             StatusCode::CONFLICT,
             ApiError::bad_request(
                 "instance_exists",
-                format!("instance '{}' already exists", spec.id),
+                format!("instance '{url}' already exists"),
                 Some("url"),
             )
             .to_json(),
         );
     }
-    let url = spec.url.clone();
-    all.push(spec);
-    reload::set_members(&admin.state, all).await;
     tracing::info!(instance = %url, "instance added through the admin API");
     reply(StatusCode::CREATED, json!({ "added": url }))
 }
@@ -220,13 +213,15 @@ async fn remove(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> 
         Ok(id) => id,
         Err(r) => return error(r),
     };
-    let mut all = specs(&admin.state);
-    let before = all.len();
-    all.retain(|s| s.id != id);
-    if all.len() == before {
+    let removed = reload::edit_members(&admin.state, |m| {
+        let before = m.static_specs.len();
+        m.static_specs.retain(|s| s.id != id);
+        m.static_specs.len() != before
+    })
+    .await;
+    if !removed {
         return unknown(&id);
     }
-    reload::set_members(&admin.state, all).await;
     tracing::info!(instance = %id, "instance removed through the admin API");
     reply(StatusCode::OK, json!({ "removed": id }))
 }

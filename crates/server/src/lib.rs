@@ -10,10 +10,12 @@
 
 pub mod admin;
 pub mod body;
+pub mod discovery;
 pub mod error;
 pub mod guard;
 pub mod handler;
 pub mod health;
+pub mod membership;
 pub mod metrics;
 pub mod models;
 pub mod proxy;

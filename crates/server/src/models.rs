@@ -17,11 +17,11 @@ use crate::state::AppState;
 /// Largest `/v1/models` answer read from one instance.
 const MAX_MODELS_BODY: usize = 4 * 1024 * 1024;
 
-/// The `data` entries an instance lists, or nothing when it does not answer in time.
-async fn fetch(state: &AppState, inst: &Instance) -> Vec<Value> {
+/// The `data` entries an instance lists; `None` when it does not answer well in time.
+pub async fn fetch(state: &AppState, inst: &Instance) -> Option<Vec<Value>> {
     let uri = format!("{}/v1/models", inst.spec().url);
     let Ok(req) = Request::get(uri).body(Full::new(Bytes::new())) else {
-        return Vec::new();
+        return None;
     };
     let answer = async {
         let resp = state.client.request(req).await.ok()?;
@@ -43,7 +43,6 @@ async fn fetch(state: &AppState, inst: &Instance) -> Vec<Value> {
         .await
         .ok()
         .flatten()
-        .unwrap_or_default()
 }
 
 /// Answers `GET /v1/models`.
@@ -56,7 +55,7 @@ pub async fn list(state: &Arc<AppState>) -> Response<ProxyBody> {
     let lists = futures_util::future::join_all(healthy.iter().map(|i| fetch(state, i))).await;
     let mut seen = HashSet::new();
     let mut data = Vec::new();
-    for item in lists.into_iter().flatten() {
+    for item in lists.into_iter().flatten().flatten() {
         if let Some(id) = item.get("id").and_then(Value::as_str) {
             if seen.insert(id.to_string()) {
                 data.push(item);

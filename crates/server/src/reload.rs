@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use prefix_router_core::{InstanceSpec, PrefixLength, StrategyConfig};
 
+use crate::membership::Membership;
 use crate::routing::Routing;
 use crate::settings::SettingsError;
 use crate::state::AppState;
@@ -19,12 +20,20 @@ pub struct ReloadSummary {
     pub strategy: &'static str,
 }
 
-/// Replaces the fleet's member list (serialized with other membership edits).
-pub async fn set_members(state: &AppState, specs: Vec<InstanceSpec>) {
-    let _edit = state.membership.lock().await;
-    state.fleet.set_members(specs);
+/// Edits the membership sources and applies the resulting member list to the fleet (serialized
+/// with every other membership edit). Returns what `edit` returned.
+pub async fn edit_members<R>(state: &AppState, edit: impl FnOnce(&mut Membership) -> R) -> R {
+    let mut membership = state.membership.lock().await;
+    let result = edit(&mut membership);
+    state.fleet.set_members(membership.specs());
     let snapshot = state.fleet.snapshot();
     state.stats.retain(|id| snapshot.get(id).is_some());
+    result
+}
+
+/// Replaces the static instance list (configuration file, flags, admin edits).
+pub async fn set_members(state: &AppState, specs: Vec<InstanceSpec>) {
+    edit_members(state, |m| m.static_specs = specs).await;
 }
 
 /// Installs a new strategy configuration and key length.

@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::discovery;
 use crate::error::ServerError;
 use crate::handler;
 use crate::health;
@@ -51,12 +52,28 @@ impl Router {
             message: e.to_string(),
         })?;
         let listener = bind(state.settings.listen).await?;
+        // Resolve DNS targets once before serving, so the first requests find the fleet.
+        for target in &state.settings.discovery.dns {
+            discovery::refresh_dns(&state, target).await;
+        }
         let addr = listener.local_addr().map_err(|source| ServerError::Bind {
             addr: state.settings.listen,
             source,
         })?;
         let (tx, rx) = watch::channel(false);
         let mut background = vec![tokio::spawn(health::run(Arc::clone(&state)))];
+        for target in &state.settings.discovery.dns {
+            background.push(tokio::spawn(discovery::run_dns(
+                Arc::clone(&state),
+                target.clone(),
+            )));
+        }
+        if let Some(interval) = state.settings.discovery.models_interval {
+            background.push(tokio::spawn(discovery::run_models(
+                Arc::clone(&state),
+                interval,
+            )));
+        }
         let mut admin_addr = None;
         if let Some(admin) = &state.settings.admin {
             let listener = bind(admin.listen).await?;

@@ -69,8 +69,41 @@ pub struct FileConfig {
     pub retries: RetriesFile,
     /// Health checking.
     pub health: HealthFile,
+    /// Discovery of instances (DNS) and of the models they serve.
+    pub discovery: DiscoveryFile,
     /// Static instances.
     pub instances: Vec<InstanceFile>,
+}
+
+/// `[discovery]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryFile {
+    /// Ask each instance's `/v1/models` what it serves (LoRA adapters included).
+    pub models: Option<bool>,
+    /// Time between two rounds of model discovery.
+    pub models_interval_ms: Option<u64>,
+    /// DNS names whose A/AAAA records are instances.
+    pub dns: Vec<DnsFile>,
+}
+
+/// One `[[discovery.dns]]` entry.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsFile {
+    /// Host name to resolve (e.g. a Kubernetes headless Service).
+    pub name: String,
+    /// Port of the instances.
+    pub port: u16,
+    /// Time between two resolutions (default 10 s).
+    #[serde(default)]
+    pub interval_ms: Option<u64>,
+    /// Weight of each instance found (default 1).
+    #[serde(default)]
+    pub weight: Option<u32>,
+    /// Models each instance found serves (default: any).
+    #[serde(default)]
+    pub models: Vec<String>,
 }
 
 /// `[admin]`.
@@ -317,6 +350,30 @@ pub struct HealthSettings {
     pub max_eject_backoff: Duration,
 }
 
+/// A DNS name resolved on an interval into instances `http://<address>:<port>`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DnsTarget {
+    /// Host name.
+    pub name: String,
+    /// Port.
+    pub port: u16,
+    /// Re-resolution interval.
+    pub interval: Duration,
+    /// Weight of each instance.
+    pub weight: u32,
+    /// Models of each instance (empty: any).
+    pub models: Vec<String>,
+}
+
+/// Discovery settings.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Discovery {
+    /// Interval of model discovery through `/v1/models`, when on.
+    pub models_interval: Option<Duration>,
+    /// DNS targets.
+    pub dns: Vec<DnsTarget>,
+}
+
 /// Validated settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -336,6 +393,8 @@ pub struct Settings {
     pub max_retries: u32,
     /// Health checking.
     pub health: HealthSettings,
+    /// Discovery.
+    pub discovery: Discovery,
     /// Static instances.
     pub instances: Vec<InstanceSpec>,
 }
@@ -505,6 +564,7 @@ impl Settings {
             ));
         }
         let instances = validate_instances(&f.instances)?;
+        let discovery = validate_discovery(&f.discovery)?;
         Ok(Settings {
             listen,
             admin,
@@ -518,6 +578,7 @@ impl Settings {
             timeouts,
             max_retries,
             health,
+            discovery,
             instances,
         })
     }
@@ -537,6 +598,65 @@ impl Settings {
             ..FileConfig::default()
         })
     }
+}
+
+fn validate_discovery(d: &DiscoveryFile) -> Result<Discovery, SettingsError> {
+    let models_interval = if d.models.unwrap_or(false) {
+        Some(ms(
+            "discovery.models_interval_ms",
+            d.models_interval_ms,
+            30_000,
+        )?)
+    } else {
+        None
+    };
+    let mut dns = Vec::with_capacity(d.dns.len());
+    for (i, t) in d.dns.iter().enumerate() {
+        let name = t.name.trim();
+        if name.is_empty() || name.contains(['/', ':', ' ', '@']) {
+            return Err(invalid(
+                format!("discovery.dns[{i}].name"),
+                format!("'{}' is not a host name", t.name),
+            ));
+        }
+        if t.port == 0 {
+            return Err(invalid(
+                format!("discovery.dns[{i}].port"),
+                "must be within 1..=65535",
+            ));
+        }
+        let weight = t.weight.unwrap_or(1);
+        if weight == 0 {
+            return Err(invalid(
+                format!("discovery.dns[{i}].weight"),
+                "must be at least 1",
+            ));
+        }
+        if dns
+            .iter()
+            .any(|x: &DnsTarget| x.name == name && x.port == t.port)
+        {
+            return Err(invalid(
+                format!("discovery.dns[{i}].name"),
+                format!("duplicate DNS target '{name}:{}'", t.port),
+            ));
+        }
+        dns.push(DnsTarget {
+            name: name.to_string(),
+            port: t.port,
+            interval: ms(
+                &format!("discovery.dns[{i}].interval_ms"),
+                t.interval_ms,
+                10_000,
+            )?,
+            weight,
+            models: t.models.clone(),
+        });
+    }
+    Ok(Discovery {
+        models_interval,
+        dns,
+    })
 }
 
 /// Validates instance entries: URL shape, no duplicate, weight at least 1, no empty model name.
@@ -627,6 +747,12 @@ mod tests {
         assert!(err("listen = \"nowhere\"").contains("`listen`"));
         assert!(err("[admin]\nlisten = \"127.0.0.1:1\"").contains("admin.token"));
         assert!(err("[timeouts]\nconnect_ms = 0").contains("timeouts.connect_ms"));
+        assert!(err("[[discovery.dns]]\nname = \"\"\nport = 80").contains("discovery.dns[0].name"));
+        assert!(
+            err("[[discovery.dns]]\nname = \"svc\"\nport = 0").contains("discovery.dns[0].port")
+        );
+        assert!(err("[discovery]\nmodels = true\nmodels_interval_ms = 0")
+            .contains("discovery.models_interval_ms"));
         let dup = "[[instances]]\nurl = \"http://127.0.0.1:1\"\n[[instances]]\nurl = \"http://127.0.0.1:1/\"";
         let e = err(dup);
         assert!(

@@ -6,6 +6,7 @@ use arc_swap::ArcSwap;
 use prefix_router_core::strategies::LeastOutstanding;
 use prefix_router_core::{Fleet, Strategy};
 
+use crate::membership::Membership;
 use crate::metrics::Metrics;
 use crate::routing::Routing;
 use crate::settings::{ConfigSource, Settings};
@@ -31,8 +32,9 @@ pub struct AppState {
     pub settings: Settings,
     /// Where to reload settings from, if anywhere.
     pub source: Option<ConfigSource>,
-    /// Serializes membership edits (reload, admin add/remove) so none is lost.
-    pub membership: tokio::sync::Mutex<()>,
+    /// Sources of the member list; the lock serializes edits (reload, admin API, discovery)
+    /// so none is lost.
+    pub membership: tokio::sync::Mutex<Membership>,
 }
 
 impl AppState {
@@ -42,6 +44,10 @@ impl AppState {
         source: Option<ConfigSource>,
     ) -> Result<Arc<Self>, prefix_router_core::ConfigError> {
         let routing = Routing::new(settings.strategy.clone(), settings.prefix_length)?;
+        let membership = Membership {
+            static_specs: settings.instances.clone(),
+            ..Membership::default()
+        };
         Ok(Arc::new(Self {
             fleet: Fleet::new(settings.instances.clone()),
             routing: ArcSwap::from_pointee(routing),
@@ -51,7 +57,7 @@ impl AppState {
             stats: StatsTable::default(),
             settings,
             source,
-            membership: tokio::sync::Mutex::new(()),
+            membership: tokio::sync::Mutex::new(membership),
         }))
     }
 

@@ -152,6 +152,7 @@ async fn admin_api_lists_adds_drains_removes_and_changes_routing() {
     let a = Upstream::start("a", Mode::Echo, &[]).await;
     let b = Upstream::start("b", Mode::Echo, &[]).await;
     let mut s = settings(&[a.url()]);
+    s.instances[0].models = vec!["x".into()];
     s.admin = Some(AdminSettings {
         listen: "127.0.0.1:0".parse().expect("addr"),
         token: "s3cret".into(),
