@@ -441,3 +441,95 @@ async fn idle_upstream_stream_is_cut_and_released() {
     eventually("in-flight released", || in_flight(&r, &up.url()) == 0).await;
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn timeouts_and_dead_fleets_answer_in_the_openai_shape() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let up = Upstream::start("u", Mode::Echo, &[]).await;
+    let mut s = settings(&[up.url()]);
+    s.timeouts.client_body = Duration::from_millis(100);
+    s.timeouts.first_byte = Duration::from_millis(100);
+    let r = router(s).await;
+
+    // A client that announces 100 bytes and sends 10: 408.
+    let mut raw = tokio::net::TcpStream::connect(r.local_addr())
+        .await
+        .expect("connect");
+    raw.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n{\"prompt\":",
+    )
+    .await
+    .expect("write");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(WAIT, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match raw.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    answer.extend_from_slice(&buf[..n]);
+                    if answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.ends_with(b"}}") {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok());
+    let text = String::from_utf8_lossy(&answer).to_string();
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"body_timeout\""), "{text}");
+
+    // An instance that does not answer within the first-byte timeout: 504, slot released.
+    let a = post(
+        r.local_addr(),
+        "/v1/completions",
+        &[("x-test-hold", "1")],
+        r#"{"prompt":"slow"}"#,
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.error_code()),
+        (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout".into())
+    );
+    eventually("released after the timeout", || {
+        in_flight(&r, &up.url()) == 0
+    })
+    .await;
+    up.release(1);
+    r.shutdown().await;
+
+    // Nothing listening anywhere: 502 after the retries.
+    let mut s = settings(&[dead_url().await, dead_url().await]);
+    s.health.passive_failures = 1000;
+    let r = router(s).await;
+    let a = post(r.local_addr(), "/v1/completions", &[], r#"{"prompt":"x"}"#).await;
+    assert_eq!(
+        (a.status, a.error_code()),
+        (StatusCode::BAD_GATEWAY, "upstream_connect_error".into())
+    );
+    assert_eq!(total_in_flight(&r), 0);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn unpaired_surrogates_are_refused_naming_the_field() {
+    let up = Upstream::start("u", Mode::Echo, &[]).await;
+    let r = router(settings(&[up.url()])).await;
+    let a = post(
+        r.local_addr(),
+        "/v1/chat/completions",
+        &[],
+        r#"{"messages":[{"role":"user","content":"bad \ud800 text"}]}"#,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    let msg = a.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(msg.contains("content"), "{msg}");
+    r.shutdown().await;
+}
