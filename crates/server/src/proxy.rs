@@ -214,14 +214,17 @@ async fn forward(
             received,
         );
         let upstream_req = build_request(&parts, &instance.spec().url, body.clone())?;
-        // Another attempt is possible when retries remain and another instance could take it.
-        let can_retry = attempt < settings.max_retries && {
-            let mut rest = tried.clone();
-            rest.push(Arc::clone(&instance));
-            without(&snapshot, &rest)
-                .eligible(model.as_deref())
-                .next()
-                .is_some()
+        // Another attempt is possible when retries remain and another instance could take it
+        // (only computed on a failure: the common path allocates nothing for it).
+        let can_retry = || {
+            attempt < settings.max_retries && {
+                let mut rest = tried.clone();
+                rest.push(Arc::clone(&instance));
+                without(&snapshot, &rest)
+                    .eligible(model.as_deref())
+                    .next()
+                    .is_some()
+            }
         };
         let sent = tokio::time::timeout(
             settings.timeouts.first_byte,
@@ -243,7 +246,7 @@ async fn forward(
                 guard.count_error();
                 guard.fail("connect_error");
                 health::passive_failure(state, &instance);
-                if !can_retry {
+                if !can_retry() {
                     return Err(ApiError::bad_gateway(
                         "upstream_connect_error",
                         format!("cannot connect to instance {id}"),
@@ -275,7 +278,7 @@ async fn forward(
                     health::passive_success(state, &instance);
                 }
                 match retryable {
-                    Some(r) if can_retry => {
+                    Some(r) if can_retry() => {
                         guard.fail("retried");
                         // Nothing of this answer reached the client. Dropping it closes that
                         // connection rather than waiting for a body that may never end.

@@ -31,8 +31,7 @@ pub fn client(timeouts: &Timeouts) -> UpstreamClient {
         .build(connector)
 }
 
-/// Headers that belong to one connection, never forwarded (RFC 9110 section 7.6.1), plus
-/// `host` and `content-length`, which the client sets for the new request.
+/// Headers that belong to one connection, never forwarded (RFC 9110 section 7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -85,5 +84,7 @@ pub fn build_request(
     strip_hop_by_hop(headers);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
+    // The router already holds the whole body: the instance has nothing to confirm.
+    headers.remove(header::EXPECT);
     Ok(req)
 }

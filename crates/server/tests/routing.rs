@@ -222,5 +222,16 @@ async fn other_v1_routes_are_forwarded() {
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(a.header("x-prefix-router-decision"), "least_outstanding");
     assert_eq!(a.body.as_ref(), br#"{"input":"hi"}"#);
+    let received = a.header("x-received-headers");
+    assert!(
+        received.contains("content-type") || received.contains("host"),
+        "{received}"
+    );
+    for hop in ["expect", "x-hop", "connection"] {
+        assert!(
+            !received.split(',').any(|h| h == hop),
+            "{hop} forwarded: {received}"
+        );
+    }
     r.shutdown().await;
 }

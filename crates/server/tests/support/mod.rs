@@ -177,6 +177,10 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
     } else {
         Response::new(boxed(Full::new(body)))
     };
+    let names: Vec<&str> = headers.keys().map(|k| k.as_str()).collect();
+    if let Ok(v) = http::HeaderValue::from_str(&names.join(",")) {
+        resp.headers_mut().insert("x-received-headers", v);
+    }
     resp.headers_mut().insert(
         "x-upstream",
         shared
