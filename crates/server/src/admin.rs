@@ -6,6 +6,7 @@
 //! | `GET /admin/instances` | | every instance: state, in-flight, requests, overflow, errors |
 //! | `POST /admin/instances` | `{"url", "weight"?, "models"?}` | adds an instance |
 //! | `POST /admin/instances/drain` | `{"url"}` | stops sending it new requests |
+//! | `POST /admin/instances/activate` | `{"url"}` | ends a drain: it takes new requests again |
 //! | `POST /admin/instances/remove` | `{"url"}` | removes a configured or added instance (its in-flight requests finish); one found by DNS can only be drained |
 //! | `GET /admin/routing` | | strategy and parameters in force |
 //! | `PUT /admin/routing` | any of `strategy`, `prefix_length`, `concurrency_threshold`, `overflow`, `balance_factor` | changes them |
@@ -205,6 +206,35 @@ async fn drain(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> R
     )
 }
 
+async fn activate(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(r) = authorized(&admin, &headers) {
+        return error(r);
+    }
+    let id = match target_id(&body) {
+        Ok(id) => id,
+        Err(r) => return error(r),
+    };
+    let snapshot = admin.state.fleet.snapshot();
+    let Some((_, inst)) = snapshot.get(&id) else {
+        return unknown(&id);
+    };
+    if inst.state() != InstanceState::Draining {
+        return error(ApiError {
+            status: http::StatusCode::CONFLICT,
+            kind: "invalid_request_error",
+            message: format!(
+                "instance '{id}' is {}, not draining",
+                state_name(inst.state())
+            ),
+            param: Some("url".into()),
+            code: "not_draining",
+        });
+    }
+    inst.set_state(InstanceState::Healthy);
+    tracing::info!(instance = %id, "drain ended through the admin API");
+    reply(StatusCode::OK, json!({ "activated": id }))
+}
+
 async fn remove(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(r) = authorized(&admin, &headers) {
         return error(r);
@@ -331,6 +361,7 @@ pub fn router(state: Arc<AppState>, token: &str) -> axum::Router {
     axum::Router::new()
         .route("/admin/instances", get(list).post(add))
         .route("/admin/instances/drain", post(drain))
+        .route("/admin/instances/activate", post(activate))
         .route("/admin/instances/remove", post(remove))
         .route("/admin/routing", get(get_routing).put(put_routing))
         .route("/admin/reload", post(reload_config))

@@ -275,6 +275,24 @@ async fn admin_api_lists_adds_drains_removes_and_changes_routing() {
     assert_eq!(b_row["requests"], 7);
     assert_eq!(b_row["errors"], 0);
 
+    let target = format!(r#"{{"url":"{}"}}"#, a.url());
+    let activated = admin_call(admin, Method::POST, "/admin/instances/activate", t, &target).await;
+    assert_eq!(activated.status, StatusCode::OK);
+    assert_eq!(state_of(&r, &a.url()), Some(InstanceState::Healthy));
+    let again = admin_call(admin, Method::POST, "/admin/instances/activate", t, &target).await;
+    assert_eq!(
+        (again.status, again.error_code()),
+        (StatusCode::CONFLICT, "not_draining".into())
+    );
+    let ans = post(
+        r.local_addr(),
+        "/v1/completions",
+        &[],
+        r#"{"model":"x","prompt":"back"}"#,
+    )
+    .await;
+    assert_eq!(ans.upstream(), "a", "active again");
+
     let removed = admin_call(
         admin,
         Method::POST,
