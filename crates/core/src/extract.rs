@@ -389,6 +389,24 @@ mod tests {
     }
 
     #[test]
+    fn token_ids_followed_by_whitespace() {
+        // Found by the `extract_completion` fuzz target: sonic-rs hands out the raw text of a
+        // number in an array with the whitespace before the next `,`/`]`, and the sonic back end
+        // refused `{"prompt":[22,3\r\r\r]}`, which serde_json accepts.
+        for (body, text) in [
+            ("{\"prompt\":[22,3\r\r\r]}", "22 3"),
+            ("{\"prompt\":[1 ,\t2\n]}", "1 2"),
+            ("{\"prompt\":[ [ 1 , 2 ] , [ 3 ] ]}", "1 2\u{1E}3"),
+        ] {
+            assert_eq!(
+                both(COMPLETION, body).map(|i| i.key),
+                Ok(key(None, text)),
+                "{body:?}"
+            );
+        }
+    }
+
+    #[test]
     fn deep_nesting_neither_crashes_nor_differs() {
         let n = 100_000;
         let body = format!(

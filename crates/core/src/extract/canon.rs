@@ -438,6 +438,9 @@ impl<'b> Canon<'b> {
     }
 
     fn token(&mut self, raw: &str) -> Result<(), ExtractError> {
+        // sonic-rs's lazy raw text of a number in an array runs up to the next `,` or `]`, so it
+        // may end in JSON whitespace (`[1 , 2 ]`); that whitespace is not part of the number.
+        let raw = raw.trim_end_matches([' ', '\t', '\n', '\r']);
         // A token id is a non-negative integer that fits in u64; JSON forbids leading zeros, so
         // the raw digits are already the canonical decimal rendering.
         if raw.bytes().all(|b| b.is_ascii_digit()) && raw.parse::<u64>().is_ok() {
