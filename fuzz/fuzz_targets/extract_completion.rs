@@ -13,5 +13,8 @@ fuzz_target!(|data: &[u8]| {
     assert_back_ends_agree("completion_request", body, len, &serde, &sonic);
     // The public entry point is one of the two back ends (whichever is the default).
     let default = extract::completion_request(body, len);
-    assert!(default == serde || default == sonic, "default differs from both: {default:?}");
+    assert!(
+        default == serde || default == sonic,
+        "default differs from both: {default:?}"
+    );
 });

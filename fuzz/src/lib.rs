@@ -25,7 +25,9 @@ pub fn split_prefix_length(data: &[u8]) -> (PrefixLength, &[u8]) {
 /// rule the unit tests in `crates/core/src/extract.rs` apply to hand-written bodies).
 fn strict_errors() -> bool {
     static STRICT: OnceLock<bool> = OnceLock::new();
-    *STRICT.get_or_init(|| std::env::var_os("PREFIX_ROUTER_FUZZ_STRICT_ERRORS").is_some_and(|v| v == "1"))
+    *STRICT.get_or_init(|| {
+        std::env::var_os("PREFIX_ROUTER_FUZZ_STRICT_ERRORS").is_some_and(|v| v == "1")
+    })
 }
 
 /// The differential check of the extract targets: both back ends return the same `Ok` value, or

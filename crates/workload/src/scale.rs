@@ -84,7 +84,10 @@ mod tests {
         // 1e308 is finite, 1e308 minutes in seconds is not (found with the trace_lines fuzz
         // target's invariant: every parsed time is finite).
         assert!(parse_scale_events("+1@1e308m").is_err());
-        assert_eq!(parse_scale_events("+1@1e300m").map(|e| e[0].at_s), Ok(6e301));
+        assert_eq!(
+            parse_scale_events("+1@1e300m").map(|e| e[0].at_s),
+            Ok(6e301)
+        );
     }
 
     fn ev(at_s: f64, delta: i32) -> ScaleEvent {
