@@ -43,7 +43,8 @@ pub enum Api {
     Completions,
     /// `POST /invocations` (native key).
     Invocations,
-    /// Any other `/v1/*` route: no key, least-outstanding.
+    /// Any other `/v1/*` route: no key, least-outstanding among the instances serving its
+    /// `model` (when the body names one).
     Other,
 }
 
@@ -130,8 +131,18 @@ fn route_key(
             })?;
             (Some(key), None)
         }
-        Api::Other => (None, None),
+        Api::Other => (None, other_model(body)),
     })
+}
+
+/// The `model` of another `/v1/*` request (embeddings, ...), when its body is a JSON object
+/// naming one: only instances serving it are eligible. Anything else routes as model-less.
+fn other_model(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        model: Option<String>,
+    }
+    serde_json::from_slice::<Named>(body).ok()?.model
 }
 
 /// The snapshot without the instances already tried.

@@ -176,6 +176,13 @@ async fn models_select_eligible_instances() {
             "a"
         );
     }
+    for i in 0..4 {
+        let body = format!(r#"{{"model":"lora-b","input":"e{i}"}}"#);
+        assert_eq!(
+            post(addr, "/v1/embeddings", &[], body).await.upstream(),
+            "b"
+        );
+    }
     let missing = post(
         addr,
         "/v1/chat/completions",
