@@ -222,7 +222,11 @@ async fn other_v1_routes_are_forwarded() {
     let a = post(
         r.local_addr(),
         "/v1/embeddings?x=1",
-        &[],
+        &[
+            ("expect", "100-continue"),
+            ("connection", "keep-alive, x-hop"),
+            ("x-hop", "1"),
+        ],
         r#"{"input":"hi"}"#,
     )
     .await;
