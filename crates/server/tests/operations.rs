@@ -72,8 +72,9 @@ async fn repeated_5xx_eject_passively_and_backoff_ends() {
     let mut s = settings(&[a.url(), b.url()]);
     s.strategy = prefix_router_core::StrategyConfig::new(StrategyKind::RoundRobin);
     s.health.passive_failures = 2;
-    s.health.eject_backoff = Duration::from_millis(150);
-    s.health.max_eject_backoff = Duration::from_millis(300);
+    // Long enough that the requests below all run inside it, even on a loaded machine.
+    s.health.eject_backoff = Duration::from_millis(500);
+    s.health.max_eject_backoff = Duration::from_millis(1000);
     let r = router(s).await;
     let mut failures = 0;
     for i in 0..8 {
@@ -477,11 +478,13 @@ async fn shutdown_lets_in_flight_requests_finish() {
     });
     a.wait_held(1).await;
     let stopping = tokio::spawn(r.shutdown());
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(
-        tokio::net::TcpStream::connect(addr).await.is_err(),
-        "no longer accepting"
-    );
+    let closed = tokio::time::timeout(WAIT, async {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "no longer accepting");
     assert!(!stopping.is_finished(), "waits for the in-flight request");
     a.release(1);
     assert_eq!(held.await.expect("held").status, StatusCode::OK);
