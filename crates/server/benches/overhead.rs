@@ -10,7 +10,8 @@
 //! Run: `cargo bench -p prefix-router-server --bench overhead`
 //! Knobs: `BENCH_SECONDS` (per phase and path, default 5), `BENCH_RATE` (default 2000),
 //! `BENCH_WORKERS` (runtime worker threads, default 2), `BENCH_SEQ=1` (instead: one connection,
-//! one request at a time, 16 KiB and tiny bodies: the added latency without any queueing).
+//! one request at a time, 16 KiB and tiny bodies: the added latency without any queueing),
+//! `BENCH_MAX_ONLY=direct|router` (instead: only that path's throughput run, for profiling).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -211,6 +212,16 @@ fn main() {
         fixed_rate(direct, Arc::clone(&bodies), rate, 1).await;
         fixed_rate(routed, Arc::clone(&bodies), rate, 1).await;
 
+        if let Ok(which) = std::env::var("BENCH_MAX_ONLY") {
+            let a = if which == "router" { routed } else { direct };
+            let start = Instant::now();
+            let rps = max_rate(a, Arc::clone(&bodies), secs).await;
+            println!(
+                "{which}: {rps:.0} rps, {:.0} requests",
+                rps * start.elapsed().as_secs_f64()
+            );
+            return;
+        }
         if std::env::var("BENCH_SEQ").is_ok() {
             for (name, a) in [("direct", direct), ("router", routed)] {
                 let mut sender = connection(a).await;
