@@ -60,6 +60,22 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
         });
     };
     let settings = source.load()?;
+    let now = &state.settings;
+    let restart: Vec<&str> = [
+        ("listen", settings.listen != now.listen),
+        ("admin", settings.admin != now.admin),
+        ("limits", settings.limits != now.limits),
+        ("timeouts", settings.timeouts != now.timeouts),
+        ("retries", settings.max_retries != now.max_retries),
+        ("health", settings.health != now.health),
+        ("discovery", settings.discovery != now.discovery),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect();
+    if !restart.is_empty() {
+        tracing::warn!(sections = ?restart, "these settings changed but take effect only on restart");
+    }
     set_routing(state, settings.strategy.clone(), settings.prefix_length)?;
     set_members(state, settings.instances).await;
     let summary = ReloadSummary {
