@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod body;
 pub mod discovery;
+pub mod engine_metrics;
 pub mod error;
 pub mod guard;
 pub mod handler;

@@ -7,6 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 /// `instance, api, outcome`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -90,6 +91,14 @@ pub struct Metrics {
     pub upstream_errors: Family<ErrorLabels, Counter>,
     /// Retries by reason.
     pub retries: Family<RetryLabels, Counter>,
+    /// Engines' prefix-cache hit ratio over the last scrape interval (scraped).
+    pub engine_hit_ratio: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
+    /// Requests the engine runs (scraped).
+    pub engine_running: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
+    /// Requests waiting in the engine's queue (scraped).
+    pub engine_waiting: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
+    /// Engine KV-cache usage, 0..1 (scraped).
+    pub engine_kv_usage: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -115,6 +124,10 @@ impl Metrics {
         let decision_latency = decision_histogram();
         let upstream_errors = Family::<ErrorLabels, Counter>::default();
         let retries = Family::<RetryLabels, Counter>::default();
+        let engine_hit_ratio = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
+        let engine_running = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
+        let engine_waiting = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
+        let engine_kv_usage = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "requests",
             "Requests finished by instance, API and outcome",
@@ -160,8 +173,32 @@ impl Metrics {
             "Retries on another instance, by reason",
             retries.clone(),
         );
+        registry.register(
+            "engine_prefix_cache_hit_ratio",
+            "Engine prefix-cache hit ratio over the last scrape interval (engine metrics)",
+            engine_hit_ratio.clone(),
+        );
+        registry.register(
+            "engine_requests_running",
+            "Requests the engine runs (engine metrics)",
+            engine_running.clone(),
+        );
+        registry.register(
+            "engine_requests_waiting",
+            "Requests waiting in the engine's queue (engine metrics)",
+            engine_waiting.clone(),
+        );
+        registry.register(
+            "engine_kv_cache_usage",
+            "Engine KV-cache usage, 0 to 1 (engine metrics)",
+            engine_kv_usage.clone(),
+        );
         Self {
             registry,
+            engine_hit_ratio,
+            engine_running,
+            engine_waiting,
+            engine_kv_usage,
             requests,
             decisions,
             in_flight,

@@ -69,6 +69,10 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
         ("retries", settings.max_retries != now.max_retries),
         ("health", settings.health != now.health),
         ("discovery", settings.discovery != now.discovery),
+        (
+            "engine_metrics",
+            settings.engine_metrics != now.engine_metrics,
+        ),
     ]
     .into_iter()
     .filter_map(|(name, changed)| changed.then_some(name))

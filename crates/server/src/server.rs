@@ -68,6 +68,13 @@ impl Router {
                 target.clone(),
             )));
         }
+        if let Some(em) = &state.settings.engine_metrics {
+            background.push(tokio::spawn(crate::engine_metrics::run(
+                Arc::clone(&state),
+                em.interval,
+                em.path.clone(),
+            )));
+        }
         if let Some(interval) = state.settings.discovery.models_interval {
             background.push(tokio::spawn(discovery::run_models(
                 Arc::clone(&state),

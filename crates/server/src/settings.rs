@@ -71,8 +71,31 @@ pub struct FileConfig {
     pub health: HealthFile,
     /// Discovery of instances (DNS) and of the models they serve.
     pub discovery: DiscoveryFile,
+    /// Scraping the engines' own metrics.
+    pub engine_metrics: EngineMetricsFile,
     /// Static instances.
     pub instances: Vec<InstanceFile>,
+}
+
+/// `[engine_metrics]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineMetricsFile {
+    /// Scrape each instance's Prometheus endpoint.
+    pub scrape: Option<bool>,
+    /// Path scraped.
+    pub path: Option<String>,
+    /// Time between scrapes.
+    pub interval_ms: Option<u64>,
+}
+
+/// Scraping the engines' metrics, when on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineMetrics {
+    /// Path scraped.
+    pub path: String,
+    /// Time between scrapes.
+    pub interval: Duration,
 }
 
 /// `[discovery]`.
@@ -395,6 +418,8 @@ pub struct Settings {
     pub health: HealthSettings,
     /// Discovery.
     pub discovery: Discovery,
+    /// Engine metrics scraping, when on.
+    pub engine_metrics: Option<EngineMetrics>,
     /// Static instances.
     pub instances: Vec<InstanceSpec>,
 }
@@ -565,6 +590,29 @@ impl Settings {
         }
         let instances = validate_instances(&f.instances)?;
         let discovery = validate_discovery(&f.discovery)?;
+        let engine_metrics = if f.engine_metrics.scrape.unwrap_or(false) {
+            let path = f
+                .engine_metrics
+                .path
+                .clone()
+                .unwrap_or_else(|| "/metrics".into());
+            if !path.starts_with('/') || path.parse::<http::uri::PathAndQuery>().is_err() {
+                return Err(invalid(
+                    "engine_metrics.path",
+                    format!("'{path}' is not an absolute path"),
+                ));
+            }
+            Some(EngineMetrics {
+                path,
+                interval: ms(
+                    "engine_metrics.interval_ms",
+                    f.engine_metrics.interval_ms,
+                    15_000,
+                )?,
+            })
+        } else {
+            None
+        };
         Ok(Settings {
             listen,
             admin,
@@ -579,6 +627,7 @@ impl Settings {
             max_retries,
             health,
             discovery,
+            engine_metrics,
             instances,
         })
     }

@@ -493,3 +493,63 @@ async fn shutdown_lets_in_flight_requests_finish() {
         .expect("stopped in time")
         .expect("join");
 }
+
+async fn metrics_text(addr: std::net::SocketAddr) -> String {
+    let m = send(addr, request(Method::GET, "/metrics", &[], "")).await;
+    String::from_utf8_lossy(&m.body).to_string()
+}
+
+#[tokio::test]
+async fn engine_metrics_are_scraped() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    a.set_metrics(
+        "# TYPE vllm:prefix_cache_hits_total counter\n\
+         vllm:prefix_cache_hits_total{model_name=\"m\"} 10\n\
+         vllm:prefix_cache_queries_total{model_name=\"m\"} 100\n\
+         vllm:num_requests_running{model_name=\"m\"} 2\n\
+         vllm:num_requests_waiting{model_name=\"m\"} 1\n\
+         vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n",
+    );
+    let mut s = settings(&[a.url()]);
+    s.engine_metrics = Some(prefix_router_server::settings::EngineMetrics {
+        path: "/metrics".into(),
+        interval: Duration::from_millis(20),
+    });
+    let r = router(s).await;
+    let inst = a.url();
+    let running = format!("prefix_router_engine_requests_running{{instance=\"{inst}\"}} 2");
+    let waiting = format!("prefix_router_engine_requests_waiting{{instance=\"{inst}\"}} 1");
+    let usage = format!("prefix_router_engine_kv_cache_usage{{instance=\"{inst}\"}} 0.25");
+    let addr = r.local_addr();
+    let seen = tokio::time::timeout(WAIT, async {
+        loop {
+            let text = metrics_text(addr).await;
+            if text.contains(&running) && text.contains(&waiting) && text.contains(&usage) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(seen.is_ok(), "engine gauges: {}", metrics_text(addr).await);
+    // 60 more hits out of 100 more queries: 0.6 over the interval.
+    a.set_metrics(
+        "vllm:prefix_cache_hits_total{model_name=\"m\"} 70\n\
+         vllm:prefix_cache_queries_total{model_name=\"m\"} 200\n",
+    );
+    let ratio = format!("prefix_router_engine_prefix_cache_hit_ratio{{instance=\"{inst}\"}} 0.6");
+    let seen = tokio::time::timeout(WAIT, async {
+        loop {
+            if metrics_text(addr).await.contains(&ratio) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(seen.is_ok(), "hit ratio: {}", metrics_text(addr).await);
+    // No new queries: the ratio stands.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(metrics_text(addr).await.contains(&ratio));
+    r.shutdown().await;
+}

@@ -60,6 +60,7 @@ struct UpShared {
     cancelled: AtomicUsize,
     finished_streams: AtomicUsize,
     health_checks: AtomicUsize,
+    metrics_page: Mutex<String>,
 }
 
 /// A body fed from a channel.
@@ -99,6 +100,14 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
         let mut r = Response::new(boxed(Full::new(Bytes::from_static(b"{}"))));
         *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
         return r;
+    }
+    if path == "/metrics" {
+        let page = shared
+            .metrics_page
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        return Response::new(boxed(Full::new(Bytes::from(page))));
     }
     if path == "/v1/models" {
         let data: Vec<_> = shared
@@ -211,6 +220,7 @@ impl Upstream {
             cancelled: AtomicUsize::new(0),
             finished_streams: AtomicUsize::new(0),
             health_checks: AtomicUsize::new(0),
+            metrics_page: Mutex::new(String::new()),
         });
         let s = Arc::clone(&shared);
         let task = tokio::spawn(async move {
@@ -283,6 +293,14 @@ impl Upstream {
     /// Changes what `/health` answers.
     pub fn set_healthy(&self, healthy: bool) {
         self.shared.healthy.store(healthy, Ordering::SeqCst);
+    }
+    /// Sets the Prometheus page served at `/metrics`.
+    pub fn set_metrics(&self, page: &str) {
+        *self
+            .shared
+            .metrics_page
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = page.to_string();
     }
     /// Health checks received.
     pub fn health_checks(&self) -> usize {

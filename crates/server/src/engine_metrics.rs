@@ -1,0 +1,215 @@
+//! The engines' own view, scraped from each instance's Prometheus endpoint: prefix-cache hit
+//! ratio, running and waiting requests, KV-cache usage. The router's in-flight counts only see
+//! its own traffic; these are what the engines report (vLLM and SGLang metric names).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full, Limited};
+use prefix_router_core::{Instance, InstanceState};
+
+use crate::metrics::InstanceLabels;
+use crate::state::AppState;
+
+/// Largest metrics page read from one instance.
+const MAX_PAGE: usize = 4 * 1024 * 1024;
+
+/// Cumulative prefix-cache counters (vLLM V1 counts tokens).
+const HITS: &[&str] = &["vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"];
+const QUERIES: &[&str] = &[
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_queries",
+];
+/// Hit-rate gauges of engines that export a ratio instead of counters.
+const HIT_RATE: &[&str] = &["vllm:gpu_prefix_cache_hit_rate", "sglang:cache_hit_rate"];
+const RUNNING: &[&str] = &["vllm:num_requests_running", "sglang:num_running_reqs"];
+const WAITING: &[&str] = &["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
+const KV_USAGE: &[&str] = &[
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "sglang:token_usage",
+];
+
+/// Samples of one page, summed by metric name over their label sets (an engine may label by
+/// model or by engine core).
+pub fn parse(page: &str) -> HashMap<String, f64> {
+    let mut out: HashMap<String, f64> = HashMap::new();
+    for line in page.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
+        let name = &line[..name_end];
+        let rest = &line[name_end..];
+        let rest = if rest.starts_with('{') {
+            match labels_end(rest) {
+                Some(end) => &rest[end..],
+                None => continue,
+            }
+        } else {
+            rest
+        };
+        let Some(value) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        if value.is_finite() {
+            *out.entry(name.to_string()).or_insert(0.0) += value;
+        }
+    }
+    out
+}
+
+/// Byte index just past the `}` closing a label set that starts at index 0 (quotes and
+/// escapes inside label values are honoured).
+fn labels_end(s: &str) -> Option<usize> {
+    let mut in_quotes = false;
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if in_quotes => escaped = true,
+            '"' => in_quotes = !in_quotes,
+            '}' if !in_quotes => return Some(i + 1),
+            _ => {}
+        }
+    }
+    None
+}
+
+fn first(samples: &HashMap<String, f64>, names: &[&str]) -> Option<f64> {
+    names.iter().find_map(|n| samples.get(*n).copied())
+}
+
+/// Counters seen at the previous scrape of an instance, and the ratio derived then.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    hits: f64,
+    queries: f64,
+    ratio: Option<f64>,
+}
+
+/// What the previous scrape saw, per instance, to turn counters into a ratio per interval.
+#[derive(Debug, Default)]
+pub struct Previous {
+    counters: Mutex<HashMap<String, Seen>>,
+}
+
+async fn scrape(state: &AppState, inst: &Instance, path: &str) -> Option<HashMap<String, f64>> {
+    let req = Request::get(format!("{}{path}", inst.spec().url))
+        .body(Full::new(Bytes::new()))
+        .ok()?;
+    let page = async {
+        let resp = state.client.request(req).await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let bytes = Limited::new(resp.into_body(), MAX_PAGE)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        Some(parse(&String::from_utf8_lossy(&bytes)))
+    };
+    tokio::time::timeout(state.settings.health.timeout, page)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// One round: scrapes every instance that is not ejected and replaces the engine gauges.
+pub async fn scrape_once(state: &AppState, path: &str, previous: &Previous) {
+    let snapshot = state.fleet.snapshot();
+    let targets: Vec<&Arc<Instance>> = snapshot
+        .instances()
+        .iter()
+        .filter(|i| i.state() != InstanceState::Ejected)
+        .collect();
+    let pages =
+        futures_util::future::join_all(targets.iter().map(|i| scrape(state, i, path))).await;
+    let m = &state.metrics;
+    m.engine_hit_ratio.clear();
+    m.engine_running.clear();
+    m.engine_waiting.clear();
+    m.engine_kv_usage.clear();
+    let mut prev = previous.counters.lock().unwrap_or_else(|p| p.into_inner());
+    for (inst, page) in targets.iter().zip(pages) {
+        let Some(samples) = page else { continue };
+        let id = inst.id().to_string();
+        let labels = InstanceLabels {
+            instance: id.clone(),
+        };
+        let counters = first(&samples, HITS).zip(first(&samples, QUERIES));
+        let ratio = match (counters, prev.get(&id)) {
+            // Hits over queries since the last scrape: the ratio now, not since the engine
+            // started. Without new queries the last ratio stands.
+            (Some((h, q)), Some(p)) if q > p.queries && h >= p.hits => {
+                Some((h - p.hits) / (q - p.queries))
+            }
+            (Some((h, q)), Some(p)) if q == p.queries && h == p.hits => p.ratio,
+            _ => first(&samples, HIT_RATE),
+        };
+        if let Some((hits, queries)) = counters {
+            prev.insert(
+                id,
+                Seen {
+                    hits,
+                    queries,
+                    ratio,
+                },
+            );
+        }
+        if let Some(r) = ratio {
+            m.engine_hit_ratio.get_or_create(&labels).set(r);
+        }
+        if let Some(v) = first(&samples, RUNNING) {
+            m.engine_running.get_or_create(&labels).set(v);
+        }
+        if let Some(v) = first(&samples, WAITING) {
+            m.engine_waiting.get_or_create(&labels).set(v);
+        }
+        if let Some(v) = first(&samples, KV_USAGE) {
+            m.engine_kv_usage.get_or_create(&labels).set(v);
+        }
+    }
+    prev.retain(|id, _| snapshot.get(id).is_some());
+}
+
+/// Scrapes every `interval` until aborted.
+pub async fn run(state: Arc<AppState>, interval: std::time::Duration, path: String) {
+    let previous = Previous::default();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        scrape_once(&state, &path, &previous).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_sums_label_sets() {
+        let page = r#"# HELP vllm:prefix_cache_hits_total Hits
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m {x} \"q\""} 30
+vllm:prefix_cache_hits_total{engine="1",model_name="m"} 12 1700000000
+vllm:num_requests_running 3
+bad line
+vllm:kv_cache_usage_perc{model_name="m"} NaN
+"#;
+        let s = parse(page);
+        assert_eq!(s.get("vllm:prefix_cache_hits_total"), Some(&42.0));
+        assert_eq!(s.get("vllm:num_requests_running"), Some(&3.0));
+        assert_eq!(s.get("vllm:kv_cache_usage_perc"), None, "NaN is skipped");
+        assert_eq!(s.len(), 2);
+    }
+}
