@@ -103,6 +103,10 @@ async fn client_disconnect_cancels_the_upstream_and_releases_in_flight() {
         in_flight(&r, &up.url()) == 0
     })
     .await;
+    eventually("the held upstream request was cancelled too", || {
+        up.cancelled() == 2
+    })
+    .await;
     up.release(1);
     r.shutdown().await;
 }

@@ -63,6 +63,21 @@ struct UpShared {
     metrics_page: Mutex<String>,
 }
 
+/// Un-counts a held request when it ends; counts a cancellation when it was dropped while held.
+struct HoldWatch {
+    shared: Arc<UpShared>,
+    done: bool,
+}
+
+impl Drop for HoldWatch {
+    fn drop(&mut self) {
+        self.shared.held.fetch_sub(1, Ordering::SeqCst);
+        if !self.done {
+            self.shared.cancelled.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// A body fed from a channel.
 struct ChannelBody(mpsc::Receiver<Bytes>);
 
@@ -131,10 +146,15 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
     if hold {
         shared.held.fetch_add(1, Ordering::SeqCst);
         shared.held_changed.notify_waiters();
+        // Counts a cancellation when the router drops this request while it is held.
+        let mut watch = HoldWatch {
+            shared: Arc::clone(&shared),
+            done: false,
+        };
         if let Ok(p) = shared.release.acquire().await {
             p.forget();
         }
-        shared.held.fetch_sub(1, Ordering::SeqCst);
+        watch.done = true;
     }
     let mode = *shared.mode.lock().unwrap_or_else(|p| p.into_inner());
     if let Mode::Status(code) = mode {
