@@ -304,6 +304,14 @@ async fn forward(
                         } else {
                             "ok"
                         });
+                        tracing::debug!(
+                            api = api.label(),
+                            instance = %id,
+                            decision = reason.label(),
+                            status = status.as_u16(),
+                            attempt,
+                            "relaying"
+                        );
                         return Ok(relay(resp, guard, &id, reason.label(), settings));
                     }
                 }

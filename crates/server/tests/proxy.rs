@@ -537,3 +537,47 @@ async fn unpaired_surrogates_are_refused_naming_the_field() {
     assert!(msg.contains("content"), "{msg}");
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn http2_streams_are_relayed_incrementally() {
+    let up = Upstream::start("s", Mode::Echo, &[]).await;
+    let r = router(settings(&[up.url()])).await;
+    let stream = tokio::net::TcpStream::connect(r.local_addr())
+        .await
+        .expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(executor(), hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut req = request(
+        Method::POST,
+        "http://router.test/v1/chat/completions",
+        &[("x-test-stream", "1"), ("x-test-chunks", "3")],
+        r#"{"messages":[{"role":"user","content":"h2 stream"}],"stream":true}"#,
+    );
+    req.headers_mut().remove("host");
+    let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("in time")
+        .expect("response");
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(WAIT, body.frame())
+        .await
+        .expect("first chunk in time")
+        .expect("frame")
+        .expect("ok")
+        .into_data()
+        .expect("data");
+    assert_eq!(
+        first,
+        sse_chunk(0),
+        "first chunk before the upstream finished"
+    );
+    up.open_gate(1);
+    let rest = body.collect().await.expect("rest").to_bytes();
+    assert_eq!(rest, [sse_chunk(1), sse_chunk(2)].concat());
+    eventually("released", || in_flight(&r, &up.url()) == 0).await;
+    r.shutdown().await;
+}
