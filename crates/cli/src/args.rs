@@ -34,6 +34,10 @@ pub enum Command {
     MockEngine(Box<crate::mock_engine_cmd::MockEngineArgs>),
     /// Replay a workload over HTTP against an OpenAI-compatible URL and measure it.
     Bench(Box<crate::bench_cmd::BenchArgs>),
+    /// Start mock engines and a router in process, replay a workload through each strategy in
+    /// turn over real HTTP, and compare them (in engine time) with `simulate` and the
+    /// published experiment.
+    Demo(Box<crate::demo_cmd::DemoArgs>),
 }
 
 /// Where `--overflow` sends a request whose preferred instance is busy.

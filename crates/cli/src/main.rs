@@ -5,6 +5,7 @@
 mod args;
 mod mock_engine_cmd;
 mod bench_cmd;
+mod demo_cmd;
 mod presets_cmd;
 mod progress;
 mod serve_cmd;
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve_cmd::run(*args),
         Command::MockEngine(args) => mock_engine_cmd::run(*args),
         Command::Bench(args) => bench_cmd::run(*args),
+        Command::Demo(args) => demo_cmd::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,686 @@
+//! `prefix-router demo`: the whole story over real HTTP on one machine. For each strategy in
+//! turn it starts N fresh mock engines and one router on 127.0.0.1 ephemeral ports, replays the
+//! workload through the router with the load generator, stops them, and finally prints
+//! `simulate`'s table for the runs (in engine time), `simulate`'s own figures for the same
+//! workload and settings, and where the published experiment stands beside them.
+//!
+//! Engines run `--time-scale` times faster than real (engine seconds × X = wall seconds), so
+//! every wall-clock measurement is converted back: durations divided by X, rates multiplied by
+//! X. What the HTTP path itself costs (rendering, router, tokenizing, SSE) is not scaled by the
+//! engines' clock, so it weighs 1/X times more in engine units; the demo measures it (client
+//! TTFT against the engines' own TTFT histogram) and prints it.
+
+use std::fmt::Write as _;
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use prefix_router_core::{PrefixLength, StrategyConfig, StrategyKind};
+use prefix_router_loadgen::{run_with_progress, BenchConfig, BenchOutcome, LoadMode, Progress};
+use prefix_router_mock_engine::{MockEngine, MockEngineConfig};
+use prefix_router_server::{Router, Settings};
+use prefix_router_sim::{
+    engine_config, plot, simulate, table, Driver, FleetSummary, Report, SimConfig, SimWorkload,
+    StrategyResult, WorkloadSource,
+};
+use prefix_router_workload::{generators, Arrival, Request, WorkloadKind, WorkloadSpec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::args::DEFAULT_PREFIX_LENGTH;
+use crate::bench_cmd::strategy_result;
+
+/// Default wall seconds per engine second. See the `--time-scale` help for the choice.
+pub const DEFAULT_TIME_SCALE: f64 = 0.08;
+
+/// Default SVG written next to where the demo runs.
+pub const DEFAULT_PLOT: &str = "prefix-router-demo.svg";
+
+/// Buckets of the hit-rate-over-time series (as `simulate`).
+const HIT_RATE_BUCKETS: usize = 50;
+
+/// Per-request limit, wall seconds (a healthy demo answers in well under a second).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Flags of `demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Mock engines behind the router (started fresh, with empty caches, for every strategy).
+    #[arg(long, value_name = "N", default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub instances: u32,
+
+    /// Strategies to run, one after another, each on its own fresh fleet. The default pair is
+    /// what fits the two-minute budget on two cores with the full published workload; every
+    /// further strategy adds about as much again.
+    #[arg(
+        long,
+        value_name = "a,b,...",
+        value_delimiter = ',',
+        default_value = "random,prefix-aware",
+        value_parser = parse_strategy
+    )]
+    pub strategies: Vec<StrategyKind>,
+
+    /// Built-in workload (see `prefix-router presets`).
+    #[arg(long, value_name = "NAME", default_value = "long-context")]
+    pub workload: String,
+
+    /// Number of requests (default: the workload's own, 5,400 for long-context: 600 documents
+    /// × 9 requests, the published experiment's regime).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub requests: Option<u64>,
+
+    /// Closed loop with C concurrent clients (default: the workload's own, 32 for
+    /// long-context).
+    #[arg(long, value_name = "C", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub concurrency: Option<u32>,
+
+    /// Generated workload parameter, e.g. `--param documents=100` (repeatable; as `simulate`).
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    pub params: Vec<String>,
+
+    /// Engine preset of every mock engine (see `prefix-router presets`).
+    #[arg(long, value_name = "P", default_value = "llama-3.1-70b-h100x8")]
+    pub preset: String,
+
+    /// Wall seconds per engine second. The default 0.08 replays the full long-context workload
+    /// (about 1,000 engine seconds for random plus prefix-aware) in about 80 s. Faster scales
+    /// shrink the engines' times but not the HTTP path's own cost (about 0.2-0.5 ms of wall
+    /// time per request on two cores), which then weighs 1/X times more in engine
+    /// milliseconds; the demo prints that overhead after the table.
+    #[arg(long, value_name = "X", default_value_t = DEFAULT_TIME_SCALE, value_parser = parse_time_scale)]
+    pub time_scale: f64,
+
+    /// Stop sending new requests after S engine seconds per strategy (S × time scale of wall
+    /// time); requests in flight still finish.
+    #[arg(long, value_name = "S", value_parser = parse_positive)]
+    pub duration: Option<f64>,
+
+    /// Seed of the workload generator (the router's own random choices are not seeded).
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    pub seed: u64,
+
+    /// Write the report as JSON to FILE (`simulate`'s schema, in engine time, plus the demo's
+    /// own figures).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Where the SVG with the TTFT CDFs, per-instance shares and hit rate over time goes.
+    #[arg(long, value_name = "FILE", default_value = DEFAULT_PLOT)]
+    pub plot: PathBuf,
+}
+
+fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
+    s.trim().parse::<StrategyKind>().map_err(|e| e.to_string())
+}
+
+fn parse_positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("must be a positive number, got '{s}'")),
+    }
+}
+
+fn parse_time_scale(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 100.0 => Ok(v),
+        _ => Err(format!(
+            "time_scale must be a number within (0, 100] (wall seconds per engine second), got '{s}'"
+        )),
+    }
+}
+
+/// The `demo` JSON: `simulate`'s report (engine time) plus what only the demo has.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DemoReport {
+    /// `simulate`'s fields; every time and rate in engine units.
+    #[serde(flatten)]
+    pub report: Report,
+    /// Wall seconds per engine second the engines ran at.
+    pub time_scale: f64,
+    /// Per strategy: sends, failures and the measured HTTP-path overhead.
+    pub runs: Vec<RunSummary>,
+    /// `simulate`'s results for the same workload and settings.
+    pub simulated: Vec<StrategyResult>,
+}
+
+/// What one strategy's run did, beyond `simulate`'s fields.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunSummary {
+    /// Strategy name.
+    pub strategy: String,
+    /// Requests sent.
+    pub sent: u64,
+    /// Requests that failed.
+    pub failed: u64,
+    /// Wall seconds of the replay.
+    pub wall_s: f64,
+    /// Mean TTFT the engines themselves measured (submission to first token), engine ms.
+    pub engine_ttft_mean_ms: Option<f64>,
+    /// Mean TTFT the client measured, engine ms.
+    pub client_ttft_mean_ms: f64,
+}
+
+impl RunSummary {
+    /// Client TTFT minus the engines' own: what the HTTP path adds, engine ms.
+    pub fn overhead_ms(&self) -> Option<f64> {
+        self.engine_ttft_mean_ms
+            .map(|e| self.client_ttft_mean_ms - e)
+    }
+}
+
+/// One strategy's run, converted to engine time.
+struct StrategyRun {
+    result: StrategyResult,
+    summary: RunSummary,
+    first_failure: Option<String>,
+}
+
+/// Runs `demo`.
+pub fn run(args: DemoArgs) -> Result<()> {
+    let started = Instant::now();
+    let workload = load_workload(&args)?;
+    let engine = engine_config(&args.preset).context("--preset")?;
+    let mut mock = MockEngineConfig::new(engine.clone()).with_time_scale(args.time_scale);
+    mock.seed = args.seed;
+    mock.validate().context("mock engine")?;
+    let prefix_length = PrefixLength::new(u64::from(DEFAULT_PREFIX_LENGTH))?;
+    let driver = match &workload.source {
+        WorkloadSource::Generated { spec } => match spec.arrival {
+            Arrival::Closed { clients } => Driver::ClosedLoop { clients },
+            Arrival::Poisson { .. } => Driver::OpenLoop,
+        },
+        WorkloadSource::Trace { .. } => Driver::OpenLoop,
+    };
+    let strategies: Vec<StrategyConfig> = args
+        .strategies
+        .iter()
+        .map(|&k| StrategyConfig::new(k))
+        .collect();
+    let sim_config = SimConfig {
+        preset: args.preset.clone(),
+        instances: args.instances,
+        strategies: strategies.clone(),
+        prefix_length,
+        seed: args.seed,
+        driver,
+        scale: Vec::new(),
+        hit_rate_buckets: HIT_RATE_BUCKETS,
+    };
+    // The simulator's view of the same runs: cheap, and the yardstick the demo should meet.
+    let simulated = simulate(&workload, &sim_config, &mut |_| {}).context("simulate")?;
+
+    eprintln!(
+        "demo: {} requests of {} per strategy through {} mock engines ({}) and one router, engines at {}x real time ({} wall s per engine s)",
+        workload.requests.len(),
+        workload.name,
+        args.instances,
+        args.preset,
+        fmt_speed(args.time_scale),
+        args.time_scale
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let mut runs = Vec::with_capacity(strategies.len());
+    for (i, strategy) in strategies.iter().enumerate() {
+        let label = format!(
+            "{} ({}/{})",
+            strategy.kind.name(),
+            i + 1,
+            strategies.len()
+        );
+        let run = runtime
+            .block_on(run_strategy(
+                &args,
+                strategy,
+                prefix_length,
+                &mock,
+                &workload.requests,
+                driver,
+                &label,
+            ))
+            .with_context(|| format!("demo with {}", strategy.kind.name()))?;
+        eprintln!(
+            "demo: {label}: {} completed, {} failed in {:.1} s wall ({:.0} engine s)",
+            run.result.requests,
+            run.summary.failed,
+            run.summary.wall_s,
+            run.summary.wall_s / args.time_scale
+        );
+        runs.push(run);
+    }
+    drop(runtime);
+
+    let report = Report {
+        workload: simulated.workload.clone(),
+        fleet: FleetSummary {
+            instances: args.instances,
+            preset: args.preset.clone(),
+            engine,
+            prefix_length: prefix_length.get(),
+            seed: args.seed,
+            scale_events: Vec::new(),
+            strategies: simulated.fleet.strategies.clone(),
+        },
+        oracle_hit_rate: simulated.oracle_hit_rate,
+        results: runs.iter().map(|r| r.result.clone()).collect(),
+    };
+    let demo = DemoReport {
+        report,
+        time_scale: args.time_scale,
+        runs: runs.iter().map(|r| r.summary.clone()).collect(),
+        simulated: simulated.results.clone(),
+    };
+    print!("{}", render(&demo));
+    plot::write_svg(&demo.report, &args.plot)
+        .with_context(|| format!("--plot {}", args.plot.display()))?;
+    println!("TTFT CDFs, instance shares and hit rate over time: {}", args.plot.display());
+    if let Some(path) = &args.json {
+        let mut json = serde_json::to_string_pretty(&demo).context("serializing the report")?;
+        json.push('\n');
+        std::fs::write(path, json)
+            .with_context(|| format!("--json: cannot write {}", path.display()))?;
+    }
+    eprintln!("demo: finished in {:.1} s", started.elapsed().as_secs_f64());
+    let failed: Vec<String> = runs
+        .iter()
+        .filter(|r| r.summary.failed > 0 || r.result.requests == 0)
+        .map(|r| {
+            format!(
+                "{}: {} of {} requests failed{}",
+                r.summary.strategy,
+                r.summary.failed,
+                r.summary.sent,
+                r.first_failure
+                    .as_ref()
+                    .map(|f| format!(" (first: {f})"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    if !failed.is_empty() {
+        bail!("{}", failed.join("; "));
+    }
+    Ok(())
+}
+
+/// Generates the named workload with the flags applied (as `simulate` does).
+fn load_workload(args: &DemoArgs) -> Result<SimWorkload> {
+    let name = args.workload.as_str();
+    let kind = WorkloadKind::from_str(name).with_context(|| format!("--workload {name}"))?;
+    let mut spec = WorkloadSpec::default_for(kind);
+    spec.seed = args.seed;
+    if let Some(n) = args.requests {
+        spec.requests = n;
+    }
+    if let Some(clients) = args.concurrency {
+        spec.arrival = Arrival::Closed { clients };
+    }
+    for assignment in &args.params {
+        spec.params
+            .apply_override(assignment)
+            .with_context(|| format!("--param {assignment}"))?;
+    }
+    spec.validate().context("--workload")?;
+    let requests: Vec<Request> = generators::generate(&spec).collect();
+    Ok(SimWorkload {
+        name: name.to_string(),
+        source: WorkloadSource::Generated { spec },
+        requests,
+    })
+}
+
+/// One strategy: fresh engines, a router, the replay, the teardown; results in engine time.
+async fn run_strategy(
+    args: &DemoArgs,
+    strategy: &StrategyConfig,
+    prefix_length: PrefixLength,
+    mock: &MockEngineConfig,
+    requests: &[Request],
+    driver: Driver,
+    label: &str,
+) -> Result<StrategyRun> {
+    let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
+    let mut engines = Vec::with_capacity(args.instances as usize);
+    for _ in 0..args.instances {
+        engines.push(
+            MockEngine::bind(loopback, mock.clone())
+                .await
+                .context("starting a mock engine")?,
+        );
+    }
+    let mut settings = Settings::with_instances(engines.iter().map(MockEngine::url))
+        .context("router settings")?;
+    settings.listen = loopback;
+    settings.strategy = strategy.clone();
+    settings.prefix_length = prefix_length;
+    let router = Router::start(settings, None)
+        .await
+        .context("starting the router")?;
+
+    let scale = args.time_scale;
+    // Open-loop arrivals are engine seconds: squeeze them onto the wall clock.
+    let mut requests = requests.to_vec();
+    if driver == Driver::OpenLoop {
+        for r in &mut requests {
+            r.arrival_s *= scale;
+        }
+    }
+    let config = BenchConfig {
+        target: format!("http://{}", router.local_addr()),
+        mode: match driver {
+            Driver::OpenLoop => LoadMode::OpenLoop { rate: None },
+            Driver::ClosedLoop { clients } => LoadMode::ClosedLoop {
+                concurrency: clients,
+            },
+        },
+        duration: args
+            .duration
+            .map(|s| Duration::from_secs_f64((s * scale).max(1e-3))),
+        max_requests: None,
+        timeout: REQUEST_TIMEOUT,
+        // Generated workloads name no model; the engines serve theirs.
+        model: Some(mock.model.clone()),
+    };
+    let mut bar = Bar::new(label);
+    let outcome = run_with_progress(&config, requests, |p| bar.update(p)).await;
+    bar.finish();
+    let outcome = outcome.context("load generator")?;
+
+    let mut engine_ttft = (0.0, 0u64);
+    for e in &engines {
+        if let Ok(text) = http_get(e.local_addr(), "/metrics").await {
+            let (sum, count) = ttft_sum_count(&text);
+            engine_ttft.0 += sum;
+            engine_ttft.1 += count;
+        }
+    }
+    router.shutdown().await;
+    for e in engines {
+        e.shutdown().await;
+    }
+
+    let engine_time = to_engine_time(&outcome, scale);
+    let name = strategy.kind.name();
+    let result = strategy_result(&engine_time, name);
+    let ok_ttft: Vec<f64> = engine_time
+        .records
+        .iter()
+        .filter(|r| r.is_ok())
+        .filter_map(|r| r.ttft_s())
+        .collect();
+    let client_ttft_mean_ms = ok_ttft.iter().sum::<f64>() / ok_ttft.len().max(1) as f64 * 1e3;
+    let summary = RunSummary {
+        strategy: name.to_string(),
+        sent: outcome.sent(),
+        failed: outcome.sent() - outcome.completed(),
+        wall_s: outcome.wall_s,
+        engine_ttft_mean_ms: (engine_ttft.1 > 0)
+            .then(|| engine_ttft.0 / engine_ttft.1 as f64 * 1e3),
+        client_ttft_mean_ms,
+    };
+    let first_failure = outcome
+        .records
+        .iter()
+        .find_map(|r| r.failure.as_ref())
+        .map(|f| format!("{}: {}", f.kind, f.detail));
+    Ok(StrategyRun {
+        result,
+        summary,
+        first_failure,
+    })
+}
+
+/// The outcome with every time divided by the time scale: engine seconds.
+fn to_engine_time(outcome: &BenchOutcome, scale: f64) -> BenchOutcome {
+    let records = outcome
+        .records
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.due_s /= scale;
+            r.sent_s /= scale;
+            r.first_content_s = r.first_content_s.map(|t| t / scale);
+            r.finished_s /= scale;
+            r
+        })
+        .collect();
+    BenchOutcome::from_records(
+        outcome.target.clone(),
+        outcome.endpoint.clone(),
+        outcome.mode,
+        outcome.planned,
+        records,
+        outcome.wall_s / scale,
+    )
+}
+
+/// `GET path` over a fresh HTTP/1.1 connection; the body as text.
+async fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await?;
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw)).await??;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default())
+}
+
+/// Sum (seconds) and count of `vllm:time_to_first_token_seconds` in a Prometheus text page.
+fn ttft_sum_count(text: &str) -> (f64, u64) {
+    let value = |suffix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("vllm:time_to_first_token_seconds{suffix}")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (value("_sum"), value("_count") as u64)
+}
+
+/// "12.5" for 0.08.
+fn fmt_speed(scale: f64) -> String {
+    let x = 1.0 / scale;
+    if (x - x.round()).abs() < 1e-9 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+fn change(new: f64, old: f64) -> Option<f64> {
+    (old > 0.0).then(|| (new / old - 1.0) * 100.0)
+}
+
+fn share_range(r: &StrategyResult) -> String {
+    let min = r.instance_share.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = r.instance_share.iter().copied().fold(0.0, f64::max);
+    if r.instance_share.is_empty() {
+        "-".into()
+    } else {
+        format!("{} .. {}", pct(min), pct(max))
+    }
+}
+
+/// The table (simulate's renderer), the overhead, simulate beside, the published experiment.
+pub fn render(demo: &DemoReport) -> String {
+    let mut out = String::new();
+    let scale = demo.time_scale;
+    let _ = writeln!(
+        out,
+        "Demo over real HTTP: mock engines at {}x real time; every figure below is converted back to engine time.",
+        fmt_speed(scale)
+    );
+    out.push_str(&table::render(&demo.report));
+
+    out.push('\n');
+    let _ = writeln!(
+        out,
+        "HTTP path (load generator -> router -> engine and back), client TTFT mean minus the engines' own:"
+    );
+    for r in &demo.runs {
+        match r.overhead_ms() {
+            Some(o) => {
+                let _ = writeln!(
+                    out,
+                    "  {:<18} {:+.1} ms engine time ({:+.2} ms wall), {} of {} requests failed, {:.1} s wall",
+                    r.strategy,
+                    o,
+                    o * scale,
+                    r.failed,
+                    r.sent,
+                    r.wall_s
+                );
+            }
+            None => {
+                let _ = writeln!(out, "  {:<18} engines' TTFT not available", r.strategy);
+            }
+        }
+    }
+
+    out.push('\n');
+    let _ = writeln!(
+        out,
+        "simulate, same workload and settings (the discrete-event model of the same engines):"
+    );
+    for (d, s) in demo.report.results.iter().zip(&demo.simulated) {
+        let _ = writeln!(
+            out,
+            "  {:<18} hit rate {} (demo {}, {:+.1} points), TTFT P50 {:.1} ms (demo {:.1} ms, {:+.1}%), P90 {:.1} ms (demo {:.1} ms)",
+            s.strategy,
+            pct(s.kv_hit_rate),
+            pct(d.kv_hit_rate),
+            (d.kv_hit_rate - s.kv_hit_rate) * 100.0,
+            s.ttft_ms.p50,
+            d.ttft_ms.p50,
+            change(d.ttft_ms.p50, s.ttft_ms.p50).unwrap_or(0.0),
+            s.ttft_ms.p90,
+            d.ttft_ms.p90,
+        );
+    }
+
+    let find = |name: &str| demo.report.results.iter().find(|r| r.strategy == name);
+    if let (Some(pa), Some(rnd)) = (find("prefix-aware"), find("random")) {
+        out.push('\n');
+        let fmt_change = |new: f64, old: f64| {
+            change(new, old)
+                .map(|c| format!("{c:+.1}%"))
+                .unwrap_or_else(|| "-".into())
+        };
+        let rows = [
+            (
+                "KV hit rate".to_string(),
+                "~25% -> up to 82%".to_string(),
+                format!("{} -> {}", pct(rnd.kv_hit_rate), pct(pa.kv_hit_rate)),
+            ),
+            (
+                "TTFT P50".into(),
+                "-71% .. -77%".into(),
+                fmt_change(pa.ttft_ms.p50, rnd.ttft_ms.p50),
+            ),
+            (
+                "TTFT P90".into(),
+                "-33% .. -37%".into(),
+                fmt_change(pa.ttft_ms.p90, rnd.ttft_ms.p90),
+            ),
+            (
+                "throughput".into(),
+                "+15% .. +16%".into(),
+                fmt_change(pa.throughput_rps, rnd.throughput_rps),
+            ),
+            (
+                "instance share".into(),
+                "13.3% .. 15.4%".into(),
+                format!("{} (prefix-aware)", share_range(pa)),
+            ),
+        ];
+        let _ = writeln!(
+            out,
+            "Published experiment (Llama 3.1 70B on vLLM, 7 instances, 8,000-token shared prefixes) beside this run:"
+        );
+        let _ = writeln!(
+            out,
+            "  {:<16} {:<20} {}",
+            "prefix-aware vs random", "", ""
+        );
+        let _ = writeln!(out, "  {:<16} {:<20} this run", "", "published");
+        for (what, published, ours) in rows {
+            let _ = writeln!(out, "  {what:<16} {published:<20} {ours}");
+        }
+    }
+    out
+}
+
+/// A progress bar on stderr, only when stderr is a terminal.
+struct Bar {
+    label: String,
+    bar: Option<ProgressBar>,
+}
+
+impl Bar {
+    fn new(label: &str) -> Self {
+        Bar {
+            label: label.to_string(),
+            bar: None,
+        }
+    }
+
+    fn update(&mut self, p: &Progress) {
+        if self.bar.is_none() {
+            if !std::io::stderr().is_terminal() {
+                return;
+            }
+            let bar = ProgressBar::with_draw_target(Some(p.planned), ProgressDrawTarget::stderr());
+            let style =
+                ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar());
+            bar.set_style(style);
+            self.bar = Some(bar);
+        }
+        if let Some(bar) = &self.bar {
+            bar.set_position(p.completed + p.failed);
+            bar.set_message(self.label.clone());
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_engines_ttft_sum_and_count() {
+        let text = "# TYPE vllm:time_to_first_token_seconds histogram\n\
+            vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 3\n\
+            vllm:time_to_first_token_seconds_sum{model_name=\"m\"} 0.75\n\
+            vllm:time_to_first_token_seconds_count{model_name=\"m\"} 3\n";
+        assert_eq!(ttft_sum_count(text), (0.75, 3));
+        assert_eq!(ttft_sum_count(""), (0.0, 0));
+    }
+
+    #[test]
+    fn speeds_read_as_factors() {
+        assert_eq!(fmt_speed(0.05), "20");
+        assert_eq!(fmt_speed(0.08), "12.50");
+        assert_eq!(fmt_speed(1.0), "1");
+    }
+}
