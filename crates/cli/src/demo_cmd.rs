@@ -227,12 +227,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         .context("starting the async runtime")?;
     let mut runs = Vec::with_capacity(strategies.len());
     for (i, strategy) in strategies.iter().enumerate() {
-        let label = format!(
-            "{} ({}/{})",
-            strategy.kind.name(),
-            i + 1,
-            strategies.len()
-        );
+        let label = format!("{} ({}/{})", strategy.kind.name(), i + 1, strategies.len());
         let run = runtime
             .block_on(run_strategy(
                 &args,
@@ -278,7 +273,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
     print!("{}", render(&demo));
     plot::write_svg(&demo.report, &args.plot)
         .with_context(|| format!("--plot {}", args.plot.display()))?;
-    println!("TTFT CDFs, instance shares and hit rate over time: {}", args.plot.display());
+    println!(
+        "TTFT CDFs, instance shares and hit rate over time: {}",
+        args.plot.display()
+    );
     if let Some(path) = &args.json {
         let mut json = serde_json::to_string_pretty(&demo).context("serializing the report")?;
         json.push('\n');
@@ -353,8 +351,8 @@ async fn run_strategy(
                 .context("starting a mock engine")?,
         );
     }
-    let mut settings = Settings::with_instances(engines.iter().map(MockEngine::url))
-        .context("router settings")?;
+    let mut settings =
+        Settings::with_instances(engines.iter().map(MockEngine::url)).context("router settings")?;
     settings.listen = loopback;
     settings.strategy = strategy.clone();
     settings.prefix_length = prefix_length;
@@ -418,7 +416,10 @@ async fn run_strategy(
         .map(|e| (client_ttft_mean_wall_ms - e * scale).max(0.0))
         .unwrap_or(0.0);
     let name = strategy.kind.name();
-    let result = strategy_result(&to_engine_time(&outcome, scale, http_path_wall_ms / 1e3), name);
+    let result = strategy_result(
+        &to_engine_time(&outcome, scale, http_path_wall_ms / 1e3),
+        name,
+    );
     let all_scaled = to_engine_time(&outcome, scale, 0.0);
     let summary = RunSummary {
         strategy: name.to_string(),
@@ -516,7 +517,11 @@ fn change(new: f64, old: f64) -> Option<f64> {
 }
 
 fn share_range(r: &StrategyResult) -> String {
-    let min = r.instance_share.iter().copied().fold(f64::INFINITY, f64::min);
+    let min = r
+        .instance_share
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min);
     let max = r.instance_share.iter().copied().fold(0.0, f64::max);
     if r.instance_share.is_empty() {
         "-".into()
