@@ -89,7 +89,7 @@ pub struct DemoArgs {
 
     /// Wall seconds per engine second. The default 0.08 replays the full long-context workload
     /// (about 1,000 engine seconds for random plus prefix-aware) in about 80 s. Faster scales
-    /// shrink the engines' times but not the HTTP path's own cost (about 0.2-0.5 ms of wall
+    /// shrink the engines' times but not the HTTP path's own cost (about 1-2.5 ms of wall
     /// time per request on two cores), which then weighs 1/X times more in engine
     /// milliseconds; the demo prints that overhead after the table.
     #[arg(long, value_name = "X", default_value_t = DEFAULT_TIME_SCALE, value_parser = parse_time_scale)]
