@@ -3,15 +3,19 @@
 //!
 //! Phase 1, latency at a fixed rate (default 2,000 requests/s, open loop over 16 connections):
 //! p50/p99/p99.9 both ways and what the router adds. Phase 2, maximum throughput (closed loop,
-//! 32 connections): requests/s both ways and their ratio. Everything (client, router, four
-//! upstreams) shares one process and the machine's cores, as a router shares a host with its
-//! clients' load generator in this measurement.
+//! 32 connections, direct and router runs alternating for `BENCH_ROUNDS`): requests/s both ways,
+//! their ratio, and the CPU time spent per request (per component with `BENCH_LAYOUT=split`),
+//! whose ratio is what bounds the throughput ratio when all of it shares the same cores.
+//! Everything (client, router, four upstreams) runs in one process on the machine's cores, as a
+//! router shares a host with its clients' load generator in this measurement.
 //!
-//! Run: `cargo bench -p prefix-router-server --bench overhead`
-//! Knobs: `BENCH_SECONDS` (per phase and path, default 5), `BENCH_RATE` (default 2000),
-//! `BENCH_WORKERS` (runtime worker threads, default 2), `BENCH_SEQ=1` (instead: one connection,
-//! one request at a time, 16 KiB and tiny bodies: the added latency without any queueing),
-//! `BENCH_MAX_ONLY=direct|router` (instead: only that path's throughput run, for profiling).
+//! Run: `bench/router-overhead.sh` (or `cargo bench -p prefix-router-server --bench overhead`)
+//! Knobs: `BENCH_SECONDS` (latency run per path, default 5), `BENCH_RATE` (default 2000),
+//! `BENCH_MAX_SECONDS` (throughput run, default 3), `BENCH_ROUNDS` (default 3),
+//! `BENCH_WORKERS` (worker threads per runtime, default 2), `BENCH_LAYOUT=shared|split`,
+//! `BENCH_SEQ=1` (instead: one connection, one request at a time, 16 KiB and tiny bodies: the
+//! added latency without any queueing), `BENCH_MAX_ONLY=direct|router` (instead: only that
+//! path's throughput run, for profiling).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -151,8 +155,8 @@ async fn fixed_rate(addr: SocketAddr, bodies: Arc<Vec<Bytes>>, rate: u64, secs: 
     all
 }
 
-/// Closed loop over `conns` connections; requests per second.
-async fn max_rate(addr: SocketAddr, bodies: Arc<Vec<Bytes>>, secs: u64) -> f64 {
+/// Closed loop over `conns` connections; requests done and seconds taken.
+async fn max_rate(addr: SocketAddr, bodies: Arc<Vec<Bytes>>, secs: u64) -> (u64, f64) {
     let conns = 32usize;
     let end = Instant::now() + Duration::from_secs(secs);
     let start = Instant::now();
@@ -175,7 +179,7 @@ async fn max_rate(addr: SocketAddr, bodies: Arc<Vec<Bytes>>, secs: u64) -> f64 {
     for t in tasks {
         total += t.await.expect("client task");
     }
-    total as f64 / start.elapsed().as_secs_f64()
+    (total, start.elapsed().as_secs_f64())
 }
 
 fn pct(sorted: &[u64], p: f64) -> u64 {
@@ -186,40 +190,162 @@ fn pct(sorted: &[u64], p: f64) -> u64 {
     sorted[idx]
 }
 
-fn main() {
-    let secs = env("BENCH_SECONDS", 5);
-    let rate = env("BENCH_RATE", 2000);
-    let workers = env("BENCH_WORKERS", 2) as usize;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// CPU time of this process's threads, summed by thread name (each runtime names its threads
+/// after its component): total nanoseconds on a CPU (`/proc/self/task/*/schedstat`) and the
+/// user and kernel clock ticks (`stat`).
+fn thread_cpu() -> std::collections::BTreeMap<String, [u64; 3]> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let dir = t.path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let ns: u64 = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        // Fields 14 and 15 of `stat` (utime, stime); field 3 is the first after the name.
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        let rest: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r.split_whitespace().collect())
+            .unwrap_or_default();
+        let field = |n: usize| -> u64 { rest.get(n - 3).and_then(|x| x.parse().ok()).unwrap_or(0) };
+        let (user, sys) = (field(14), field(15));
+        let name = match name.trim() {
+            n if n.starts_with("bench-") => n.trim_start_matches("bench-").to_string(),
+            _ => "main".to_string(),
+        };
+        let e = out.entry(name).or_insert([0; 3]);
+        e[0] += ns;
+        e[1] += user;
+        e[2] += sys;
+    }
+    out
+}
+
+/// By component: CPU microseconds per request between two `thread_cpu` readings, and the share
+/// of it spent in the kernel.
+fn cpu_per_request(
+    before: &std::collections::BTreeMap<String, [u64; 3]>,
+    after: &std::collections::BTreeMap<String, [u64; 3]>,
+    requests: f64,
+) -> Vec<(String, f64, f64)> {
+    let mut v: Vec<(String, f64, f64)> = after
+        .iter()
+        .map(|(k, a)| {
+            let b = before.get(k).copied().unwrap_or([0; 3]);
+            let us = a[0].saturating_sub(b[0]) as f64 / 1e3 / requests.max(1.0);
+            let (u, s) = (a[1].saturating_sub(b[1]), a[2].saturating_sub(b[2]));
+            let sys = if u + s == 0 {
+                0.0
+            } else {
+                s as f64 / (u + s) as f64
+            };
+            (k.clone(), us, sys)
+        })
+        .collect();
+    let total = v.iter().map(|x| x.1).sum();
+    let sys = v.iter().map(|x| x.1 * x.2).sum::<f64>() / f64::max(total, 1e-9);
+    v.push(("total".into(), total, sys));
+    v
+}
+
+fn runtime(name: &str, workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
+        .thread_name(format!("bench-{name}"))
         .enable_all()
         .build()
-        .expect("runtime");
-    runtime.block_on(async {
+        .expect("runtime")
+}
+
+struct Max {
+    rps: f64,
+    cpu: Vec<(String, f64, f64)>,
+}
+
+/// One closed-loop run against `addr`, with the CPU each component spent per request.
+async fn measure_max(addr: SocketAddr, bodies: &Arc<Vec<Bytes>>, secs: u64) -> Max {
+    let before = thread_cpu();
+    let (n, took) = max_rate(addr, Arc::clone(bodies), secs).await;
+    let after = thread_cpu();
+    Max {
+        rps: n as f64 / took,
+        cpu: cpu_per_request(&before, &after, n as f64),
+    }
+}
+
+fn print_cpu(name: &str, m: &Max) {
+    let parts: Vec<String> = m
+        .cpu
+        .iter()
+        .filter(|(k, us, _)| k != "main" && *us >= 0.05)
+        .map(|(k, us, sys)| format!("{k} {us:.1} ({:.0}% kernel)", sys * 100.0))
+        .collect();
+    println!(
+        "{name:<7} {:>8.0} requests/s   CPU us/request: {}",
+        m.rps,
+        parts.join(", ")
+    );
+}
+
+fn main() {
+    let secs = env("BENCH_SECONDS", 5);
+    let max_secs = env("BENCH_MAX_SECONDS", 3);
+    let rounds = env("BENCH_ROUNDS", 3).max(1);
+    let rate = env("BENCH_RATE", 2000);
+    let workers = env("BENCH_WORKERS", 2) as usize;
+    // `shared` (default): one runtime of `workers` threads runs client, router and upstreams.
+    // `split`: each on its own runtime of `workers` threads, like three processes on the same
+    // cores (the router's runtime idles during the direct runs); CPU per request is then also
+    // reported per component.
+    let layout = std::env::var("BENCH_LAYOUT").unwrap_or_else(|_| "shared".into());
+    let (client_rt, router_rt, upstream_rt) = match layout.as_str() {
+        "shared" => (runtime("shared", workers), None, None),
+        "split" => (
+            runtime("client", workers),
+            Some(runtime("router", workers)),
+            Some(runtime("upstream", workers)),
+        ),
+        other => panic!("BENCH_LAYOUT must be split or shared, not {other}"),
+    };
+    let client = client_rt.handle().clone();
+    let router_h = router_rt
+        .as_ref()
+        .map_or(client.clone(), |r| r.handle().clone());
+    let upstream_h = upstream_rt
+        .as_ref()
+        .map_or(client.clone(), |r| r.handle().clone());
+
+    let ups: Vec<SocketAddr> = upstream_h.block_on(async {
         let mut ups = Vec::new();
         for _ in 0..4 {
             ups.push(upstream().await);
         }
-        let urls: Vec<String> = ups.iter().map(|a| format!("http://{a}")).collect();
-        let mut settings = Settings::with_instances(urls).expect("settings");
-        settings.listen = "127.0.0.1:0".parse().expect("addr");
-        settings.health.active = false;
-        let router = Router::start(settings, None).await.expect("router");
-        let routed = router.local_addr();
-        let direct = ups[0];
-        let bodies = Arc::new(bodies(256));
+        ups
+    });
+    let urls: Vec<String> = ups.iter().map(|a| format!("http://{a}")).collect();
+    let mut settings = Settings::with_instances(urls).expect("settings");
+    settings.listen = "127.0.0.1:0".parse().expect("addr");
+    settings.health.active = false;
+    let router = router_h
+        .block_on(Router::start(settings, None))
+        .expect("router");
+    let routed = router.local_addr();
+    let direct = ups[0];
+    let bodies = Arc::new(bodies(256));
+
+    client.block_on(async {
         // Warm up connections and allocators on both paths.
         fixed_rate(direct, Arc::clone(&bodies), rate, 1).await;
         fixed_rate(routed, Arc::clone(&bodies), rate, 1).await;
 
         if let Ok(which) = std::env::var("BENCH_MAX_ONLY") {
             let a = if which == "router" { routed } else { direct };
-            let start = Instant::now();
-            let rps = max_rate(a, Arc::clone(&bodies), secs).await;
-            println!(
-                "{which}: {rps:.0} rps, {:.0} requests",
-                rps * start.elapsed().as_secs_f64()
-            );
+            let m = measure_max(a, &bodies, secs).await;
+            print_cpu(&which, &m);
             return;
         }
         if std::env::var("BENCH_SEQ").is_ok() {
@@ -263,7 +389,8 @@ fn main() {
             return;
         }
         println!(
-            "loopback overhead: 16 KiB chat bodies, {workers} runtime threads, {secs} s per run"
+            "loopback overhead: 16 KiB chat bodies, layout {layout}, {workers} worker threads per \
+             runtime, {secs} s per latency run, {rounds} x {max_secs} s throughput runs per path"
         );
         let d = fixed_rate(direct, Arc::clone(&bodies), rate, secs).await;
         let r = fixed_rate(routed, Arc::clone(&bodies), rate, secs).await;
@@ -292,12 +419,23 @@ fn main() {
             add(0.999)
         );
 
-        let dmax = max_rate(direct, Arc::clone(&bodies), secs).await;
-        let rmax = max_rate(routed, Arc::clone(&bodies), secs).await;
-        println!("\nmaximum throughput (closed loop, 32 connections)");
-        println!("direct {dmax:>10.0} requests/s");
-        println!("router {rmax:>10.0} requests/s");
-        println!("ratio  {:>10.2}", rmax / dmax);
-        router.shutdown().await;
+        println!("\nmaximum throughput (closed loop, 32 connections; direct and router alternate)");
+        let mut ratios = Vec::new();
+        for round in 1..=rounds {
+            let dm = measure_max(direct, &bodies, max_secs).await;
+            let rm = measure_max(routed, &bodies, max_secs).await;
+            println!("round {round}");
+            print_cpu("direct", &dm);
+            print_cpu("router", &rm);
+            ratios.push(rm.rps / dm.rps);
+        }
+        ratios.sort_by(f64::total_cmp);
+        let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "ratio router/direct: median {:.2} (rounds: {})",
+            ratios[ratios.len() / 2],
+            listed.join(" ")
+        );
     });
+    router_h.block_on(router.shutdown());
 }

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 
 use crate::error::ApiError;
 
@@ -34,13 +34,49 @@ where
             return Err(ApiError::too_large(limit));
         }
     }
-    let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
-    match tokio::time::timeout(timeout, limited.collect()).await {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    match tokio::time::timeout(timeout, collect(body, limit)).await {
         Err(_) => Err(ApiError::body_timeout()),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(ApiError::too_large(limit))
-        }
-        Ok(Err(e)) => Err(ApiError::body_read(e)),
+        Ok(r) => r,
     }
+}
+
+/// Collects the data frames of `body` (trailers are not forwarded). A body that arrives in one
+/// piece is kept as it is; one in several pieces is copied once into a buffer sized from its
+/// declared length.
+async fn collect<B>(body: B, limit: usize) -> Result<Bytes, ApiError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let hint = usize::try_from(body.size_hint().lower()).unwrap_or(limit);
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::body_read(e.into()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        len = len.saturating_add(data.len());
+        if len > limit {
+            return Err(ApiError::too_large(limit as u64));
+        }
+        if let Some(buf) = joined.as_mut() {
+            buf.extend_from_slice(&data);
+        } else if let Some(head) = first.take() {
+            let mut buf = BytesMut::with_capacity(hint.clamp(len, limit));
+            buf.extend_from_slice(&head);
+            buf.extend_from_slice(&data);
+            joined = Some(buf);
+        } else {
+            first = Some(data);
+        }
+    }
+    Ok(match (joined, first) {
+        (Some(buf), _) => buf.freeze(),
+        (None, Some(one)) => one,
+        (None, None) => Bytes::new(),
+    })
 }

@@ -26,7 +26,11 @@ pub struct RelayBody {
     inner: Incoming,
     guard: InFlightGuard,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    /// When the instance last sent something (or the relay started).
+    last: Instant,
+    /// The idle timer, armed only once the instance makes the relay wait, and moved only when
+    /// it fires early: frames that arrive back to back never touch the timer wheel.
+    timer: Option<Pin<Box<Sleep>>>,
     done: bool,
 }
 
@@ -37,7 +41,8 @@ impl RelayBody {
             inner,
             guard,
             idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
+            last: Instant::now(),
+            timer: None,
             done: false,
         }
     }
@@ -68,8 +73,9 @@ impl Body for RelayBody {
                 if frame.is_data() {
                     this.guard.first_byte();
                 }
-                let deadline = Instant::now() + this.idle;
-                this.timer.as_mut().reset(deadline);
+                if this.timer.is_some() {
+                    this.last = Instant::now();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -81,13 +87,28 @@ impl Body for RelayBody {
                 this.guard.complete();
                 Poll::Ready(None)
             }
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    this.error("idle_timeout");
-                    Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle)))))
+            Poll::Pending => {
+                if this.timer.is_none() {
+                    // First wait: from now on, `last` is kept current on every frame.
+                    this.last = Instant::now();
+                    this.timer = Some(Box::pin(tokio::time::sleep_until(this.last + this.idle)));
                 }
-                Poll::Pending => Poll::Pending,
-            },
+                if let Some(timer) = this.timer.as_mut() {
+                    loop {
+                        if timer.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        // Fired: idle for real, or armed before the latest frame arrived.
+                        let deadline = this.last + this.idle;
+                        if deadline <= Instant::now() {
+                            break;
+                        }
+                        timer.as_mut().reset(deadline);
+                    }
+                }
+                this.error("idle_timeout");
+                Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle)))))
+            }
         }
     }
 
