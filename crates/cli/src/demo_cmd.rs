@@ -539,7 +539,14 @@ pub fn render(demo: &DemoReport) -> String {
         "Demo over real HTTP: mock engines at {}x real time; every figure below is converted back to engine time.",
         fmt_speed(scale)
     );
-    out.push_str(&table::render(&demo.report));
+    // The routers are real servers whose random choices are not seeded: say so instead of the
+    // simulator's "router seed".
+    let seed_note = format!(", router seed {}", demo.report.fleet.seed);
+    out.push_str(&table::render(&demo.report).replacen(
+        &seed_note,
+        ", router choices unseeded (real server)",
+        1,
+    ));
 
     out.push('\n');
     let _ = writeln!(
