@@ -3,9 +3,9 @@
 #![warn(missing_docs)]
 
 mod args;
-mod mock_engine_cmd;
 mod bench_cmd;
 mod demo_cmd;
+mod mock_engine_cmd;
 mod presets_cmd;
 mod progress;
 mod serve_cmd;
