@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -19,7 +18,9 @@ use prefix_router_sim::{
     plot, table, Driver, FleetSummary, LatencySummary, Report, StrategyResult, WorkloadSource,
     WorkloadSummary,
 };
-use prefix_router_workload::{generators, trace, Arrival, Request, WorkloadKind, WorkloadSpec};
+use prefix_router_workload::{trace, Arrival, Request};
+
+use crate::workload_flags::{self, GeneratedFlags};
 
 /// Workload used when neither `--workload` nor `--trace` is given.
 const DEFAULT_WORKLOAD: &str = "long-context";
@@ -229,20 +230,15 @@ fn load_workload(args: &BenchArgs) -> Result<(String, WorkloadSource, Vec<Reques
         return Ok((name, source, requests));
     }
     let name = args.workload.as_deref().unwrap_or(DEFAULT_WORKLOAD);
-    let kind = WorkloadKind::from_str(name).with_context(|| format!("--workload {name}"))?;
-    let mut spec = WorkloadSpec::default_for(kind);
-    spec.seed = args.seed;
-    if let Some(n) = args.requests {
-        spec.requests = n;
-    }
-    if let Some(rate) = args.rate {
-        spec.arrival = Arrival::Poisson { rate };
-    }
-    if let Some(clients) = args.concurrency {
-        spec.arrival = Arrival::Closed { clients };
-    }
-    spec.validate().context("--workload")?;
-    let requests: Vec<Request> = generators::generate(&spec).collect();
+    let (spec, requests) = workload_flags::generate(&GeneratedFlags {
+        name,
+        seed: args.seed,
+        requests: args.requests,
+        rate: args.rate,
+        concurrency: args.concurrency,
+        groups: None,
+        params: &[],
+    })?;
     Ok((
         name.to_string(),
         WorkloadSource::Generated { spec },
@@ -536,6 +532,7 @@ impl Bar {
 mod tests {
     use super::*;
     use prefix_router_loadgen::{Failure, RequestRecord, Usage};
+    use prefix_router_workload::{generators, WorkloadKind, WorkloadSpec};
 
     fn record(index: usize, instance: &str, decision: &str, cached: u64) -> RequestRecord {
         RequestRecord {

@@ -14,7 +14,6 @@ use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -28,11 +27,12 @@ use prefix_router_sim::{
     engine_config, plot, simulate, table, Driver, FleetSummary, Report, SimConfig, SimWorkload,
     StrategyResult, WorkloadSource,
 };
-use prefix_router_workload::{generators, Arrival, Request, WorkloadKind, WorkloadSpec};
+use prefix_router_workload::{Arrival, Request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::args::DEFAULT_PREFIX_LENGTH;
 use crate::bench_cmd::strategy_result;
+use crate::workload_flags::{self, GeneratedFlags};
 
 /// Default wall seconds per engine second. See the `--time-scale` help for the choice.
 pub const DEFAULT_TIME_SCALE: f64 = 0.08;
@@ -309,22 +309,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
 /// Generates the named workload with the flags applied (as `simulate` does).
 fn load_workload(args: &DemoArgs) -> Result<SimWorkload> {
     let name = args.workload.as_str();
-    let kind = WorkloadKind::from_str(name).with_context(|| format!("--workload {name}"))?;
-    let mut spec = WorkloadSpec::default_for(kind);
-    spec.seed = args.seed;
-    if let Some(n) = args.requests {
-        spec.requests = n;
-    }
-    if let Some(clients) = args.concurrency {
-        spec.arrival = Arrival::Closed { clients };
-    }
-    for assignment in &args.params {
-        spec.params
-            .apply_override(assignment)
-            .with_context(|| format!("--param {assignment}"))?;
-    }
-    spec.validate().context("--workload")?;
-    let requests: Vec<Request> = generators::generate(&spec).collect();
+    let (spec, requests) = workload_flags::generate(&GeneratedFlags {
+        name,
+        seed: args.seed,
+        requests: args.requests,
+        rate: None,
+        concurrency: args.concurrency,
+        groups: None,
+        params: &args.params,
+    })?;
     Ok(SimWorkload {
         name: name.to_string(),
         source: WorkloadSource::Generated { spec },

@@ -10,6 +10,7 @@ mod presets_cmd;
 mod progress;
 mod serve_cmd;
 mod simulate_cmd;
+mod workload_flags;
 
 use std::process::ExitCode;
 

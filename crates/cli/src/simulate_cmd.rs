@@ -2,16 +2,16 @@
 //! simulator, prints the table and writes the JSON and SVG files asked for.
 
 use std::path::Path;
-use std::str::FromStr;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use prefix_router_core::{ConcurrencyThreshold, PrefixLength, StrategyConfig};
 use prefix_router_sim::{plot, simulate, table, Driver, SimConfig, SimWorkload, WorkloadSource};
-use prefix_router_workload::{generators, trace, Arrival, Request, WorkloadKind, WorkloadSpec};
+use prefix_router_workload::{trace, Arrival, Request};
 
 use crate::args::SimulateArgs;
 use crate::progress::DelayedBar;
+use crate::workload_flags::{self, GeneratedFlags};
 
 /// Workload used when neither `--workload` nor `--trace` is given: the published experiment.
 pub const DEFAULT_WORKLOAD: &str = "long-context";
@@ -96,29 +96,15 @@ fn load_workload(args: &SimulateArgs) -> Result<SimWorkload> {
         return load_trace(args, path);
     }
     let name = args.workload.as_deref().unwrap_or(DEFAULT_WORKLOAD);
-    let kind = WorkloadKind::from_str(name).with_context(|| format!("--workload {name}"))?;
-    let mut spec = WorkloadSpec::default_for(kind);
-    // The documented defaults of each workload, with the run's seed and the flags on top.
-    spec.seed = args.seed;
-    if let Some(n) = args.requests {
-        spec.requests = n;
-    }
-    if let Some(rate) = args.rate {
-        spec.arrival = Arrival::Poisson { rate };
-    }
-    if let Some(clients) = args.concurrency {
-        spec.arrival = Arrival::Closed { clients };
-    }
-    if let Some(groups) = args.groups {
-        spec.groups = Some(groups);
-    }
-    for assignment in &args.params {
-        spec.params
-            .apply_override(assignment)
-            .with_context(|| format!("--param {assignment}"))?;
-    }
-    spec.validate().context("--workload")?;
-    let requests: Vec<Request> = generators::generate(&spec).collect();
+    let (spec, requests) = workload_flags::generate(&GeneratedFlags {
+        name,
+        seed: args.seed,
+        requests: args.requests,
+        rate: args.rate,
+        concurrency: args.concurrency,
+        groups: args.groups,
+        params: &args.params,
+    })?;
     Ok(SimWorkload {
         name: name.to_string(),
         source: WorkloadSource::Generated { spec },
