@@ -184,10 +184,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     print!("{}", render_table(&report)?);
     print!("{}", render_extras(&report, &outcome));
     if let Some(path) = &args.json {
-        let mut json = serde_json::to_string_pretty(&report).context("serializing the report")?;
-        json.push('\n');
-        std::fs::write(path, json)
-            .with_context(|| format!("--json: cannot write {}", path.display()))?;
+        crate::report_file::write_json(path, &report)?;
     }
     if let Some(path) = &args.plot {
         plot::write_svg(&sim_report(&report)?, path)

@@ -278,10 +278,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         args.plot.display()
     );
     if let Some(path) = &args.json {
-        let mut json = serde_json::to_string_pretty(&demo).context("serializing the report")?;
-        json.push('\n');
-        std::fs::write(path, json)
-            .with_context(|| format!("--json: cannot write {}", path.display()))?;
+        crate::report_file::write_json(path, &demo)?;
     }
     eprintln!("demo: finished in {:.1} s", started.elapsed().as_secs_f64());
     let failed: Vec<String> = runs

@@ -8,6 +8,7 @@ mod demo_cmd;
 mod mock_engine_cmd;
 mod presets_cmd;
 mod progress;
+mod report_file;
 mod serve_cmd;
 mod simulate_cmd;
 mod workload_flags;

@@ -37,10 +37,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         config.strategies.len()
     );
     if let Some(path) = &args.json {
-        let mut json = serde_json::to_string_pretty(&report).context("serializing the report")?;
-        json.push('\n');
-        std::fs::write(path, json)
-            .with_context(|| format!("--json: cannot write {}", path.display()))?;
+        crate::report_file::write_json(path, &report)?;
     }
     if let Some(path) = &args.plot {
         plot::write_svg(&report, path).with_context(|| format!("--plot {}", path.display()))?;
@@ -143,21 +140,20 @@ fn load_trace(args: &SimulateArgs, path: &Path) -> Result<SimWorkload> {
     })
 }
 
-/// Stretches or squeezes arrival times (keeping their shape) so the mean rate becomes `rate`.
+/// Stretches or squeezes arrival times (keeping their shape) so the mean rate becomes `rate`:
+/// the load generator's own open-loop schedule, so `simulate` and `bench` replay a trace at the
+/// same times.
 fn rescale_arrivals(requests: &mut [Request], rate: f64) {
-    let (Some(first), Some(last)) = (
-        requests.first().map(|r| r.arrival_s),
-        requests.last().map(|r| r.arrival_s),
-    ) else {
+    // A single request, or one instant for all, has no rate to set: left as it is.
+    let (Some(first), Some(last)) = (requests.first(), requests.last()) else {
         return;
     };
-    let span = last - first;
-    if requests.len() < 2 || span <= 0.0 {
+    if last.arrival_s <= first.arrival_s {
         return;
     }
-    let factor = (requests.len() - 1) as f64 / rate / span;
-    for r in requests.iter_mut() {
-        r.arrival_s = (r.arrival_s - first) * factor;
+    let offsets = prefix_router_loadgen::schedule::send_offsets(requests, Some(rate));
+    for (r, at) in requests.iter_mut().zip(offsets) {
+        r.arrival_s = at;
     }
 }
 
