@@ -231,7 +231,7 @@ mod tests {
         };
         assert_eq!(a.instances, 7);
         assert_eq!(a.preset, "llama-3.1-70b-h100x8");
-        assert_eq!(a.strategies, StrategyKind::ALL.to_vec());
+        assert_eq!(a.strategies, StrategyKind::all().collect::<Vec<_>>());
         assert_eq!(a.prefix_length, u64::from(DEFAULT_PREFIX_LENGTH));
         assert_eq!(a.seed, 1);
     }

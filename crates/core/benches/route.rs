@@ -9,10 +9,12 @@ use rand::{Rng, SeedableRng};
 
 fn bench(c: &mut Criterion) {
     let mut rng = RouteRng::seed_from_u64(7);
-    let strategy = match StrategyConfig::new(StrategyKind::PrefixAware).build() {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    };
+    let strategy =
+        match StrategyConfig::new(StrategyKind::named("prefix-aware").expect("registered")).build()
+        {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
     let mut group = c.benchmark_group("native_key_and_prefix_aware_decision");
     for prefix in [1024usize, 65536] {
         // The body is twice the prefix: only the first `prefix` bytes are hashed.
@@ -42,7 +44,11 @@ fn bench(c: &mut Criterion) {
                 |b, _| {
                     b.iter(|| {
                         let key = native_key(black_box(&body), Some(b"tenant-1"), len).ok();
-                        let req = RouteRequest { key, model: None };
+                        let req = RouteRequest {
+                            key,
+                            model: None,
+                            ..RouteRequest::keyed(None, None)
+                        };
                         black_box(strategy.select(&req, &snap, &mut rng).ok())
                     })
                 },

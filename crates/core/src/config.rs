@@ -19,6 +19,16 @@ pub enum ConfigError {
         value: String,
         expected: &'static str,
     },
+    /// Unknown strategy name (the list comes from the registry).
+    #[error("unknown strategy '{value}' (expected one of: {expected})")]
+    UnknownStrategy { value: String, expected: String },
+    /// A strategy parameter that is unknown to the strategy or has a bad value.
+    #[error("strategy '{strategy}': parameter '{param}': {why}")]
+    Param {
+        strategy: &'static str,
+        param: String,
+        why: String,
+    },
 }
 
 /// How much of a request forms its routing key: bytes for the native API, Unicode scalar values

@@ -19,6 +19,15 @@ pub enum Reason {
     RoundRobin,
     /// Fewest in flight.
     LeastOutstanding,
+    /// Cache-aware: the instance with the longest known match starts it soonest.
+    CacheHit,
+    /// Cache-aware: no instance is known to hold any of it; placed where it starts soonest.
+    Cold,
+    /// Cache-aware: the longest match (on `from`) was busy; this instance, which also holds part
+    /// of the prefix, starts it sooner (a hot prefix gaining a home).
+    HotReplica { from: InstanceId },
+    /// Cache-aware: the longest match (on `from`) was busy; recomputing here starts sooner.
+    Load { from: InstanceId },
 }
 
 impl Reason {
@@ -32,11 +41,21 @@ impl Reason {
             Reason::Random => "random",
             Reason::RoundRobin => "round_robin",
             Reason::LeastOutstanding => "least_outstanding",
+            Reason::CacheHit => "cache_hit",
+            Reason::Cold => "cold",
+            Reason::HotReplica { .. } => "hot_replica",
+            Reason::Load { .. } => "load",
         }
     }
     /// Whether the key's preferred instance was skipped because of load.
     pub fn is_overflow(&self) -> bool {
-        matches!(self, Reason::Overflow { .. } | Reason::AllBusy { .. })
+        matches!(
+            self,
+            Reason::Overflow { .. }
+                | Reason::AllBusy { .. }
+                | Reason::HotReplica { .. }
+                | Reason::Load { .. }
+        )
     }
 }
 
@@ -47,6 +66,20 @@ pub struct Decision {
     pub index: usize,
     /// Why.
     pub reason: Reason,
+    /// Prompt units the strategy expects the chosen instance to have cached (0 if it does not
+    /// predict).
+    pub predicted_cached_units: u32,
+}
+
+impl Decision {
+    /// A decision without a cache prediction.
+    pub fn new(index: usize, reason: Reason) -> Self {
+        Self {
+            index,
+            reason,
+            predicted_cached_units: 0,
+        }
+    }
 }
 
 /// No instance can take the request.
@@ -58,4 +91,7 @@ pub enum RouteError {
     /// No healthy instance at all.
     #[error("no healthy instance available")]
     NoHealthyInstance,
+    /// The strategy named a position outside the snapshot (a bug of the strategy).
+    #[error("strategy '{0}' chose an instance outside the fleet")]
+    OutOfRange(&'static str),
 }

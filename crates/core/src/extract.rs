@@ -40,10 +40,11 @@
 mod canon;
 pub mod serde_impl;
 pub mod sonic_impl;
-mod text;
+pub(crate) mod text;
 
 pub use canon::PART_SEED;
 
+use crate::chain::{Chain, ChainSpec};
 use crate::{GroupError, GroupId, KeyHash, PrefixLength};
 use std::cell::RefCell;
 
@@ -63,10 +64,37 @@ pub const PROMPT_SEPARATOR: char = '\u{1E}';
 pub struct RequestInfo {
     /// Hash of (group, prefix).
     pub key: KeyHash,
+    /// The canonical text's block chain (empty unless [`KeyOptions::chain`] asked for it).
+    pub chain: Chain,
     /// `model` field, if any: selects eligible instances.
     pub model: Option<String>,
     /// `stream` field (false when absent).
     pub stream: bool,
+}
+
+/// How far extraction reads: the key's prefix and, when a strategy wants it, the block chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyOptions {
+    /// Characters (bytes for the native API) of the routing key.
+    pub prefix_length: PrefixLength,
+    /// The block chain to compute, if any (read in the same pass, up to its own bound).
+    pub chain: Option<ChainSpec>,
+}
+
+impl KeyOptions {
+    /// Only the key (what `prefix-aware` needs): text beyond the prefix is never copied.
+    pub fn key_only(prefix_length: PrefixLength) -> Self {
+        Self {
+            prefix_length,
+            chain: None,
+        }
+    }
+
+    /// Characters the canonical-text buffer keeps.
+    pub(crate) fn max_chars(&self) -> usize {
+        let chain = self.chain.map_or(0, |c| c.max_units as usize);
+        self.prefix_length.get().max(chain)
+    }
 }
 
 /// A request body the router cannot route; the message names the field.
@@ -98,6 +126,33 @@ pub fn native_key(
     let group = group_header.map(GroupId::parse).transpose()?;
     let prefix = body.get(..len.get()).unwrap_or(body);
     Ok(KeyHash::new(group.map(|g| g.as_str()), prefix))
+}
+
+/// `POST /v1/chat/completions` with the chain as `opts` asks: the router's entry point.
+pub fn chat_route(body: &[u8], opts: &KeyOptions) -> Result<RequestInfo, ExtractError> {
+    serde_impl::extract(body, opts, canon::Api::Chat)
+}
+
+/// `POST /v1/completions` with the chain as `opts` asks: the router's entry point.
+pub fn completion_route(body: &[u8], opts: &KeyOptions) -> Result<RequestInfo, ExtractError> {
+    serde_impl::extract(body, opts, canon::Api::Completion)
+}
+
+/// Native API key and (when asked) byte chain.
+pub fn native_route(
+    body: &[u8],
+    group_header: Option<&[u8]>,
+    opts: &KeyOptions,
+) -> Result<(KeyHash, Chain), ExtractError> {
+    let group = group_header.map(GroupId::parse).transpose()?;
+    let group = group.as_ref().map(|g| g.as_str());
+    let len = opts.prefix_length.get();
+    let prefix = body.get(..len).unwrap_or(body);
+    let chain = opts
+        .chain
+        .map(|spec| Chain::of_bytes(group, body, spec))
+        .unwrap_or_default();
+    Ok((KeyHash::new(group, prefix), chain))
 }
 
 /// `POST /v1/chat/completions`: key from `messages` (see the module documentation), `model`,

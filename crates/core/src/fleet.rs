@@ -103,8 +103,13 @@ impl Instance {
         )
     }
 
+    /// The id hash an instance with this id has ([`Instance::id_hash`]).
+    pub fn hash_of(id: &str) -> u64 {
+        xxh3_64_with_seed(id.as_bytes(), INSTANCE_SEED)
+    }
+
     fn with_counters(spec: InstanceSpec, state: Arc<AtomicU8>, in_flight: Arc<AtomicU32>) -> Self {
-        let id_hash = xxh3_64_with_seed(spec.id.as_bytes(), INSTANCE_SEED);
+        let id_hash = Self::hash_of(&spec.id);
         Self {
             id: InstanceId(Arc::from(spec.id.as_str())),
             spec,

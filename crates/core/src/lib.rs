@@ -4,8 +4,10 @@
 //! HTTP server and the fleet simulator run exactly the same routing code.
 #![forbid(unsafe_code)]
 
+pub mod chain;
 pub mod config;
 pub mod decision;
+pub mod dispatch;
 pub mod extract;
 pub mod fleet;
 pub mod group;
@@ -13,10 +15,15 @@ pub mod key;
 pub mod strategies;
 pub mod strategy;
 
+pub use chain::{Chain, ChainSpec};
 pub use config::{ConcurrencyThreshold, ConfigError, PrefixLength};
 pub use decision::{Decision, Reason, RouteError};
-pub use extract::{ExtractError, RequestInfo};
+pub use dispatch::{dispatch, Dispatched, End, Ticket};
+pub use extract::{ExtractError, KeyOptions, RequestInfo};
 pub use fleet::{Fleet, FleetSnapshot, Instance, InstanceId, InstanceSpec, InstanceState};
 pub use group::{GroupError, GroupId};
 pub use key::KeyHash;
-pub use strategy::{RouteRequest, RouteRng, Strategy, StrategyConfig, StrategyKind};
+pub use strategy::{
+    Feedback, MembershipChange, ParamSpec, RouteRequest, RouteRng, Strategy, StrategyConfig,
+    StrategyEntry, StrategyKind, StrategyStats, TicketInfo, Usage, REGISTRY,
+};

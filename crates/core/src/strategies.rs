@@ -1,11 +1,13 @@
 //! The strategies, one file each, plus the selection helpers they share.
 
+pub mod cache_aware;
 mod common;
 pub mod least_outstanding;
 pub mod prefix_aware;
 pub mod random;
 pub mod round_robin;
 
+pub use cache_aware::CacheAware;
 pub use least_outstanding::LeastOutstanding;
 pub use prefix_aware::PrefixAware;
 pub use random::Random;

@@ -33,6 +33,7 @@ fn placement(s: &PrefixAware, snap: &FleetSnapshot, rng: &mut RouteRng, k: KeyHa
         &RouteRequest {
             key: Some(k),
             model: None,
+            ..RouteRequest::keyed(None, None)
         },
         snap,
         rng,
@@ -111,7 +112,7 @@ proptest! {
         let free = snap.instances().iter().any(|i| u64::from(i.in_flight()) < threshold);
         let mut rng = RouteRng::seed_from_u64(seed);
         for i in 0..2_000 {
-            let d = s.select(&RouteRequest { key: Some(key(i)), model: None }, &snap, &mut rng);
+            let d = s.select(&RouteRequest { key: Some(key(i)), model: None, ..RouteRequest::keyed(None, None) }, &snap, &mut rng);
             let d = d.map_err(|e| TestCaseError::fail(e.to_string()))?;
             let load = u64::from(snap.instances()[d.index].in_flight());
             if free {
@@ -138,10 +139,10 @@ proptest! {
             inst.set_state(match st { 1 => InstanceState::Draining, 2 => InstanceState::Ejected, _ => InstanceState::Healthy });
         }
         let mut rng = RouteRng::seed_from_u64(seed);
-        for kind in StrategyKind::ALL {
+        for kind in StrategyKind::all() {
             let s = StrategyConfig::new(kind).build().map_err(|e| TestCaseError::fail(e.to_string()))?;
             for i in 0..500 {
-                let req = RouteRequest { key: if i % 7 == 0 { None } else { Some(key(i)) }, model: Some("m") };
+                let req = RouteRequest { key: if i % 7 == 0 { None } else { Some(key(i)) }, model: Some("m"), ..RouteRequest::keyed(None, None) };
                 match s.select(&req, &snap, &mut rng) {
                     Ok(d) => {
                         let inst = &snap.instances()[d.index];
@@ -162,13 +163,14 @@ fn no_healthy_instance_errors() {
     let fleet = Fleet::new(vec![spec(0)]);
     fleet.snapshot().instances()[0].set_state(InstanceState::Ejected);
     let mut rng = RouteRng::seed_from_u64(0);
-    for kind in StrategyKind::ALL {
+    for kind in StrategyKind::all() {
         let s = StrategyConfig::new(kind)
             .build()
             .unwrap_or_else(|e| panic!("{e}"));
         let req = RouteRequest {
             key: Some(key(1)),
             model: None,
+            ..RouteRequest::keyed(None, None)
         };
         assert_eq!(
             s.select(&req, &fleet.snapshot(), &mut rng),
@@ -181,7 +183,7 @@ fn no_healthy_instance_errors() {
 fn least_outstanding_ties_are_spread() {
     let snap = Fleet::new((0..8).map(spec).collect()).snapshot();
     let mut rng = RouteRng::seed_from_u64(3);
-    let s = StrategyConfig::new(StrategyKind::LeastOutstanding)
+    let s = StrategyConfig::new(StrategyKind::named("least-outstanding").expect("registered"))
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
     let pa = prefix_aware(1, OverflowPolicy::NextInOrder, None);
@@ -191,6 +193,7 @@ fn least_outstanding_ties_are_spread() {
         let req = RouteRequest {
             key: None,
             model: None,
+            ..RouteRequest::keyed(None, None)
         };
         counts[s
             .select(&req, &snap, &mut rng)
@@ -224,6 +227,7 @@ fn overflow_next_in_order_is_a_stable_second_home_and_all_busy_falls_back() {
             &RouteRequest {
                 key: Some(k),
                 model: None,
+                ..RouteRequest::keyed(None, None)
             },
             &snap,
             &mut rng,
@@ -248,6 +252,7 @@ fn overflow_next_in_order_is_a_stable_second_home_and_all_busy_falls_back() {
         &RouteRequest {
             key: Some(k),
             model: None,
+            ..RouteRequest::keyed(None, None)
         },
         &snap,
         &mut rng,
@@ -274,6 +279,7 @@ fn balance_factor_caps_load_below_the_threshold() {
                 &RouteRequest {
                     key: Some(key(7)),
                     model: None,
+                    ..RouteRequest::keyed(None, None)
                 },
                 &snap,
                 &mut rng,
@@ -310,7 +316,7 @@ fn decisions_are_deterministic_given_the_seed() {
         let snap = Fleet::new((0..10).map(spec).collect()).snapshot();
         let mut rng = RouteRng::seed_from_u64(seed);
         let mut out = Vec::new();
-        for kind in StrategyKind::ALL {
+        for kind in StrategyKind::all() {
             let s = StrategyConfig::new(kind)
                 .build()
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -325,6 +331,7 @@ fn decisions_are_deterministic_given_the_seed() {
                         &RouteRequest {
                             key: k,
                             model: None,
+                            ..RouteRequest::keyed(None, None)
                         },
                         &snap,
                         &mut rng,

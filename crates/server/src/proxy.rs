@@ -180,6 +180,7 @@ async fn forward(
     let route_req = RouteRequest {
         key,
         model: model.as_deref(),
+        ..RouteRequest::keyed(None, None)
     };
 
     let snapshot = state.fleet.snapshot();

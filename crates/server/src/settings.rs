@@ -777,7 +777,10 @@ mod tests {
         let s = parse("").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);
         assert!(s.admin.is_none());
-        assert_eq!(s.strategy.kind, StrategyKind::PrefixAware);
+        assert_eq!(
+            s.strategy.kind,
+            StrategyKind::named("prefix-aware").expect("registered")
+        );
         assert_eq!(s.prefix_length.get(), 1024);
         assert_eq!(s.limits.max_body_bytes, 32 * 1024 * 1024);
         assert_eq!(s.timeouts.first_byte, Duration::from_secs(600));
@@ -874,7 +877,10 @@ mod tests {
         let s = src.load().unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(s.instances.len(), 2);
         assert_eq!(s.strategy.concurrency_threshold.get(), 8);
-        assert_eq!(s.strategy.kind, StrategyKind::RoundRobin);
+        assert_eq!(
+            s.strategy.kind,
+            StrategyKind::named("round-robin").expect("registered")
+        );
         assert_eq!(s.prefix_length.get(), 2048);
         let _ = std::fs::remove_file(path);
     }

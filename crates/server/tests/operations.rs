@@ -70,7 +70,9 @@ async fn repeated_5xx_eject_passively_and_backoff_ends() {
     let a = Upstream::start("a", Mode::Status(500), &[]).await;
     let b = Upstream::start("b", Mode::Echo, &[]).await;
     let mut s = settings(&[a.url(), b.url()]);
-    s.strategy = prefix_router_core::StrategyConfig::new(StrategyKind::RoundRobin);
+    s.strategy = prefix_router_core::StrategyConfig::new(
+        StrategyKind::named("round-robin").expect("registered"),
+    );
     s.health.passive_failures = 2;
     // Long enough that the requests below all run inside it, even on a loaded machine.
     s.health.eject_backoff = Duration::from_millis(500);

@@ -42,7 +42,10 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     group.throughput(Throughput::Elements(REQUESTS));
     let sharegpt = workload(WorkloadKind::Sharegpt, 20.0);
-    for kind in [StrategyKind::Random, StrategyKind::PrefixAware] {
+    for kind in [
+        StrategyKind::named("random").expect("registered"),
+        StrategyKind::named("prefix-aware").expect("registered"),
+    ] {
         let cfg = config(kind);
         group.bench_function(format!("sharegpt-20k-small-x7/{}", kind.name()), |b| {
             b.iter(|| simulate(&sharegpt, &cfg, &mut |_| {}).expect("simulation runs"))

@@ -172,6 +172,7 @@ impl Loop<'_> {
         let route = RouteRequest {
             key: Some(inputs.keys[request]),
             model: req.model.as_deref(),
+            ..RouteRequest::keyed(None, None)
         };
         let decision = self
             .strategy
@@ -362,7 +363,7 @@ mod tests {
             at_s: 8.0,
             delta: -2,
         }];
-        for kind in StrategyKind::ALL {
+        for kind in StrategyKind::all() {
             let out = run(&w, &c, kind);
             for r in &out.records {
                 if r.start_s > 8.0 {
@@ -385,7 +386,11 @@ mod tests {
             at_s: 6.0,
             delta: 1,
         }];
-        let out = run(&w, &c, StrategyKind::RoundRobin);
+        let out = run(
+            &w,
+            &c,
+            StrategyKind::named("round-robin").expect("registered"),
+        );
         assert_eq!(out.dispatched.len(), 3);
         assert!(out.dispatched[2] > 0);
         assert!(out
@@ -408,7 +413,7 @@ mod tests {
         ) {
             let w = shared_docs(n, docs, rate, seed);
             let c = config(instances, &[]);
-            let out = run(&w, &c, StrategyKind::ALL[kind]);
+            let out = run(&w, &c, StrategyKind::all().nth(kind).expect("kind"));
             prop_assert_eq!(out.dispatched.iter().sum::<u64>(), n as u64);
             prop_assert_eq!(out.decisions.values().sum::<u64>(), n as u64);
             for (r, q) in out.records.iter().zip(&w.requests) {

@@ -195,8 +195,12 @@ mod tests {
     #[test]
     fn every_request_finishes_and_shares_add_up() {
         let w = shared_docs(300, 20, 20.0, 1);
-        let report =
-            simulate(&w, &config(4, &StrategyKind::ALL), &mut quiet).expect("simulation runs");
+        let report = simulate(
+            &w,
+            &config(4, &StrategyKind::all().collect::<Vec<_>>()),
+            &mut quiet,
+        )
+        .expect("simulation runs");
         assert_eq!(report.results.len(), 4);
         for r in &report.results {
             assert_eq!(r.requests, 300, "{}", r.strategy);
@@ -219,7 +223,13 @@ mod tests {
         let w = shared_docs(400, 60, 10.0, 2);
         let report = simulate(
             &w,
-            &config(4, &[StrategyKind::Random, StrategyKind::PrefixAware]),
+            &config(
+                4,
+                &[
+                    StrategyKind::named("random").expect("registered"),
+                    StrategyKind::named("prefix-aware").expect("registered"),
+                ],
+            ),
             &mut quiet,
         )
         .expect("simulation runs");
@@ -235,7 +245,7 @@ mod tests {
     #[test]
     fn same_seed_gives_byte_identical_json() {
         let w = shared_docs(200, 10, 30.0, 3);
-        let c = config(3, &StrategyKind::ALL);
+        let c = config(3, &StrategyKind::all().collect::<Vec<_>>());
         let a = serde_json::to_string(&simulate(&w, &c, &mut quiet).expect("runs"))
             .expect("serializes");
         let b = serde_json::to_string(&simulate(&w, &c, &mut quiet).expect("runs"))
@@ -246,7 +256,10 @@ mod tests {
     #[test]
     fn closed_loop_never_exceeds_its_clients() {
         let w = shared_docs(200, 10, 1.0, 4);
-        let mut c = config(3, &[StrategyKind::LeastOutstanding]);
+        let mut c = config(
+            3,
+            &[StrategyKind::named("least-outstanding").expect("registered")],
+        );
         c.driver = Driver::ClosedLoop { clients: 5 };
         let report = simulate(&w, &c, &mut quiet).expect("runs");
         let r = &report.results[0];
@@ -258,7 +271,13 @@ mod tests {
     #[test]
     fn scale_events_add_and_drain_instances() {
         let w = shared_docs(600, 30, 20.0, 5);
-        let mut c = config(3, &[StrategyKind::RoundRobin, StrategyKind::PrefixAware]);
+        let mut c = config(
+            3,
+            &[
+                StrategyKind::named("round-robin").expect("registered"),
+                StrategyKind::named("prefix-aware").expect("registered"),
+            ],
+        );
         c.scale = vec![
             ScaleEvent {
                 at_s: 10.0,
@@ -293,20 +312,28 @@ mod tests {
             ..w.clone()
         };
         assert!(matches!(
-            simulate(&empty, &config(2, &StrategyKind::ALL), &mut quiet),
+            simulate(
+                &empty,
+                &config(2, &StrategyKind::all().collect::<Vec<_>>()),
+                &mut quiet
+            ),
             Err(SimError::EmptyWorkload)
         ));
         assert!(matches!(
-            simulate(&w, &config(0, &StrategyKind::ALL), &mut quiet),
+            simulate(
+                &w,
+                &config(0, &StrategyKind::all().collect::<Vec<_>>()),
+                &mut quiet
+            ),
             Err(SimError::ZeroInstances)
         ));
-        let mut bad_preset = config(2, &StrategyKind::ALL);
+        let mut bad_preset = config(2, &StrategyKind::all().collect::<Vec<_>>());
         bad_preset.preset = "no-such-gpu".into();
         let e = simulate(&w, &bad_preset, &mut quiet)
             .map(|_| ())
             .unwrap_err();
         assert!(e.to_string().contains("no-such-gpu"), "{e}");
-        let mut all_gone = config(2, &StrategyKind::ALL);
+        let mut all_gone = config(2, &StrategyKind::all().collect::<Vec<_>>());
         all_gone.scale = vec![ScaleEvent {
             at_s: 1.0,
             delta: -2,
@@ -318,7 +345,11 @@ mod tests {
         let mut unsorted = w.clone();
         unsorted.requests.swap(0, 5);
         assert!(matches!(
-            simulate(&unsorted, &config(2, &StrategyKind::ALL), &mut quiet),
+            simulate(
+                &unsorted,
+                &config(2, &StrategyKind::all().collect::<Vec<_>>()),
+                &mut quiet
+            ),
             Err(SimError::InvalidRequest { .. })
         ));
     }
@@ -329,7 +360,13 @@ mod tests {
         let mut last = None;
         simulate(
             &w,
-            &config(2, &[StrategyKind::Random, StrategyKind::PrefixAware]),
+            &config(
+                2,
+                &[
+                    StrategyKind::named("random").expect("registered"),
+                    StrategyKind::named("prefix-aware").expect("registered"),
+                ],
+            ),
             &mut |p| last = Some((p.done_total(), p.grand_total())),
         )
         .expect("runs");

@@ -6,10 +6,12 @@
 //! sonic-rs extractors cannot drift apart.
 
 use super::text::{decode_json_str, decode_owned, PrefixText};
+use super::KeyOptions;
 use super::{
     ExtractError, RequestInfo, MESSAGE_END, PART_STAND_IN, PROMPT_SEPARATOR, ROLE_SEPARATOR,
     TOOL_CALL_START,
 };
+use crate::chain::Chain;
 use crate::{GroupId, KeyHash};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -455,12 +457,21 @@ impl<'b> Canon<'b> {
     }
 
     /// The request info, or `Missing` when the main field never appeared.
-    pub(crate) fn finish(self) -> Result<RequestInfo, ExtractError> {
+    /// The key covers the first `opts.prefix_length` characters of the text; the chain (when
+    /// asked for) covers what was read, up to its own bound.
+    pub(crate) fn finish(self, opts: &KeyOptions) -> Result<RequestInfo, ExtractError> {
         if self.seen & SEEN_MAIN == 0 {
             return Err(ExtractError::Missing(self.api.main_field()));
         }
+        let text = self.text.as_str();
+        let (prefix, _) = super::text::take_chars(text, opts.prefix_length.get());
+        let group = self.group.as_deref();
         Ok(RequestInfo {
-            key: KeyHash::new(self.group.as_deref(), self.text.as_str().as_bytes()),
+            key: KeyHash::new(group, prefix.as_bytes()),
+            chain: opts
+                .chain
+                .map(|spec| Chain::of_chars(group, text, spec))
+                .unwrap_or_default(),
             model: self.model,
             stream: self.stream,
         })

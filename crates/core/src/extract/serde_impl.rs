@@ -8,7 +8,7 @@
 //! are walked by a second, nested parse of their raw text.
 
 use super::canon::{Api, Canon, JsonNode, MessageFields, TopField};
-use super::{with_prefix_buffer, ExtractError, RequestInfo};
+use super::{with_prefix_buffer, ExtractError, KeyOptions, RequestInfo};
 use crate::PrefixLength;
 use serde::de::{DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -17,17 +17,17 @@ use std::fmt;
 
 /// `POST /v1/chat/completions` with serde_json; same contract as [`super::chat_request`].
 pub fn chat_request(body: &[u8], len: PrefixLength) -> Result<RequestInfo, ExtractError> {
-    extract(body, len, Api::Chat)
+    extract(body, &KeyOptions::key_only(len), Api::Chat)
 }
 
 /// `POST /v1/completions` with serde_json; same contract as [`super::completion_request`].
 pub fn completion_request(body: &[u8], len: PrefixLength) -> Result<RequestInfo, ExtractError> {
-    extract(body, len, Api::Completion)
+    extract(body, &KeyOptions::key_only(len), Api::Completion)
 }
 
 pub(crate) fn extract(
     body: &[u8],
-    len: PrefixLength,
+    opts: &KeyOptions,
     api: Api,
 ) -> Result<RequestInfo, ExtractError> {
     // One UTF-8 check up front; serde_json's slice reader would otherwise skip it for ignored
@@ -36,7 +36,7 @@ pub(crate) fn extract(
     let text = simdutf8::basic::from_utf8(body).map_err(|_| utf8_error(body))?;
     with_prefix_buffer(|buf| {
         let mut st = State {
-            canon: Canon::new(api, buf, len.get()),
+            canon: Canon::new(api, buf, opts.max_chars()),
             failure: None,
             context: None,
         };
@@ -47,7 +47,7 @@ pub(crate) fn extract(
         if let Err(e) = r {
             return Err(st.error(e));
         }
-        st.canon.finish()
+        st.canon.finish(opts)
     })
 }
 

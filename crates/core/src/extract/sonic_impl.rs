@@ -16,7 +16,7 @@
 
 use super::canon::{Api, Canon, JsonNode};
 use super::text::{count_matching, find_byte};
-use super::{serde_impl, with_prefix_buffer, ExtractError, RequestInfo};
+use super::{serde_impl, with_prefix_buffer, ExtractError, KeyOptions, RequestInfo};
 use crate::PrefixLength;
 use sonic_rs::LazyValue;
 
@@ -25,25 +25,25 @@ pub const MAX_LAZY_DEPTH: usize = 128;
 
 /// `POST /v1/chat/completions` with sonic-rs; same contract as [`super::chat_request`].
 pub fn chat_request(body: &[u8], len: PrefixLength) -> Result<RequestInfo, ExtractError> {
-    extract(body, len, Api::Chat)
+    extract(body, &KeyOptions::key_only(len), Api::Chat)
 }
 
 /// `POST /v1/completions` with sonic-rs; same contract as [`super::completion_request`].
 pub fn completion_request(body: &[u8], len: PrefixLength) -> Result<RequestInfo, ExtractError> {
-    extract(body, len, Api::Completion)
+    extract(body, &KeyOptions::key_only(len), Api::Completion)
 }
 
 pub(crate) fn extract(
     body: &[u8],
-    len: PrefixLength,
+    opts: &KeyOptions,
     api: Api,
 ) -> Result<RequestInfo, ExtractError> {
     check_unicode_escapes(body)?;
     if may_nest_deeper_than(body, MAX_LAZY_DEPTH) {
-        return serde_impl::extract(body, len, api);
+        return serde_impl::extract(body, opts, api);
     }
     with_prefix_buffer(|buf| {
-        let mut canon = Canon::new(api, buf, len.get());
+        let mut canon = Canon::new(api, buf, opts.max_chars());
         let mut end: Option<usize> = None;
         for entry in sonic_rs::to_object_iter(body) {
             let (key, value) = entry.map_err(json_error)?;
@@ -52,7 +52,7 @@ pub(crate) fn extract(
             canon.top_entry(&key, Lazy(value))?;
         }
         check_trailing(body, end)?;
-        canon.finish()
+        canon.finish(opts)
     })
 }
 

@@ -7,6 +7,14 @@ use crate::{Decision, FleetSnapshot, Reason, RouteError, RouteRequest, RouteRng,
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LeastOutstanding;
 
+/// Registry entry.
+pub const ENTRY: crate::strategy::StrategyEntry = crate::strategy::StrategyEntry {
+    name: "least-outstanding",
+    about: "fewest in-flight requests, ties at random",
+    params: &[],
+    build: |_| Ok(std::sync::Arc::new(LeastOutstanding)),
+};
+
 impl Strategy for LeastOutstanding {
     fn name(&self) -> &'static str {
         "least-outstanding"
@@ -19,10 +27,7 @@ impl Strategy for LeastOutstanding {
         rng: &mut RouteRng,
     ) -> Result<Decision, RouteError> {
         least_outstanding(fleet, req.model, rng, |_| true)
-            .map(|index| Decision {
-                index,
-                reason: Reason::LeastOutstanding,
-            })
+            .map(|index| Decision::new(index, Reason::LeastOutstanding))
             .ok_or_else(|| no_instance(req.model))
     }
 }

@@ -195,6 +195,21 @@ fn best_by_score(
     best.map(|(i, _)| i)
 }
 
+/// Registry entry: its settings are the `concurrency_threshold`, `overflow` and `balance_factor`
+/// fields every [`crate::StrategyConfig`] carries (the reference service's names).
+pub const ENTRY: crate::strategy::StrategyEntry = crate::strategy::StrategyEntry {
+    name: "prefix-aware",
+    about: "rendezvous hash of a fixed-length prefix, threshold overflow (the reference design)",
+    params: &[],
+    build: |c| {
+        Ok(std::sync::Arc::new(PrefixAware::new(
+            c.concurrency_threshold,
+            c.overflow,
+            c.balance_factor,
+        )?))
+    },
+};
+
 impl Strategy for PrefixAware {
     fn name(&self) -> &'static str {
         "prefix-aware"
@@ -209,10 +224,7 @@ impl Strategy for PrefixAware {
         let model = req.model;
         let Some(key) = req.key else {
             return least_outstanding(fleet, model, rng, |_| true)
-                .map(|index| Decision {
-                    index,
-                    reason: Reason::NoKey,
-                })
+                .map(|index| Decision::new(index, Reason::NoKey))
                 .ok_or_else(|| no_instance(model));
         };
 
@@ -235,10 +247,7 @@ impl Strategy for PrefixAware {
         };
         let cap = self.capacity(n, total);
         if pref_load < cap {
-            return Ok(Decision {
-                index: pref,
-                reason: Reason::Preferred,
-            });
+            return Ok(Decision::new(pref, Reason::Preferred));
         }
 
         // Overflow: the preferred instance is full.
@@ -251,16 +260,10 @@ impl Strategy for PrefixAware {
         };
         let from = pref_inst.id().clone();
         if let Some(index) = target {
-            return Ok(Decision {
-                index,
-                reason: Reason::Overflow { from },
-            });
+            return Ok(Decision::new(index, Reason::Overflow { from }));
         }
         least_outstanding(fleet, model, rng, |_| true)
-            .map(|index| Decision {
-                index,
-                reason: Reason::AllBusy { from },
-            })
+            .map(|index| Decision::new(index, Reason::AllBusy { from }))
             .ok_or_else(|| no_instance(model))
     }
 }

@@ -8,6 +8,14 @@ use rand::Rng;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Random;
 
+/// Registry entry.
+pub const ENTRY: crate::strategy::StrategyEntry = crate::strategy::StrategyEntry {
+    name: "random",
+    about: "uniform among eligible healthy instances (the reference service's default)",
+    params: &[],
+    build: |_| Ok(std::sync::Arc::new(Random)),
+};
+
 impl Strategy for Random {
     fn name(&self) -> &'static str {
         "random"
@@ -25,10 +33,7 @@ impl Strategy for Random {
         }
         let k = rng.gen_range(0..n);
         nth_eligible(fleet, req.model, k)
-            .map(|index| Decision {
-                index,
-                reason: Reason::Random,
-            })
+            .map(|index| Decision::new(index, Reason::Random))
             .ok_or_else(|| no_instance(req.model))
     }
 }

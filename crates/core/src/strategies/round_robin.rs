@@ -11,6 +11,14 @@ pub struct RoundRobin {
     next: AtomicUsize,
 }
 
+/// Registry entry.
+pub const ENTRY: crate::strategy::StrategyEntry = crate::strategy::StrategyEntry {
+    name: "round-robin",
+    about: "classic rotation over eligible healthy instances",
+    params: &[],
+    build: |_| Ok(std::sync::Arc::new(RoundRobin::default())),
+};
+
 impl Strategy for RoundRobin {
     fn name(&self) -> &'static str {
         "round-robin"
@@ -28,10 +36,7 @@ impl Strategy for RoundRobin {
         }
         let k = self.next.fetch_add(1, Ordering::Relaxed) % n;
         nth_eligible(fleet, req.model, k)
-            .map(|index| Decision {
-                index,
-                reason: Reason::RoundRobin,
-            })
+            .map(|index| Decision::new(index, Reason::RoundRobin))
             .ok_or_else(|| no_instance(req.model))
     }
 }

@@ -1,0 +1,472 @@
+//! `cache-aware`: route by expected time to first token, from what each instance probably
+//! caches and what the router knows it has queued. No prefix length to tune.
+//!
+//! For each eligible candidate `i`:
+//!
+//! ```text
+//! expected_ttft(i) = base(i) + per_unit(i) × (queued(i) + uncached(i) + decode_units × decoding(i))
+//! ```
+//!
+//! - `uncached(i)`: the request's prompt units (characters; bytes for the native API) minus the
+//!   longest prefix of its block chain that the [index](index) says `i` still holds;
+//! - `queued(i)`: the uncached units of requests sent to `i` that have not produced a first
+//!   token (the prefill work ahead of this one);
+//! - `decoding(i)`: requests on `i` past their first token, each costing `decode_units` of
+//!   prefill-equivalent work (they share every engine step with the prefill);
+//! - `base(i)`, `per_unit(i)`: learned per instance from observed first tokens ([`load`]),
+//!   starting from the configured prior.
+//!
+//! The minimum wins. Candidates within `tie_tolerance` of it count as tied; among those the
+//! longest match wins (locality when it costs nothing), then the highest rendezvous score of the
+//! first block no candidate holds, so a never-seen prefix on an idle fleet goes to a
+//! deterministic, evenly spread instance: router replicas agree without talking, and no
+//! instance is "the first". A hot prefix gains homes as its home's queue grows (another
+//! instance becomes cheaper even recomputing it) and gives them up as it cools (the home is
+//! cheapest again, and the spare copies age out). An overloaded instance only loses its own
+//! requests: nothing switches cache routing off for the fleet.
+//!
+//! Feedback: an engine's `cached_tokens` that contradicts a prediction corrects the estimate of
+//! that instance's cache size (see [`index`] on residency); one that confirms it raises it.
+
+pub mod index;
+pub mod load;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use self::index::{BlockIndex, Slots};
+use self::load::{Cost, InstanceLoad};
+use super::common::no_instance;
+use super::prefix_aware::rendezvous_mix;
+use crate::strategy::{Feedback, MembershipChange, ParamSpec, StrategyEntry, StrategyStats};
+use crate::{
+    ChainSpec, ConfigError, Decision, FleetSnapshot, Instance, InstanceId, KeyHash, Reason,
+    RouteError, RouteRequest, RouteRng, Strategy, StrategyConfig, TicketInfo,
+};
+
+/// Registry entry.
+pub const ENTRY: StrategyEntry = StrategyEntry {
+    name: "cache-aware",
+    about: "expected time to first token from a learned block index and each instance's queue",
+    params: PARAMS,
+    build: |c| {
+        Ok(Arc::new(CacheAware::new(CacheAwareConfig::from_strategy(
+            c,
+        )?)))
+    },
+};
+
+const PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "index-blocks",
+        default: "1048576",
+        help: "blocks the index tracks for the whole fleet (about 66 bytes each)",
+    },
+    ParamSpec {
+        name: "block-chars",
+        default: "128",
+        help: "characters (bytes for the native API) per chain block",
+    },
+    ParamSpec {
+        name: "max-chars",
+        default: "262144",
+        help: "how far into a prompt the chain reads",
+    },
+    ParamSpec {
+        name: "prefill-us-per-char",
+        default: "5",
+        help: "prior prefill cost per character in microseconds (learned per instance)",
+    },
+    ParamSpec {
+        name: "decode-chars",
+        default: "256",
+        help: "prefill-equivalent characters each decoding request adds to an instance's cost",
+    },
+    ParamSpec {
+        name: "tie-tolerance",
+        default: "0.1",
+        help: "candidates within this fraction of the best expected TTFT count as tied",
+    },
+    ParamSpec {
+        name: "cache-chars",
+        default: "0",
+        help: "each instance's prefix cache in characters (0: learned from cached_tokens)",
+    },
+];
+
+/// Cache-aware settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheAwareConfig {
+    /// Index budget in blocks.
+    pub index_blocks: usize,
+    /// How chains are cut.
+    pub chain: ChainSpec,
+    /// Prior cost.
+    pub prior: Cost,
+    /// Prefill-equivalent units per decoding request.
+    pub decode_units: f64,
+    /// Relative tolerance for ties.
+    pub tie_tolerance: f64,
+    /// Starting estimate of each instance's cache, in blocks (`u32::MAX`: unknown).
+    pub cache_blocks: u32,
+}
+
+impl CacheAwareConfig {
+    /// Reads and checks the parameters.
+    pub fn from_strategy(c: &StrategyConfig) -> Result<Self, ConfigError> {
+        let bad = |param: &str, why: &str| ConfigError::Param {
+            strategy: "cache-aware",
+            param: param.to_string(),
+            why: why.to_string(),
+        };
+        let index_blocks: usize = c.param("index-blocks")?;
+        if index_blocks == 0 {
+            return Err(bad("index-blocks", "must be at least 1"));
+        }
+        let block_units: u32 = c.param("block-chars")?;
+        if !(16..=65536).contains(&block_units) {
+            return Err(bad("block-chars", "must be within 16..=65536"));
+        }
+        let max_units: u32 = c.param("max-chars")?;
+        if max_units < block_units || max_units > 16 << 20 {
+            return Err(bad("max-chars", "must be within block-chars..=16777216"));
+        }
+        let us: f64 = c.param("prefill-us-per-char")?;
+        if !(us.is_finite() && us > 0.0) {
+            return Err(bad("prefill-us-per-char", "must be a positive number"));
+        }
+        let decode_units: f64 = c.param("decode-chars")?;
+        if !(decode_units.is_finite() && decode_units >= 0.0) {
+            return Err(bad("decode-chars", "must be a number ≥ 0"));
+        }
+        let tie_tolerance: f64 = c.param("tie-tolerance")?;
+        if !(0.0..=1.0).contains(&tie_tolerance) {
+            return Err(bad("tie-tolerance", "must be within 0..=1"));
+        }
+        let cache_chars: u64 = c.param("cache-chars")?;
+        let cache_blocks = if cache_chars == 0 {
+            u32::MAX
+        } else {
+            (cache_chars / u64::from(block_units)).clamp(1, u64::from(u32::MAX - 1)) as u32
+        };
+        Ok(Self {
+            index_blocks,
+            chain: ChainSpec {
+                block_units,
+                max_units,
+            },
+            prior: Cost {
+                base_s: 0.0,
+                per_unit_s: us * 1e-6,
+            },
+            decode_units,
+            tie_tolerance,
+            cache_blocks,
+        })
+    }
+}
+
+/// Learned state, behind one lock (decisions are microseconds; contention is short).
+#[derive(Debug)]
+struct State {
+    index: BlockIndex,
+    slots: Slots,
+    slot_of: HashMap<u64, u16>,
+    loads: Vec<InstanceLoad>,
+    matched: Vec<u32>,
+    stats: StrategyStats,
+}
+
+/// The strategy; see the module documentation.
+#[derive(Debug)]
+pub struct CacheAware {
+    config: CacheAwareConfig,
+    state: Mutex<State>,
+}
+
+/// Buckets of the match-length histogram: 0, 1, 2-3, 4-7, ..., ≥ 2^12 blocks.
+const MATCH_BUCKETS: usize = 14;
+
+fn bucket(blocks: u32) -> usize {
+    if blocks == 0 {
+        0
+    } else {
+        ((32 - blocks.leading_zeros()) as usize).min(MATCH_BUCKETS - 1)
+    }
+}
+
+impl CacheAware {
+    /// Builds the strategy with an empty index.
+    pub fn new(config: CacheAwareConfig) -> Self {
+        let state = State {
+            index: BlockIndex::new(config.index_blocks),
+            slots: Slots::default(),
+            slot_of: HashMap::new(),
+            loads: Vec::new(),
+            matched: Vec::new(),
+            stats: StrategyStats {
+                index_budget_blocks: config.index_blocks as u64,
+                match_blocks_histogram: vec![0; MATCH_BUCKETS],
+                ..StrategyStats::default()
+            },
+        };
+        Self {
+            config,
+            state: Mutex::new(state),
+        }
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &CacheAwareConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the state unsafe to read (every update is
+        // a plain field write), so a poisoned lock is used as is rather than failing routing.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One candidate during a decision.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    index: usize,
+    matched_blocks: u32,
+    matched_units: u32,
+    expected_s: f64,
+}
+
+impl State {
+    fn slot(&mut self, id_hash: u64, config: &CacheAwareConfig) -> usize {
+        if let Some(&s) = self.slot_of.get(&id_hash) {
+            return usize::from(s);
+        }
+        let s = self.loads.len();
+        self.slot_of.insert(id_hash, s as u16);
+        self.loads.push(InstanceLoad::new(config.prior));
+        self.slots.ensure(s, config.cache_blocks);
+        self.matched.push(0);
+        s
+    }
+}
+
+impl Strategy for CacheAware {
+    fn name(&self) -> &'static str {
+        ENTRY.name
+    }
+
+    fn chain_spec(&self) -> Option<ChainSpec> {
+        Some(self.config.chain)
+    }
+
+    fn select(
+        &self,
+        req: &RouteRequest<'_>,
+        fleet: &FleetSnapshot,
+        _rng: &mut RouteRng,
+    ) -> Result<Decision, RouteError> {
+        let cfg = &self.config;
+        let mut st = self.lock();
+        let st = &mut *st;
+        st.matched.iter_mut().for_each(|m| *m = 0);
+        st.index
+            .longest_matches(req.chain, &st.slots, &mut st.matched);
+        let idle = InstanceLoad::new(cfg.prior);
+        let block = cfg.chain.block_units;
+        let mut cands: Vec<Candidate> = Vec::with_capacity(fleet.len());
+        for (index, inst) in fleet.eligible(req.model) {
+            let slot = st.slot_of.get(&inst.id_hash()).map(|&s| usize::from(s));
+            let matched_blocks = slot.map_or(0, |s| st.matched[s]);
+            let load = slot.map_or(&idle, |s| &st.loads[s]);
+            let matched_units = matched_blocks.saturating_mul(block).min(req.prompt_units);
+            let uncached = f64::from(req.prompt_units - matched_units);
+            let cost = load.cost();
+            let work =
+                load.queued_units as f64 + uncached + cfg.decode_units * f64::from(load.decoding);
+            cands.push(Candidate {
+                index,
+                matched_blocks,
+                matched_units,
+                expected_s: cost.base_s + cost.per_unit_s * work,
+            });
+        }
+        let best_s = cands
+            .iter()
+            .map(|c| c.expected_s)
+            .fold(f64::INFINITY, f64::min);
+        if !best_s.is_finite() {
+            return Err(no_instance(req.model));
+        }
+        let longest = cands.iter().max_by_key(|c| c.matched_blocks).copied();
+        let max_blocks = longest.map_or(0, |c| c.matched_blocks);
+        let tie_key = req
+            .chain
+            .get(max_blocks as usize)
+            .or(req.chain.last())
+            .copied()
+            .or(req.key.map(|k| k.0))
+            .unwrap_or(0);
+        let limit = best_s * (1.0 + cfg.tie_tolerance);
+        let chosen = cands
+            .iter()
+            .filter(|c| c.expected_s <= limit)
+            .max_by_key(|c| {
+                let inst = &fleet.instances()[c.index];
+                (
+                    c.matched_blocks,
+                    rendezvous_mix(KeyHash(tie_key), inst.id_hash()),
+                )
+            })
+            .copied()
+            .ok_or_else(|| no_instance(req.model))?;
+        let from = || {
+            longest
+                .map(|c| fleet.instances()[c.index].id().clone())
+                .unwrap_or_else(|| fleet.instances()[chosen.index].id().clone())
+        };
+        let reason = if max_blocks == 0 {
+            Reason::Cold
+        } else if chosen.matched_blocks == max_blocks {
+            Reason::CacheHit
+        } else if chosen.matched_blocks > 0 {
+            Reason::HotReplica { from: from() }
+        } else {
+            Reason::Load { from: from() }
+        };
+        Ok(Decision {
+            index: chosen.index,
+            reason,
+            predicted_cached_units: chosen.matched_units,
+        })
+    }
+
+    fn dispatched(
+        &self,
+        req: &RouteRequest<'_>,
+        decision: &Decision,
+        instance: &Instance,
+    ) -> [u64; 2] {
+        let cfg = &self.config;
+        let mut st = self.lock();
+        let st = &mut *st;
+        let slot = st.slot(instance.id_hash(), cfg);
+        let predicted_blocks = (decision.predicted_cached_units / cfg.chain.block_units) as usize;
+        // How many blocks the instance cached since the deepest predicted block was last used:
+        // feedback compares it with the estimated cache size.
+        let distance = predicted_blocks
+            .checked_sub(1)
+            .and_then(|b| req.chain.get(b))
+            .and_then(|h| st.index.stamp(*h, slot))
+            .map_or(u64::MAX, |stamp| u64::from(st.slots.distance(slot, stamp)));
+        st.index.touch(req.chain, slot, &mut st.slots);
+        let load = &mut st.loads[slot];
+        let ahead = load.queued_units;
+        load.queued_units +=
+            u64::from(req.prompt_units - decision.predicted_cached_units.min(req.prompt_units));
+        load.waiting += 1;
+        st.stats.match_blocks_histogram[bucket(predicted_blocks as u32)] += 1;
+        [ahead, distance]
+    }
+
+    fn feedback(&self, t: &TicketInfo, event: &Feedback, now: f64) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(&slot) = st.slot_of.get(&t.instance_hash) else {
+            return;
+        };
+        let slot = usize::from(slot);
+        let uncached = u64::from(t.prompt_units - t.predicted_cached_units.min(t.prompt_units));
+        let load = &mut st.loads[slot];
+        let before_first = t.first_token_at.is_none();
+        match event {
+            Feedback::FirstToken => {
+                load.queued_units = load.queued_units.saturating_sub(uncached);
+                load.waiting = load.waiting.saturating_sub(1);
+                load.decoding += 1;
+                load.observe((t.note[0] + uncached) as f64, now - t.sent_at);
+            }
+            Feedback::Finished { usage } => {
+                load.decoding = load.decoding.saturating_sub(1);
+                if let Some(u) = usage {
+                    self.correct(st, slot, t, u.prompt_tokens, u.cached_tokens);
+                }
+            }
+            Feedback::Failed | Feedback::Cancelled => {
+                if before_first {
+                    load.queued_units = load.queued_units.saturating_sub(uncached);
+                    load.waiting = load.waiting.saturating_sub(1);
+                } else {
+                    load.decoding = load.decoding.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    fn membership(&self, instance: &InstanceId, change: MembershipChange, _now: f64) {
+        let hash = Instance::hash_of(instance.as_str());
+        let mut st = self.lock();
+        let Some(&slot) = st.slot_of.get(&hash) else {
+            return;
+        };
+        let slot = usize::from(slot);
+        match change {
+            // It may come back restarted, with an empty cache: forget what it held.
+            MembershipChange::Ejected | MembershipChange::Removed => {
+                st.slots.forget(slot);
+                if change == MembershipChange::Removed {
+                    st.loads[slot] = InstanceLoad::new(self.config.prior);
+                }
+            }
+            MembershipChange::Added | MembershipChange::Healthy | MembershipChange::Draining => {}
+        }
+    }
+
+    fn stats(&self) -> Option<StrategyStats> {
+        let st = self.lock();
+        let mut s = st.stats.clone();
+        s.index_blocks = st.index.len() as u64;
+        s.index_bytes = st.index.bytes() as u64;
+        Some(s)
+    }
+}
+
+impl CacheAware {
+    /// Compares the engine's cached tokens with the prediction and adjusts the estimate of the
+    /// instance's cache size.
+    fn correct(
+        &self,
+        st: &mut State,
+        slot: usize,
+        t: &TicketInfo,
+        prompt_tokens: u32,
+        cached: Option<u32>,
+    ) {
+        let (Some(cached), true) = (cached, prompt_tokens > 0 && t.prompt_units > 0) else {
+            return;
+        };
+        let per_token = f64::from(t.prompt_units) / f64::from(prompt_tokens);
+        let reported_units = (f64::from(cached) * per_token).min(f64::from(t.prompt_units));
+        let predicted_units = f64::from(t.predicted_cached_units);
+        st.stats.predicted_cached_tokens += (predicted_units / per_token).round() as u64;
+        st.stats.reported_cached_tokens += u64::from(cached);
+        let block = f64::from(self.config.chain.block_units);
+        let cap = &mut st.slots.capacity[slot];
+        let distance = t.note[1];
+        if reported_units + block < predicted_units {
+            // Predicted a hit the engine did not have: its cache is smaller than we thought, at
+            // most about `distance` blocks.
+            if distance < u64::from(*cap) {
+                let d = distance as f64;
+                *cap = if *cap == u32::MAX {
+                    distance.max(1) as u32
+                } else {
+                    (f64::from(*cap) * 0.7 + d * 0.3).max(1.0) as u32
+                };
+            }
+        } else if reported_units > predicted_units + block && *cap != u32::MAX {
+            // The engine held more than we thought resident: the estimate was too small.
+            *cap = (f64::from(*cap) * 1.25).min(f64::from(u32::MAX - 1)) as u32;
+        }
+    }
+}

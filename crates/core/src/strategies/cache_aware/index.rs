@@ -1,0 +1,418 @@
+//! The block index: block-chain hash → the instances recently sent that block.
+//!
+//! One global budget of tracked blocks for the whole fleet (memory never grows with fleet size
+//! or traffic): entries live in a slab threaded on an LRU list, and the least recently touched
+//! block is forgotten when the budget is full. Each entry names up to [`HOLDERS`] instances,
+//! each with a stamp: the instance's insertion counter when the block was last sent there.
+//!
+//! Residency follows the engine's own LRU instead of a wall-clock horizon: every block newly
+//! sent to an instance advances that instance's counter by one, so `counter - stamp` is how many
+//! blocks the engine has had to cache since this one was last used. Once that exceeds the
+//! instance's estimated capacity ([`Slots`]), the engine has most likely evicted it. Forgetting
+//! an instance (ejected, removed) advances its counter by half the stamp space, which makes
+//! every stamp it left look evicted without walking the index.
+//!
+//! Bytes per tracked block: one [`Entry`] (48 B) plus one table slot (a `u64` key and a `u32`
+//! value, 16 B with padding, plus a control byte, at a load factor of 7/8): about 66 B, so the
+//! default budget of 1 Mi blocks is about 66 MiB once full. See [`BlockIndex::bytes`].
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Instances tracked per block. A block held by more instances keeps the most recent ones.
+pub const HOLDERS: usize = 4;
+
+const NIL: u32 = u32::MAX;
+
+/// Keys are already xxh3 hashes: use them as they are.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Table = HashMap<u64, u32, BuildHasherDefault<IdentityHasher>>;
+
+/// One holder: instance slot + 1 (0 = empty) and its stamp.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Holder {
+    slot: u16,
+    stamp: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    hash: u64,
+    prev: u32,
+    next: u32,
+    holders: [Holder; HOLDERS],
+}
+
+/// Per-instance insertion counters and residency estimates, indexed by slot.
+#[derive(Debug, Default, Clone)]
+pub struct Slots {
+    /// Blocks newly sent to the instance so far (wrapping).
+    pub counter: Vec<u32>,
+    /// Blocks the instance's cache is estimated to hold (`u32::MAX`: not known yet).
+    pub capacity: Vec<u32>,
+}
+
+impl Slots {
+    /// Makes room for `slot`, with `capacity` as its starting estimate.
+    pub fn ensure(&mut self, slot: usize, capacity: u32) {
+        while self.counter.len() <= slot {
+            self.counter.push(0);
+            self.capacity.push(capacity);
+        }
+    }
+    /// How many blocks the instance cached since `stamp`.
+    pub fn distance(&self, slot: usize, stamp: u32) -> u32 {
+        self.counter
+            .get(slot)
+            .map_or(u32::MAX, |c| c.wrapping_sub(stamp))
+    }
+    fn resident(&self, slot: usize, stamp: u32) -> bool {
+        let cap = self.capacity.get(slot).copied().unwrap_or(0);
+        self.distance(slot, stamp) < cap.min(1 << 30)
+    }
+    /// Makes every block the instance was sent look evicted (it lost or may have lost its cache).
+    pub fn forget(&mut self, slot: usize) {
+        if let Some(c) = self.counter.get_mut(slot) {
+            *c = c.wrapping_add(1 << 31);
+        }
+    }
+}
+
+/// The index.
+#[derive(Debug, Clone)]
+pub struct BlockIndex {
+    table: Table,
+    entries: Vec<Entry>,
+    free: Vec<u32>,
+    head: u32,
+    tail: u32,
+    budget: usize,
+}
+
+impl BlockIndex {
+    /// An empty index that tracks at most `budget` blocks (at least 1).
+    pub fn new(budget: usize) -> Self {
+        Self {
+            table: Table::default(),
+            entries: Vec::new(),
+            free: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            budget: budget.max(1),
+        }
+    }
+
+    /// Blocks tracked.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+    /// Whether nothing is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+    /// The budget in blocks.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+    /// Bytes held by entries and table (capacity, not just use).
+    pub fn bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<Entry>()
+            + self.table.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
+            + self.free.capacity() * 4
+    }
+
+    /// For each block of `chain` in order, the slots that still (probably) hold it and held every
+    /// block before it: `matched[slot]` is set to the number of leading blocks that slot holds.
+    /// Stops at the first block no slot continues: O(matched blocks x [`HOLDERS`]).
+    /// `matched` must be zeroed for the slots of interest and long enough for every slot.
+    pub fn longest_matches(&self, chain: &[u64], slots: &Slots, matched: &mut [u32]) {
+        for (i, h) in chain.iter().enumerate() {
+            let Some(&e) = self.table.get(h) else {
+                return;
+            };
+            let entry = &self.entries[e as usize];
+            let mut advanced = false;
+            for holder in entry.holders.iter().filter(|h| h.slot != 0) {
+                let slot = usize::from(holder.slot - 1);
+                if let Some(m) = matched.get_mut(slot) {
+                    if *m as usize == i && slots.resident(slot, holder.stamp) {
+                        *m += 1;
+                        advanced = true;
+                    }
+                }
+            }
+            if !advanced {
+                return;
+            }
+        }
+    }
+
+    /// Records that every block of `chain` was sent to `slot` now: each becomes the most recently
+    /// used, and blocks the instance did not (probably) hold advance its counter.
+    pub fn touch(&mut self, chain: &[u64], slot: usize, slots: &mut Slots) {
+        let tag = slot as u16 + 1;
+        for &h in chain {
+            let e = match self.table.get(&h) {
+                Some(&e) => {
+                    self.unlink(e);
+                    e
+                }
+                None => self.insert(h),
+            };
+            self.push_front(e);
+            let entry = &mut self.entries[e as usize];
+            let had = entry
+                .holders
+                .iter()
+                .position(|x| x.slot == tag)
+                .filter(|&p| slots.resident(slot, entry.holders[p].stamp));
+            if had.is_none() {
+                if let Some(c) = slots.counter.get_mut(slot) {
+                    *c = c.wrapping_add(1);
+                }
+            }
+            let stamp = slots.counter.get(slot).copied().unwrap_or(0);
+            let at = entry
+                .holders
+                .iter()
+                .position(|x| x.slot == tag)
+                .or_else(|| entry.holders.iter().position(|x| x.slot == 0))
+                .unwrap_or_else(|| oldest(&entry.holders, slots));
+            entry.holders[at] = Holder { slot: tag, stamp };
+        }
+    }
+
+    /// The stamp `slot` has on block `hash`, if it is listed as a holder.
+    pub fn stamp(&self, hash: u64, slot: usize) -> Option<u32> {
+        let tag = slot as u16 + 1;
+        let e = *self.table.get(&hash)?;
+        self.entries[e as usize]
+            .holders
+            .iter()
+            .find(|x| x.slot == tag)
+            .map(|x| x.stamp)
+    }
+
+    /// Drops `slot` from every block of `chain` (the engine said it does not hold them).
+    pub fn remove_holder(&mut self, chain: &[u64], slot: usize) {
+        let tag = slot as u16 + 1;
+        for h in chain {
+            if let Some(&e) = self.table.get(h) {
+                for x in self.entries[e as usize].holders.iter_mut() {
+                    if x.slot == tag {
+                        *x = Holder::default();
+                    }
+                }
+            }
+        }
+    }
+
+    fn insert(&mut self, hash: u64) -> u32 {
+        if self.table.len() >= self.budget && self.tail != NIL {
+            let victim = self.tail;
+            self.unlink(victim);
+            let old = self.entries[victim as usize].hash;
+            self.table.remove(&old);
+            self.free.push(victim);
+        }
+        let entry = Entry {
+            hash,
+            prev: NIL,
+            next: NIL,
+            holders: [Holder::default(); HOLDERS],
+        };
+        let e = match self.free.pop() {
+            Some(e) => {
+                self.entries[e as usize] = entry;
+                e
+            }
+            None => {
+                self.entries.push(entry);
+                (self.entries.len() - 1) as u32
+            }
+        };
+        self.table.insert(hash, e);
+        e
+    }
+
+    fn unlink(&mut self, e: u32) {
+        let (prev, next) = {
+            let x = &self.entries[e as usize];
+            (x.prev, x.next)
+        };
+        if prev != NIL {
+            self.entries[prev as usize].next = next;
+        } else if self.head == e {
+            self.head = next;
+        }
+        if next != NIL {
+            self.entries[next as usize].prev = prev;
+        } else if self.tail == e {
+            self.tail = prev;
+        }
+        let x = &mut self.entries[e as usize];
+        x.prev = NIL;
+        x.next = NIL;
+    }
+
+    fn push_front(&mut self, e: u32) {
+        let old = self.head;
+        {
+            let x = &mut self.entries[e as usize];
+            x.prev = NIL;
+            x.next = old;
+        }
+        if old != NIL {
+            self.entries[old as usize].prev = e;
+        }
+        self.head = e;
+        if self.tail == NIL {
+            self.tail = e;
+        }
+    }
+}
+
+/// The holder to replace when all are taken: the one its instance cached longest ago.
+fn oldest(holders: &[Holder; HOLDERS], slots: &Slots) -> usize {
+    let mut best = 0;
+    let mut far = 0u32;
+    for (i, h) in holders.iter().enumerate() {
+        let d = slots.distance(usize::from(h.slot.saturating_sub(1)), h.stamp);
+        if d >= far {
+            far = d;
+            best = i;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn slots(n: usize) -> Slots {
+        let mut s = Slots::default();
+        s.ensure(n - 1, u32::MAX);
+        s
+    }
+
+    fn matches(ix: &BlockIndex, chain: &[u64], s: &Slots, n: usize) -> Vec<u32> {
+        let mut m = vec![0; n];
+        ix.longest_matches(chain, s, &mut m);
+        m
+    }
+
+    #[test]
+    fn longest_match_per_instance() {
+        let mut ix = BlockIndex::new(100);
+        let mut s = slots(3);
+        ix.touch(&[1, 2, 3, 4], 0, &mut s);
+        ix.touch(&[1, 2, 9], 1, &mut s);
+        assert_eq!(matches(&ix, &[1, 2, 3, 4, 5], &s, 3), vec![4, 2, 0]);
+        assert_eq!(matches(&ix, &[1, 2, 9], &s, 3), vec![2, 3, 0]);
+        assert_eq!(matches(&ix, &[7, 1], &s, 3), vec![0, 0, 0]);
+        assert_eq!(s.counter, vec![4, 3, 0]);
+        // Re-sending what it holds does not advance the counter.
+        ix.touch(&[1, 2, 3], 0, &mut s);
+        assert_eq!(s.counter[0], 4);
+    }
+
+    #[test]
+    fn the_budget_evicts_the_least_recently_used_block() {
+        let mut ix = BlockIndex::new(3);
+        let mut s = slots(1);
+        ix.touch(&[1, 2, 3], 0, &mut s);
+        ix.touch(&[1], 0, &mut s); // 1 is now the most recent, 2 the least
+        ix.touch(&[5], 0, &mut s);
+        assert_eq!(ix.len(), 3);
+        assert_eq!(matches(&ix, &[1, 2], &s, 1), vec![1]);
+        assert_eq!(matches(&ix, &[5], &s, 1), vec![1]);
+        assert_eq!(matches(&ix, &[3], &s, 1), vec![1]);
+    }
+
+    #[test]
+    fn capacity_and_forgetting_hide_blocks_the_engine_evicted() {
+        let mut ix = BlockIndex::new(100);
+        let mut s = slots(2);
+        ix.touch(&[1, 2], 0, &mut s);
+        ix.touch(&[1, 2], 1, &mut s);
+        s.capacity[0] = 3;
+        ix.touch(&[10, 11], 0, &mut s); // distances of blocks 1 and 2 are now 3 and 2
+                                        // An LRU cache of 3 blocks holds 2, 10, 11: block 1 is gone, so nothing matches.
+        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![0, 2]);
+        s.capacity[0] = 4;
+        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![2, 2]);
+        s.forget(1);
+        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![2, 0]);
+        ix.remove_holder(&[1], 0);
+        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![0, 0]);
+    }
+
+    #[test]
+    fn a_busy_block_keeps_its_most_recent_holders() {
+        let mut ix = BlockIndex::new(10);
+        let n = HOLDERS + 2;
+        let mut s = slots(n);
+        for slot in 0..n {
+            ix.touch(&[42], slot, &mut s);
+            // Age the others: each instance caches some other blocks.
+            for other in 0..n {
+                if other != slot {
+                    ix.touch(&[1000 + other as u64 * 100 + slot as u64], other, &mut s);
+                }
+            }
+        }
+        let m = matches(&ix, &[42], &s, n);
+        assert_eq!(m.iter().sum::<u32>(), HOLDERS as u32);
+        assert_eq!(m[n - 1], 1, "the latest holder is kept");
+    }
+
+    proptest! {
+        #[test]
+        fn never_exceeds_the_budget_and_lists_stay_consistent(
+            ops in proptest::collection::vec((0u64..50, 1usize..6, 0usize..4), 1..200),
+            budget in 1usize..40,
+        ) {
+            let mut ix = BlockIndex::new(budget);
+            let mut s = slots(4);
+            for (start, len, slot) in ops {
+                let chain: Vec<u64> = (start..start + len as u64).collect();
+                ix.touch(&chain, slot, &mut s);
+                prop_assert!(ix.len() <= budget);
+                // Walk the LRU list: it holds exactly the table's entries.
+                let mut n = 0;
+                let mut at = ix.head;
+                while at != NIL {
+                    let e = &ix.entries[at as usize];
+                    prop_assert_eq!(ix.table.get(&e.hash), Some(&at));
+                    n += 1;
+                    at = e.next;
+                }
+                prop_assert_eq!(n, ix.len());
+                // The most recent chain's last block is always matched on its slot... when it fits.
+                if len <= budget {
+                    let mut m = vec![0; 4];
+                    ix.longest_matches(&chain, &s, &mut m);
+                    prop_assert_eq!(m[slot] as usize, len);
+                }
+            }
+        }
+    }
+}
