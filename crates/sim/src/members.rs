@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use prefix_router_core::{Fleet, FleetSnapshot, Instance, InstanceSpec, InstanceState};
+use prefix_router_core::{
+    Fleet, FleetSnapshot, Instance, InstanceSpec, InstanceState, MembershipChange,
+};
 use prefix_router_engine_model::{Engine, EngineConfig};
 
 /// Where an instance is in its life.
@@ -63,6 +65,8 @@ pub struct SimFleet {
     snapshot_to_instance: Vec<usize>,
     /// Every instance ever created, by index.
     pub instances: Vec<SimInstance>,
+    /// Membership changes not yet told to the strategy: (instance index, change).
+    pub changes: Vec<(usize, MembershipChange)>,
 }
 
 impl SimFleet {
@@ -75,6 +79,7 @@ impl SimFleet {
             fleet,
             snapshot_to_instance: Vec::new(),
             instances: Vec::with_capacity(n),
+            changes: Vec::new(),
         };
         me.refresh();
         me
@@ -98,6 +103,8 @@ impl SimFleet {
         let first = self.instances.len();
         let mut specs = self.member_specs();
         specs.extend((first..first + k).map(spec));
+        self.changes
+            .extend((first..first + k).map(|i| (i, MembershipChange::Added)));
         self.fleet.set_members(specs);
         self.refresh();
     }
@@ -106,13 +113,14 @@ impl SimFleet {
     /// ordered set removes its highest ordinals); those with nothing in flight leave at once.
     pub fn drain(&mut self, k: usize) {
         let mut left = k;
-        for inst in self.instances.iter_mut().rev() {
+        for (i, inst) in self.instances.iter_mut().enumerate().rev() {
             if left == 0 {
                 break;
             }
             if inst.life == Life::Serving {
                 inst.life = Life::Draining;
                 inst.view.set_state(InstanceState::Draining);
+                self.changes.push((i, MembershipChange::Draining));
                 left -= 1;
             }
         }
@@ -122,9 +130,10 @@ impl SimFleet {
     /// Removes draining instances whose in-flight count reached zero; true when any left.
     pub fn remove_drained(&mut self) -> bool {
         let mut changed = false;
-        for inst in &mut self.instances {
+        for (i, inst) in self.instances.iter_mut().enumerate() {
             if inst.life == Life::Draining && inst.view.in_flight() == 0 {
                 inst.life = Life::Removed;
+                self.changes.push((i, MembershipChange::Removed));
                 changed = true;
             }
         }

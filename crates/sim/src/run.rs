@@ -2,12 +2,18 @@
 
 use std::collections::BTreeMap;
 
-use prefix_router_core::{KeyHash, RouteRequest, RouteRng, Strategy};
+use std::sync::Arc;
+
+use prefix_router_core::extract::chat_route;
+use prefix_router_core::{
+    dispatch, Chain, End, InstanceId, KeyHash, KeyOptions, RouteRequest, RouteRng, Strategy,
+    Ticket, Usage,
+};
 use prefix_router_engine_model::{EngineConfig, EngineEvent, EngineRequest};
 use prefix_router_workload::Request;
 use rand::SeedableRng;
 
-use crate::members::{Life, SimFleet};
+use crate::members::{instance_id, Life, SimFleet};
 use crate::queue::{Event, EventQueue};
 use crate::{Driver, SimConfig, SimError};
 
@@ -67,7 +73,11 @@ pub struct RunInputs<'a> {
 
 struct Loop<'a> {
     inputs: RunInputs<'a>,
-    strategy: &'a dyn Strategy,
+    strategy: &'a Arc<dyn Strategy>,
+    /// Each request's ticket while it is in flight.
+    tickets: Vec<Option<Ticket>>,
+    /// Reused chain of the request being routed.
+    chain: Chain,
     fleet: SimFleet,
     queue: EventQueue,
     rng: RouteRng,
@@ -83,7 +93,7 @@ struct Loop<'a> {
 /// [`PROGRESS_EVERY`] finished requests.
 pub fn run_strategy(
     inputs: RunInputs<'_>,
-    strategy: &dyn Strategy,
+    strategy: &Arc<dyn Strategy>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<RunOutcome, SimError> {
     let config = inputs.config;
@@ -91,6 +101,8 @@ pub fn run_strategy(
     let mut lp = Loop {
         inputs,
         strategy,
+        tickets: (0..n).map(|_| None).collect(),
+        chain: Chain::default(),
         fleet: SimFleet::new(inputs.engine.clone(), config.instances as usize),
         queue: EventQueue::new(),
         rng: RouteRng::seed_from_u64(config.seed),
@@ -169,14 +181,30 @@ impl Loop<'_> {
             }
         }
         let req = &inputs.requests[request];
+        let mut key = inputs.keys[request];
+        if let Some(spec) = self.strategy.chain_spec() {
+            // The same extraction the server runs, reading as far as the chain goes.
+            let body = req.chat_body(false, Some(spec.max_units as usize));
+            let opts = KeyOptions {
+                prefix_length: inputs.config.prefix_length,
+                chain: Some(spec),
+            };
+            let info =
+                chat_route(body.as_bytes(), &opts).map_err(|e| SimError::InvalidRequest {
+                    request,
+                    why: format!("routing key: {e}"),
+                })?;
+            key = info.key;
+            self.chain = info.chain;
+        }
         let route = RouteRequest {
-            key: Some(inputs.keys[request]),
+            key: Some(key),
+            chain: &self.chain.blocks,
+            prompt_units: self.chain.units,
             model: req.model.as_deref(),
-            ..RouteRequest::keyed(None, None)
+            now,
         };
-        let decision = self
-            .strategy
-            .select(&route, self.fleet.snapshot(), &mut self.rng)
+        let routed = dispatch(self.strategy, &route, self.fleet.snapshot(), &mut self.rng)
             .map_err(|source| SimError::Route {
                 strategy: self.strategy.name().to_string(),
                 request,
@@ -184,25 +212,25 @@ impl Loop<'_> {
             })?;
         let instance =
             self.fleet
-                .instance_at(decision.index)
+                .instance_at(routed.index)
                 .ok_or_else(|| SimError::InvalidConfig {
                     field: "strategies",
                     why: format!(
                         "strategy '{}' chose position {} outside the fleet",
                         self.strategy.name(),
-                        decision.index
+                        routed.index
                     ),
                 })?;
-        if decision.reason.is_overflow() {
+        if routed.reason.is_overflow() {
             self.overflows += 1;
         }
-        *self.decisions.entry(decision.reason.label()).or_insert(0) += 1;
+        *self.decisions.entry(routed.reason.label()).or_insert(0) += 1;
+        self.tickets[request] = Some(routed.ticket);
 
         let record = &mut self.records[request];
         record.start_s = now;
         record.instance = instance as u32;
         let inst = &mut self.fleet.instances[instance];
-        inst.view.acquire();
         inst.dispatched += 1;
         inst.engine.submit(
             now,
@@ -246,6 +274,9 @@ impl Loop<'_> {
                         r.first_token_s = at;
                         r.cached_tokens = cached_tokens;
                     }
+                    if let Some(t) = self.tickets.get_mut(id as usize).and_then(Option::as_mut) {
+                        t.first_token(at);
+                    }
                 }
                 EngineEvent::Finished { id, at } => {
                     let Some(r) = self.records.get_mut(id as usize) else {
@@ -255,8 +286,15 @@ impl Loop<'_> {
                     if r.first_token_s.is_nan() {
                         r.first_token_s = at; // an engine that reports both at once
                     }
+                    let usage = Usage {
+                        prompt_tokens: self.inputs.requests[id as usize].prompt_tokens(),
+                        cached_tokens: Some(r.cached_tokens),
+                    };
+                    // Finishing the ticket releases the in-flight slot and feeds the strategy.
+                    if let Some(t) = self.tickets.get_mut(id as usize).and_then(Option::take) {
+                        t.finish(End::Finished { usage: Some(usage) }, at);
+                    }
                     let view = &self.fleet.instances[instance].view;
-                    view.release();
                     drained |= view.in_flight() == 0
                         && self.fleet.instances[instance].life == Life::Draining;
                     self.finished += 1;
@@ -280,17 +318,27 @@ impl Loop<'_> {
         self.scratch = events;
         if drained {
             self.fleet.remove_drained();
+            self.tell_membership(now);
         }
         self.reschedule(instance, now, true)
     }
 
     /// Applies scale event `index`.
-    fn scale(&mut self, _now: f64, index: usize) {
+    fn scale(&mut self, now: f64, index: usize) {
         let delta = self.inputs.config.scale[index].delta;
         if delta > 0 {
             self.fleet.add(delta as usize);
         } else {
             self.fleet.drain(delta.unsigned_abs() as usize);
+        }
+        self.tell_membership(now);
+    }
+
+    /// Tells the strategy about the fleet's membership changes since the last call.
+    fn tell_membership(&mut self, now: f64) {
+        for (index, change) in self.fleet.changes.drain(..) {
+            let id = InstanceId(Arc::from(instance_id(index).as_str()));
+            self.strategy.membership(&id, change, now);
         }
     }
 
@@ -352,7 +400,7 @@ mod tests {
             engine: &engine,
             config: c,
         };
-        run_strategy(inputs, strategy.as_ref(), &mut |_| {}).expect("run completes")
+        run_strategy(inputs, &strategy, &mut |_| {}).expect("run completes")
     }
 
     #[test]

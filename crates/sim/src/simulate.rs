@@ -126,7 +126,7 @@ pub fn simulate(
             })
         };
         report(0);
-        let outcome = run_strategy(inputs, strategy.as_ref(), &mut report)?;
+        let outcome = run_strategy(inputs, strategy, &mut report)?;
         results.push(summarize(name, requests, &outcome, config.hit_rate_buckets));
     }
 
@@ -201,7 +201,7 @@ mod tests {
             &mut quiet,
         )
         .expect("simulation runs");
-        assert_eq!(report.results.len(), 4);
+        assert_eq!(report.results.len(), StrategyKind::all().count());
         for r in &report.results {
             assert_eq!(r.requests, 300, "{}", r.strategy);
             assert_eq!(r.instance_share.len(), 4);

@@ -66,21 +66,24 @@ pub enum WorkloadKind {
     Agent,
     /// One prefix carries a large share of traffic.
     HotPrefix,
+    /// One long system prompt shared by every request, then one of many documents.
+    SharedSystemPrompt,
 }
 
 /// A workload name that is not one of [`WorkloadKind::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown workload '{0}' (expected one of: long-context, sharegpt, rag, agent, hot-prefix)")]
+#[error("unknown workload '{0}' (expected one of: long-context, sharegpt, rag, agent, hot-prefix, shared-system-prompt)")]
 pub struct UnknownWorkload(pub String);
 
 impl WorkloadKind {
     /// Every kind, in documentation order.
-    pub const ALL: [WorkloadKind; 5] = [
+    pub const ALL: [WorkloadKind; 6] = [
         WorkloadKind::LongContext,
         WorkloadKind::Sharegpt,
         WorkloadKind::Rag,
         WorkloadKind::Agent,
         WorkloadKind::HotPrefix,
+        WorkloadKind::SharedSystemPrompt,
     ];
 
     /// The kebab-case name used on the command line and in JSON.
@@ -91,6 +94,7 @@ impl WorkloadKind {
             WorkloadKind::Rag => "rag",
             WorkloadKind::Agent => "agent",
             WorkloadKind::HotPrefix => "hot-prefix",
+            WorkloadKind::SharedSystemPrompt => "shared-system-prompt",
         }
     }
 
@@ -111,6 +115,9 @@ impl WorkloadKind {
             }
             WorkloadKind::HotPrefix => {
                 "one prefix carries a large share of the traffic, the rest spread over a long tail"
+            }
+            WorkloadKind::SharedSystemPrompt => {
+                "one 3,000-character system prompt opens every request, then one of the long-context documents and a question"
             }
         }
     }
@@ -178,6 +185,35 @@ impl Default for LongContextParams {
             doc_tokens: DEFAULT_DOC_TOKENS,
             question_tokens: TokenRange::new(20, 60),
             output_tokens: TokenRange::new(100, 300),
+        }
+    }
+}
+
+/// `shared-system-prompt` parameters: `long-context`'s documents behind one shared opening.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SharedSystemPromptParams {
+    /// Tokens of the system prompt every request opens with (600 tokens of our five-character
+    /// words: 3,000 characters). With `--groups`, each tenant has its own.
+    pub system_tokens: u32,
+    /// Shared documents in the pool; each request picks one uniformly.
+    pub documents: u32,
+    /// Tokens per document.
+    pub doc_tokens: u32,
+    /// Tokens of the unique question after the document (uniform).
+    pub question_tokens: TokenRange,
+    /// Tokens of the answer (uniform).
+    pub output_tokens: TokenRange,
+}
+
+impl Default for SharedSystemPromptParams {
+    fn default() -> Self {
+        let lc = LongContextParams::default();
+        SharedSystemPromptParams {
+            system_tokens: 600,
+            documents: lc.documents,
+            doc_tokens: lc.doc_tokens,
+            question_tokens: lc.question_tokens,
+            output_tokens: lc.output_tokens,
         }
     }
 }
@@ -357,6 +393,8 @@ pub enum WorkloadParams {
     Agent(AgentParams),
     /// `hot-prefix`.
     HotPrefix(HotPrefixParams),
+    /// `shared-system-prompt`.
+    SharedSystemPrompt(SharedSystemPromptParams),
 }
 
 impl WorkloadParams {
@@ -368,6 +406,9 @@ impl WorkloadParams {
             WorkloadKind::Rag => WorkloadParams::Rag(Default::default()),
             WorkloadKind::Agent => WorkloadParams::Agent(Default::default()),
             WorkloadKind::HotPrefix => WorkloadParams::HotPrefix(Default::default()),
+            WorkloadKind::SharedSystemPrompt => {
+                WorkloadParams::SharedSystemPrompt(Default::default())
+            }
         }
     }
 
@@ -379,6 +420,7 @@ impl WorkloadParams {
             WorkloadParams::Rag(_) => WorkloadKind::Rag,
             WorkloadParams::Agent(_) => WorkloadKind::Agent,
             WorkloadParams::HotPrefix(_) => WorkloadKind::HotPrefix,
+            WorkloadParams::SharedSystemPrompt(_) => WorkloadKind::SharedSystemPrompt,
         }
     }
 }
@@ -417,7 +459,7 @@ impl WorkloadSpec {
     /// The defaults of `kind`: seed 0, no groups, the kind's request count and Poisson rate.
     pub fn default_for(kind: WorkloadKind) -> Self {
         let (requests, arrival) = match kind {
-            WorkloadKind::LongContext => (
+            WorkloadKind::LongContext | WorkloadKind::SharedSystemPrompt => (
                 DEFAULT_LONG_CONTEXT_REQUESTS,
                 Arrival::Closed {
                     clients: DEFAULT_LONG_CONTEXT_CLIENTS,
@@ -540,6 +582,13 @@ impl WorkloadSpec {
                 time("params.tool_time_s", p.tool_time_s)?;
                 time("params.decode_s_per_token", p.decode_s_per_token)?;
             }
+            WorkloadParams::SharedSystemPrompt(p) => {
+                if p.documents == 0 {
+                    return fail("params.documents", "must be at least 1");
+                }
+                range("params.question_tokens", &p.question_tokens)?;
+                range("params.output_tokens", &p.output_tokens)?;
+            }
             WorkloadParams::HotPrefix(p) => {
                 share("params.hot_share", p.hot_share)?;
                 range("params.suffix_tokens", &p.suffix_tokens)?;
@@ -598,6 +647,11 @@ pub fn generate(spec: &WorkloadSpec) -> Generator {
             groups,
         }),
         WorkloadParams::HotPrefix(p) => Box::new(kinds::HotPrefix {
+            p: p.clone(),
+            root,
+            groups,
+        }),
+        WorkloadParams::SharedSystemPrompt(p) => Box::new(kinds::SharedSystemPrompt {
             p: p.clone(),
             root,
             groups,

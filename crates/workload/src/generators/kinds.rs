@@ -4,7 +4,10 @@
 
 use super::distributions::{exponential, geometric, geometric_mean, ZipfRanks};
 use super::schedule::{Session, SessionSource, Turn};
-use super::{AgentParams, HotPrefixParams, LongContextParams, RagParams, SharegptParams};
+use super::{
+    AgentParams, HotPrefixParams, LongContextParams, RagParams, SharedSystemPromptParams,
+    SharegptParams,
+};
 use crate::ids::generator_id;
 use crate::request::{Message, Role, Segment};
 use rand::Rng;
@@ -87,6 +90,42 @@ impl SessionSource for LongContext {
             output,
             self.groups.of(u64::from(doc)),
         ))
+    }
+    fn mean_turns(&self) -> f64 {
+        1.0
+    }
+}
+
+/// One system prompt (per tenant with groups, else one for all), then a document and a question.
+/// The document's id is chained from the system prompt's, so the same document behind two
+/// tenants' prompts is two different prefixes (as it is to an engine's cache).
+pub(crate) struct SharedSystemPrompt {
+    pub p: SharedSystemPromptParams,
+    pub root: u64,
+    pub groups: Groups,
+}
+
+impl SessionSource for SharedSystemPrompt {
+    fn next_session(&mut self, rng: &mut Pcg64Mcg, index: u64) -> Option<Session> {
+        let doc = rng.gen_range(0..self.p.documents.max(1));
+        let question = self.p.question_tokens.sample(rng);
+        let output = self.p.output_tokens.sample(rng);
+        let group = self.groups.of(u64::from(doc));
+        let tenant = group.as_deref().map_or(0, |g| {
+            g.bytes()
+                .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+        });
+        let system_id = generator_id(generator_id(self.root, 0), tenant);
+        let doc_id = generator_id(system_id, 1 + u64::from(doc));
+        let system = msg(Role::System, vec![seg(system_id, self.p.system_tokens)]);
+        let user = msg(
+            Role::User,
+            vec![
+                seg(doc_id, self.p.doc_tokens),
+                seg(generator_id(doc_id, UNIQUE_SALT | index), question),
+            ],
+        );
+        Some(single(vec![system], vec![user], output, group))
     }
     fn mean_turns(&self) -> f64 {
         1.0

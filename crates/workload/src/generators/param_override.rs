@@ -45,6 +45,7 @@ impl WorkloadParams {
             WorkloadParams::Rag(p) => patch(p, key, value),
             WorkloadParams::Agent(p) => patch(p, key, value),
             WorkloadParams::HotPrefix(p) => patch(p, key, value),
+            WorkloadParams::SharedSystemPrompt(p) => patch(p, key, value),
         }
     }
 }
