@@ -1,0 +1,94 @@
+//! Cache-aware decision cost: a 64 KiB native prompt (its byte chain computed in the loop) and
+//! the expected-TTFT choice, against an index already holding 1 Mi tracked blocks, on 7 and 64
+//! instances. Half of the measured prompts share a long prefix with indexed traffic (a deep
+//! match), half are new (the walk stops at once). `select` only: dispatching would grow the
+//! index further with every iteration.
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use prefix_router_core::extract::native_route;
+use prefix_router_core::{
+    dispatch, End, Fleet, InstanceSpec, KeyOptions, PrefixLength, RouteRequest, RouteRng,
+    StrategyConfig, StrategyKind,
+};
+use rand::{Rng, SeedableRng};
+
+const PROMPT: usize = 64 * 1024;
+
+fn bench(c: &mut Criterion) {
+    let mut rng = RouteRng::seed_from_u64(11);
+    let mut group = c.benchmark_group("cache_aware_decision_64KiB_index_1Mi_blocks");
+    for n in [7usize, 64] {
+        let kind = StrategyKind::named("cache-aware").expect("registered");
+        let mut config = StrategyConfig::new(kind);
+        config
+            .params
+            .insert("index-blocks".into(), "1048576".into());
+        let strategy = config.build().expect("builds");
+        let spec = strategy.chain_spec().expect("cache-aware reads chains");
+        let opts = KeyOptions {
+            prefix_length: PrefixLength::new(1024).expect("valid"),
+            chain: Some(spec),
+        };
+        let fleet = Fleet::new(
+            (0..n)
+                .map(|i| {
+                    InstanceSpec::from_url(format!("http://10.0.{}.{}:8000", i / 256, i % 256))
+                })
+                .collect(),
+        );
+        let snap = fleet.snapshot();
+        // Fill the index: 64 KiB prompts are 512 blocks of 128 bytes; 2,100 of them fill 1 Mi.
+        let mut docs: Vec<Vec<u8>> = Vec::new();
+        for _ in 0..2100 {
+            let body: Vec<u8> = (0..PROMPT).map(|_| rng.gen_range(0x20..0x7f)).collect();
+            let (key, chain) = native_route(&body, None, &opts).expect("routes");
+            let req = RouteRequest {
+                key: Some(key),
+                chain: &chain.blocks,
+                prompt_units: chain.units,
+                model: None,
+                now: 0.0,
+            };
+            let d = dispatch(&strategy, &req, &snap, &mut rng).expect("dispatches");
+            d.ticket.finish(End::Finished { usage: None }, 0.1);
+            docs.push(body);
+        }
+        let stats = strategy.stats().expect("cache-aware has stats");
+        assert!(stats.index_blocks >= 1_000_000, "{}", stats.index_blocks);
+        // Probes: the most recent documents with a new tail (deep match), and new prompts.
+        let probes: Vec<Vec<u8>> = (0..64)
+            .map(|i| {
+                if i % 2 == 0 {
+                    let mut b = docs[docs.len() - 1 - i].clone();
+                    for x in &mut b[PROMPT - 200..] {
+                        *x = b'q';
+                    }
+                    b
+                } else {
+                    (0..PROMPT).map(|_| rng.gen_range(0x20..0x7f)).collect()
+                }
+            })
+            .collect();
+        group.throughput(Throughput::Elements(1));
+        let mut at = 0usize;
+        group.bench_with_input(BenchmarkId::new("instances", n), &n, |b, _| {
+            b.iter(|| {
+                at = (at + 1) % probes.len();
+                let (key, chain) =
+                    native_route(black_box(&probes[at]), None, &opts).expect("routes");
+                let req = RouteRequest {
+                    key: Some(key),
+                    chain: &chain.blocks,
+                    prompt_units: chain.units,
+                    model: None,
+                    now: 1.0,
+                };
+                black_box(strategy.select(&req, &snap, &mut rng).ok())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
