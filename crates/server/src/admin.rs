@@ -9,8 +9,13 @@
 //! | `POST /admin/instances/activate` | `{"url"}` | ends a drain: it takes new requests again |
 //! | `POST /admin/instances/remove` | `{"url"}` | removes a configured or added instance (its in-flight requests finish); one found by DNS can only be drained |
 //! | `GET /admin/routing` | | strategy and parameters in force |
-//! | `PUT /admin/routing` | any of `strategy`, `prefix_length`, `concurrency_threshold`, `overflow`, `balance_factor` | changes them |
+//! | `PUT /admin/routing` | any of `strategy`, `prefix_length`, `concurrency_threshold`, `overflow`, `balance_factor`, `params` | changes them |
 //! | `POST /admin/reload` | | reads the configuration file again (like SIGHUP) |
+//!
+//! `params` is an object of the strategy's own parameters (string or number values) and replaces
+//! them all; changing `strategy` without `params` clears them (another strategy's parameters
+//! mean nothing to the new one). A change that leaves the strategy's configuration as it was
+//! keeps the strategy and what it learned.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -26,6 +31,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::membership;
 use crate::reload;
 use crate::settings::{validate_instances, InstanceFile};
 use crate::state::AppState;
@@ -189,17 +195,19 @@ async fn drain(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> R
         Ok(id) => id,
         Err(r) => return error(r),
     };
-    if !admin.state.fleet.set_state(&id, InstanceState::Draining) {
+    let snapshot = admin.state.fleet.snapshot();
+    let Some((_, inst)) = snapshot.get(&id) else {
         return unknown(&id);
-    }
+    };
+    // Draining an instance that already drains changes nothing (and tells nobody).
+    membership::transition(
+        &admin.state,
+        inst,
+        &[InstanceState::Healthy, InstanceState::Ejected],
+        InstanceState::Draining,
+    );
     tracing::info!(instance = %id, "instance draining");
-    let in_flight = admin
-        .state
-        .fleet
-        .snapshot()
-        .get(&id)
-        .map(|(_, i)| i.in_flight())
-        .unwrap_or(0);
+    let in_flight = inst.in_flight();
     reply(
         StatusCode::OK,
         json!({ "draining": id, "in_flight": in_flight }),
@@ -218,7 +226,12 @@ async fn activate(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -
     let Some((_, inst)) = snapshot.get(&id) else {
         return unknown(&id);
     };
-    if inst.state() != InstanceState::Draining {
+    if !membership::transition(
+        &admin.state,
+        inst,
+        &[InstanceState::Draining],
+        InstanceState::Healthy,
+    ) {
         return error(ApiError {
             status: http::StatusCode::CONFLICT,
             kind: "invalid_request_error",
@@ -230,7 +243,6 @@ async fn activate(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -
             code: "not_draining",
         });
     }
-    inst.set_state(InstanceState::Healthy);
     tracing::info!(instance = %id, "drain ended through the admin API");
     reply(StatusCode::OK, json!({ "activated": id }))
 }
@@ -264,6 +276,7 @@ fn routing_json(state: &AppState) -> Value {
         "concurrency_threshold": r.config.concurrency_threshold.get(),
         "overflow": r.config.overflow.name(),
         "balance_factor": r.config.balance_factor,
+        "params": r.config.params,
     })
 }
 
@@ -283,6 +296,7 @@ struct RoutingChange {
     overflow: Option<String>,
     #[serde(default, with = "double_option")]
     balance_factor: Option<Option<f64>>,
+    params: Option<serde_json::Map<String, Value>>,
 }
 
 /// `null` clears the balance factor; an absent field keeps it.
@@ -299,9 +313,13 @@ fn apply_change(state: &AppState, c: RoutingChange) -> Result<(), ApiError> {
     let mut prefix_length = current.prefix_length;
     let bad = |field: &str, e: String| ApiError::bad_request("invalid_value", e, Some(field));
     if let Some(s) = c.strategy {
-        config.kind = s
+        let kind = s
             .parse::<StrategyKind>()
             .map_err(|e| bad("strategy", e.to_string()))?;
+        if kind != config.kind {
+            config.kind = kind;
+            config.params.clear();
+        }
     }
     if let Some(n) = c.prefix_length {
         prefix_length = PrefixLength::new(n).map_err(|e| bad("prefix_length", e.to_string()))?;
@@ -318,8 +336,23 @@ fn apply_change(state: &AppState, c: RoutingChange) -> Result<(), ApiError> {
     if let Some(b) = c.balance_factor {
         config.balance_factor = b;
     }
-    reload::set_routing(state, config, prefix_length)
-        .map_err(|e| bad("balance_factor", e.to_string()))
+    if let Some(params) = c.params {
+        config.params = params
+            .into_iter()
+            .map(|(name, value)| match value {
+                Value::String(s) => Ok((name, s)),
+                Value::Number(n) => Ok((name, n.to_string())),
+                _ => Err(bad(
+                    &format!("params.{name}"),
+                    format!("parameter '{name}' must be a string or a number"),
+                )),
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    reload::set_routing(state, config, prefix_length).map_err(|e| {
+        let field = crate::settings::config_field(&e);
+        bad(field.trim_start_matches("routing."), e.to_string())
+    })
 }
 
 async fn put_routing(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {

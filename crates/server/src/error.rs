@@ -170,6 +170,8 @@ impl From<RouteError> for ApiError {
                 param: Some("model".into()),
                 code: "model_not_found",
             },
+            // A strategy bug, not the client's fault nor the fleet's.
+            RouteError::OutOfRange(_) => ApiError::internal(e.to_string()),
             RouteError::NoHealthyInstance => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 kind: "service_unavailable",

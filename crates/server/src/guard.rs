@@ -1,44 +1,45 @@
-//! The in-flight guard: acquires an instance's in-flight slot and releases it exactly once, when
-//! the request is finished however it finishes (answered, failed, cancelled by the client).
+//! The in-flight guard: owns a dispatched request's [`Ticket`] (its in-flight slot and its
+//! feedback channel to the strategy) and records the request's metrics once, when the request
+//! is finished however it finishes (answered, failed, cancelled by the client).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use prefix_router_core::Instance;
+use prefix_router_core::{End, Instance, Ticket, Usage};
 
 use crate::metrics::{ApiLabels, InstanceLabels, RequestLabels};
 use crate::state::AppState;
 
-/// Holds one in-flight slot on an instance. Moved into the response body stream once the answer
+/// Holds one dispatched request's ticket. Moved into the response body stream once the answer
 /// starts, so the slot is held until the last byte went out or the client went away.
 #[derive(Debug)]
 pub struct InFlightGuard {
     state: Arc<AppState>,
+    /// `None` only once finished (in `drop`).
+    ticket: Option<Ticket>,
     instance: Arc<Instance>,
     api: &'static str,
     received: Instant,
     outcome: &'static str,
     completed: bool,
+    usage: Option<Usage>,
     first_byte_seen: bool,
 }
 
 impl InFlightGuard {
-    /// Counts one request in flight on `instance`.
-    pub fn acquire(
-        state: Arc<AppState>,
-        instance: Arc<Instance>,
-        api: &'static str,
-        received: Instant,
-    ) -> Self {
-        instance.acquire();
+    /// Takes over the ticket [`prefix_router_core::dispatch`] returned.
+    pub fn new(state: Arc<AppState>, ticket: Ticket, api: &'static str, received: Instant) -> Self {
+        let instance = Arc::clone(ticket.instance());
         Self {
             state,
+            ticket: Some(ticket),
             instance,
             api,
             received,
             // Until told otherwise, a guard dropped early was cancelled.
             outcome: "cancelled",
             completed: false,
+            usage: None,
             first_byte_seen: false,
         }
     }
@@ -65,9 +66,10 @@ impl InFlightGuard {
         self.outcome = outcome;
     }
 
-    /// The response went out completely.
-    pub fn complete(&mut self) {
+    /// The response went out completely; `usage` is what the engine reported in it.
+    pub fn complete(&mut self, usage: Option<Usage>) {
         self.completed = true;
+        self.usage = usage;
     }
 
     /// The response failed part way; `outcome` says how.
@@ -76,29 +78,47 @@ impl InFlightGuard {
         self.completed = true;
     }
 
-    /// The first response body byte is about to go to the client: records TTFT once.
+    /// The first response body byte is about to go to the client: records TTFT once, and for a
+    /// successful answer tells the strategy (an error body's first byte is no first token: it
+    /// would teach cache-aware that prefill is free).
     pub fn first_byte(&mut self) {
-        if !self.first_byte_seen {
-            self.first_byte_seen = true;
-            self.state
-                .metrics
-                .ttft
-                .get_or_create(&InstanceLabels {
-                    instance: self.instance.id().to_string(),
-                })
-                .observe(self.received.elapsed().as_secs_f64());
+        if self.first_byte_seen {
+            return;
+        }
+        self.first_byte_seen = true;
+        self.state
+            .metrics
+            .ttft
+            .get_or_create(&InstanceLabels {
+                instance: self.instance.id().to_string(),
+            })
+            .observe(self.received.elapsed().as_secs_f64());
+        if self.outcome == "ok" {
+            if let Some(t) = self.ticket.as_mut() {
+                t.first_token(self.state.now_s());
+            }
         }
     }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.instance.release();
         let outcome = if self.completed {
             self.outcome
         } else {
             "cancelled"
         };
+        if let Some(ticket) = self.ticket.take() {
+            let end = match outcome {
+                "ok" => End::Finished { usage: self.usage },
+                "cancelled" => End::Cancelled,
+                // Error statuses, broken or idle streams, timeouts, retried answers.
+                _ => End::Failed,
+            };
+            // Finished explicitly rather than by the ticket's own drop, so that the strategy
+            // hears the time the request really ended.
+            ticket.finish(end, self.state.now_s());
+        }
         let m = &self.state.metrics;
         m.requests
             .get_or_create(&RequestLabels {

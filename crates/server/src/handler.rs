@@ -52,7 +52,10 @@ pub async fn handle(
         "/health" if get_only(&method) => json_response(StatusCode::OK, json!({"status": "ok"})),
         "/ready" | "/ping" if get_only(&method) => ready(&state),
         "/metrics" if get_only(&method) => {
-            let text = state.metrics.render(&state.fleet.snapshot());
+            let strategy = Arc::clone(&state.routing.load().strategy);
+            let text = state
+                .metrics
+                .render(&state.fleet.snapshot(), strategy.as_ref());
             let mut resp = Response::new(full(text));
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,

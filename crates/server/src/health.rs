@@ -1,6 +1,7 @@
 //! Fleet health: passive ejection on connect errors and repeated 5xx (with a growing backoff),
 //! active probes (`GET /health` by default), and recovery. A draining instance is left alone:
-//! only the admin API moves it out of draining.
+//! only the admin API moves it out of draining. Every transition goes through
+//! [`membership::transition`], which tells the strategy.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use prefix_router_core::{Instance, InstanceState};
 
+use crate::membership;
 use crate::state::AppState;
 
 /// A request to `inst` failed (connect error or 5xx): ejects it after
@@ -23,11 +25,19 @@ pub fn passive_failure(state: &AppState, inst: &Instance) {
         return;
     }
     let mut rec = stats.health();
+    // Under the record's lock: of two requests failing at once, one ejects and sets the backoff.
+    if !membership::transition(
+        state,
+        inst,
+        &[InstanceState::Healthy],
+        InstanceState::Ejected,
+    ) {
+        return;
+    }
     let backoff = rec.next_backoff.unwrap_or(h.eject_backoff);
     rec.ejected_until = Some(Instant::now() + backoff);
     rec.next_backoff = Some((backoff * 2).min(h.max_eject_backoff));
     rec.probe_successes = 0;
-    inst.set_state(InstanceState::Ejected);
     tracing::warn!(instance = %inst.id(), failures, ?backoff, "instance ejected after failed requests");
 }
 
@@ -76,14 +86,27 @@ fn record_probe(state: &AppState, inst: &Instance, ok: bool) {
             rec.ejected_until = None;
             rec.next_backoff = None;
             stats.passive_failures.store(0, Ordering::Relaxed);
-            inst.set_state(InstanceState::Healthy);
-            tracing::info!(instance = %inst.id(), "instance recovered");
+            if membership::transition(
+                state,
+                inst,
+                &[InstanceState::Ejected],
+                InstanceState::Healthy,
+            ) {
+                tracing::info!(instance = %inst.id(), "instance recovered");
+            }
         }
     } else {
         rec.probe_successes = 0;
         rec.probe_failures = rec.probe_failures.saturating_add(1);
-        if inst.state() == InstanceState::Healthy && rec.probe_failures >= h.unhealthy_threshold {
-            inst.set_state(InstanceState::Ejected);
+        if inst.state() == InstanceState::Healthy
+            && rec.probe_failures >= h.unhealthy_threshold
+            && membership::transition(
+                state,
+                inst,
+                &[InstanceState::Healthy],
+                InstanceState::Ejected,
+            )
+        {
             tracing::warn!(instance = %inst.id(), failures = rec.probe_failures, "instance ejected by health checks");
         }
     }
@@ -100,8 +123,14 @@ fn end_backoff(state: &AppState, inst: &Instance) {
         rec.ejected_until = None;
         let probation = state.settings.health.passive_failures.saturating_sub(1);
         stats.passive_failures.store(probation, Ordering::Relaxed);
-        inst.set_state(InstanceState::Healthy);
-        tracing::info!(instance = %inst.id(), "instance back on probation after its backoff");
+        if membership::transition(
+            state,
+            inst,
+            &[InstanceState::Ejected],
+            InstanceState::Healthy,
+        ) {
+            tracing::info!(instance = %inst.id(), "instance back on probation after its backoff");
+        }
     }
 }
 

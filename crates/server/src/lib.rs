@@ -29,6 +29,7 @@ pub mod state;
 pub mod stats;
 pub mod stream;
 pub mod upstream;
+pub mod usage;
 
 pub use error::{ApiError, ServerError};
 pub use server::{Router, RunningRouter};

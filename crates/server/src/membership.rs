@@ -2,10 +2,51 @@
 //! edits), the instances each DNS name resolves to, and the models each instance lists. Every
 //! edit rebuilds the whole member list and swaps it into the fleet, so an instance that stays
 //! keeps its in-flight count and state.
+//!
+//! Every change of an instance's state or of the member list is told to the strategy in force
+//! through [`announce`] (state changes through [`transition`]), so a strategy that learns per
+//! instance (cache-aware forgets what an ejected instance cached) hears of all of them.
 
 use std::collections::{BTreeMap, HashMap};
 
-use prefix_router_core::InstanceSpec;
+use prefix_router_core::{Instance, InstanceId, InstanceSpec, InstanceState, MembershipChange};
+
+use crate::state::AppState;
+
+/// Tells the strategy in force that `id` joined, left or changed state.
+pub fn announce(state: &AppState, id: &InstanceId, change: MembershipChange) {
+    state
+        .routing
+        .load()
+        .strategy
+        .membership(id, change, state.now_s());
+}
+
+/// Moves `inst` to `to` if it is in one of the states `from`, and tells the strategy; returns
+/// false (and tells nothing) otherwise. Transitions are serialized, so the check and the move
+/// are one step: the health checker and the request path can both eject the same instance, and
+/// the strategy must hear of one ejection, not two (cache-aware forgets an instance's blocks on
+/// each one); nor may an ejection overwrite a drain the admin API set meanwhile.
+pub fn transition(
+    state: &AppState,
+    inst: &Instance,
+    from: &[InstanceState],
+    to: InstanceState,
+) -> bool {
+    let _one_at_a_time = state.transitions.lock().unwrap_or_else(|p| p.into_inner());
+    let now = inst.state();
+    if now == to || !from.contains(&now) {
+        return false;
+    }
+    inst.set_state(to);
+    let change = match to {
+        InstanceState::Healthy => MembershipChange::Healthy,
+        InstanceState::Draining => MembershipChange::Draining,
+        InstanceState::Ejected => MembershipChange::Ejected,
+    };
+    announce(state, inst.id(), change);
+    true
+}
 
 /// The sources of the member list.
 #[derive(Debug, Default, Clone)]
@@ -44,6 +85,82 @@ impl Membership {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    use prefix_router_core::{
+        Decision, FleetSnapshot, Reason, RouteError, RouteRequest, RouteRng, Strategy,
+    };
+
+    /// Records what it is told.
+    #[derive(Debug, Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl Strategy for Recorder {
+        fn name(&self) -> &'static str {
+            "recorder"
+        }
+        fn select(
+            &self,
+            _req: &RouteRequest<'_>,
+            _fleet: &FleetSnapshot,
+            _rng: &mut RouteRng,
+        ) -> Result<Decision, RouteError> {
+            Ok(Decision::new(0, Reason::Random))
+        }
+        fn membership(&self, instance: &InstanceId, change: MembershipChange, _now: f64) {
+            if let Ok(mut told) = self.0.lock() {
+                told.push(format!("{instance} {change:?}"));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_strategy_hears_each_change_once() {
+        let (a, b, c) = (
+            "http://127.0.0.1:1",
+            "http://127.0.0.1:2",
+            "http://127.0.0.1:3",
+        );
+        let settings =
+            crate::settings::Settings::with_instances([a, b]).unwrap_or_else(|e| panic!("{e}"));
+        let state = AppState::new(settings, None).unwrap_or_else(|e| panic!("{e}"));
+        let recorder = Arc::new(Recorder::default());
+        let current = state.routing.load_full();
+        state.routing.store(Arc::new(crate::routing::Routing {
+            config: current.config.clone(),
+            prefix_length: current.prefix_length,
+            strategy: recorder.clone(),
+        }));
+        let snapshot = state.fleet.snapshot();
+        let inst = |id: &str| Arc::clone(snapshot.get(id).map(|(_, i)| i).expect("member"));
+        let (ia, ib) = (inst(a), inst(b));
+        use InstanceState::*;
+        assert!(transition(&state, &ia, &[Healthy], Ejected));
+        assert!(
+            !transition(&state, &ia, &[Healthy], Ejected),
+            "already ejected"
+        );
+        assert!(transition(&state, &ib, &[Healthy, Ejected], Draining));
+        assert!(
+            !transition(&state, &ib, &[Healthy], Ejected),
+            "a drain stays"
+        );
+        assert!(transition(&state, &ib, &[Draining], Healthy));
+        let specs = |ids: &[&str]| ids.iter().map(|u| InstanceSpec::from_url(*u)).collect();
+        crate::reload::set_members(&state, specs(&[b, c])).await;
+        crate::reload::set_members(&state, specs(&[b, c])).await;
+        let told = recorder.0.lock().map(|t| t.clone()).unwrap_or_default();
+        assert_eq!(
+            told,
+            [
+                format!("{a} Ejected"),
+                format!("{b} Draining"),
+                format!("{b} Healthy"),
+                format!("{c} Added"),
+                format!("{a} Removed"),
+            ]
+        );
+    }
 
     fn spec(url: &str, models: &[&str]) -> InstanceSpec {
         InstanceSpec {

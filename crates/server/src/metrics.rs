@@ -1,6 +1,8 @@
 //! Prometheus metrics on an explicit registry, names prefixed `prefix_router_`.
 
-use prefix_router_core::{FleetSnapshot, InstanceState};
+pub mod learned;
+
+use prefix_router_core::{FleetSnapshot, InstanceState, Strategy};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -85,7 +87,7 @@ pub struct Metrics {
     pub ttft: Family<InstanceLabels, Histogram>,
     /// Request received to response finished, per API.
     pub duration: Family<ApiLabels, Histogram>,
-    /// Time spent choosing an instance.
+    /// Time spent routing a request (the strategy's choice and its bookkeeping).
     pub decision_latency: Histogram,
     /// Upstream errors by instance and kind.
     pub upstream_errors: Family<ErrorLabels, Counter>,
@@ -99,6 +101,11 @@ pub struct Metrics {
     pub engine_waiting: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
     /// Engine KV-cache usage, 0..1 (scraped).
     pub engine_kv_usage: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
+    /// The strategy's learned state (set at scrape time).
+    pub learned: learned::Learned,
+    /// One scrape at a time: each clears and refills the scrape-time series, and a concurrent
+    /// one must not encode them half refilled.
+    scrape: std::sync::Mutex<()>,
 }
 
 impl Default for Metrics {
@@ -160,7 +167,7 @@ impl Metrics {
         );
         registry.register(
             "routing_decision_seconds",
-            "Time spent choosing an instance",
+            "Time spent routing a request: the strategy's choice and what it records of it",
             decision_latency.clone(),
         );
         registry.register(
@@ -193,7 +200,10 @@ impl Metrics {
             "Engine KV-cache usage, 0 to 1 (engine metrics)",
             engine_kv_usage.clone(),
         );
+        let learned = learned::Learned::register(&mut registry);
         Self {
+            learned,
+            scrape: std::sync::Mutex::new(()),
             registry,
             engine_hit_ratio,
             engine_running,
@@ -221,8 +231,11 @@ impl Metrics {
             .inc();
     }
 
-    /// Prometheus text for a scrape; refreshes the per-instance gauges from `fleet` first.
-    pub fn render(&self, fleet: &FleetSnapshot) -> String {
+    /// Prometheus text for a scrape; refreshes the per-instance gauges from `fleet` and the
+    /// learned-state metrics from `strategy` (the one in force) first.
+    pub fn render(&self, fleet: &FleetSnapshot, strategy: &dyn Strategy) -> String {
+        let _one_scrape = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        self.learned.refresh(strategy);
         self.in_flight.clear();
         self.healthy.clear();
         for inst in fleet.instances() {

@@ -1,5 +1,6 @@
-//! Proxying a routed request: read the body once, derive the key, choose an instance, forward,
-//! retry on another instance while nothing has gone to the client yet, relay the answer.
+//! Proxying a routed request: read the body once, derive the key (and the block chain when the
+//! strategy reads one), dispatch it to an instance, forward, retry on another instance while
+//! nothing has gone to the client yet, relay the answer.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,9 +10,10 @@ use http::header::{HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use prefix_router_core::extract::{chat_request, completion_request, native_key};
+use prefix_router_core::extract::{chat_route, completion_route, native_route};
 use prefix_router_core::{
-    Decision, ExtractError, FleetSnapshot, Instance, KeyHash, RouteRequest, Strategy,
+    dispatch, Chain, Dispatched, ExtractError, FleetSnapshot, Instance, KeyHash, KeyOptions,
+    RouteRequest, Strategy,
 };
 
 use crate::body::{read_body, ProxyBody};
@@ -103,35 +105,55 @@ fn group_header(headers: &HeaderMap) -> Option<(&'static str, &[u8])> {
         })
 }
 
-/// Key and model of a request body, by API.
-fn route_key(
+/// What routing reads from a request body.
+#[derive(Debug, Default)]
+struct Extracted {
+    key: Option<KeyHash>,
+    chain: Chain,
+    model: Option<String>,
+}
+
+/// Key, block chain (when the strategy reads one) and model of a request body, by API.
+fn extract(
     api: Api,
     headers: &HeaderMap,
     body: &[u8],
-    len: prefix_router_core::PrefixLength,
-) -> Result<(Option<KeyHash>, Option<String>), ApiError> {
+    opts: &KeyOptions,
+) -> Result<Extracted, ApiError> {
     Ok(match api {
-        Api::Chat => {
-            let info = chat_request(body, len)?;
-            (Some(info.key), info.model)
-        }
-        Api::Completions => {
-            let info = completion_request(body, len)?;
-            (Some(info.key), info.model)
+        Api::Chat | Api::Completions => {
+            let info = if api == Api::Chat {
+                chat_route(body, opts)?
+            } else {
+                completion_route(body, opts)?
+            };
+            Extracted {
+                key: Some(info.key),
+                chain: info.chain,
+                model: info.model,
+            }
         }
         Api::Invocations => {
             let group = group_header(headers);
-            let key = native_key(body, group.map(|g| g.1), len).map_err(|e| match e {
-                ExtractError::Group(g) => ApiError::bad_request(
-                    "invalid_group_id",
-                    format!("header '{}': {g}", group.map_or(GROUP_HEADER, |g| g.0)),
-                    Some(group.map_or(GROUP_HEADER, |g| g.0)),
-                ),
-                other => ApiError::from(other),
-            })?;
-            (Some(key), None)
+            let (key, chain) =
+                native_route(body, group.map(|g| g.1), opts).map_err(|e| match e {
+                    ExtractError::Group(g) => ApiError::bad_request(
+                        "invalid_group_id",
+                        format!("header '{}': {g}", group.map_or(GROUP_HEADER, |g| g.0)),
+                        Some(group.map_or(GROUP_HEADER, |g| g.0)),
+                    ),
+                    other => ApiError::from(other),
+                })?;
+            Extracted {
+                key: Some(key),
+                chain,
+                model: None,
+            }
         }
-        Api::Other => (None, other_model(body)),
+        Api::Other => Extracted {
+            model: other_model(body),
+            ..Extracted::default()
+        },
     })
 }
 
@@ -172,15 +194,21 @@ async fn forward(
     )
     .await?;
     let routing = state.routing.load_full();
-    let (key, model) = route_key(api, &parts.headers, &body, routing.prefix_length)?;
-    let strategy: &dyn Strategy = match api {
-        Api::Other => state.fallback(),
-        _ => routing.strategy.as_ref(),
+    let strategy: &Arc<dyn Strategy> = match api {
+        Api::Other => &state.fallback,
+        _ => &routing.strategy,
     };
-    let route_req = RouteRequest {
+    let opts = KeyOptions {
+        prefix_length: routing.prefix_length,
+        chain: strategy.chain_spec(),
+    };
+    let Extracted { key, chain, model } = extract(api, &parts.headers, &body, &opts)?;
+    let mut route_req = RouteRequest {
         key,
+        chain: &chain.blocks,
+        prompt_units: chain.units,
         model: model.as_deref(),
-        ..RouteRequest::keyed(None, None)
+        now: 0.0,
     };
 
     let snapshot = state.fleet.snapshot();
@@ -193,18 +221,16 @@ async fn forward(
             Some(without(&snapshot, &tried))
         };
         let fleet = view.as_ref().unwrap_or(&snapshot);
+        // Each attempt is sent at its own time (the strategy learns time to first token from it).
+        route_req.now = state.now_s();
         let started = Instant::now();
-        let decision = with_rng(|rng| strategy.select(&route_req, fleet, rng));
+        let dispatched = with_rng(|rng| dispatch(strategy, &route_req, fleet, rng));
         state
             .metrics
             .decision_latency
             .observe(started.elapsed().as_secs_f64());
-        let Decision { index, reason } = decision?;
-        let instance = fleet
-            .instances()
-            .get(index)
-            .cloned()
-            .ok_or_else(|| ApiError::internal("strategy chose an instance out of range"))?;
+        let Dispatched { reason, ticket, .. } = dispatched?;
+        let instance = Arc::clone(ticket.instance());
         state
             .metrics
             .decisions
@@ -219,12 +245,7 @@ async fn forward(
             InstanceStats::bump(&stats.overflow);
         }
         let id = instance.id().to_string();
-        let mut guard = InFlightGuard::acquire(
-            Arc::clone(state),
-            Arc::clone(&instance),
-            api.label(),
-            received,
-        );
+        let mut guard = InFlightGuard::new(Arc::clone(state), ticket, api.label(), received);
         let upstream_req = build_request(&parts, &instance.spec().url, body.clone())?;
         // Another attempt is possible when retries remain and another instance could take it
         // (only computed on a failure: the common path allocates nothing for it).
@@ -313,7 +334,15 @@ async fn forward(
                             attempt,
                             "relaying"
                         );
-                        return Ok(relay(resp, guard, &id, reason.label(), settings));
+                        let scan_usage = status.is_success();
+                        return Ok(relay(
+                            resp,
+                            guard,
+                            &id,
+                            reason.label(),
+                            settings,
+                            scan_usage,
+                        ));
                     }
                 }
             }
@@ -340,6 +369,7 @@ fn relay(
     instance: &str,
     reason: &'static str,
     settings: &crate::settings::Settings,
+    scan_usage: bool,
 ) -> Response<ProxyBody> {
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -350,6 +380,7 @@ fn relay(
     parts
         .headers
         .insert(DECISION_HEADER, HeaderValue::from_static(reason));
-    let body = RelayBody::new(incoming, guard, settings.timeouts.idle_stream).boxed_unsync();
+    let body =
+        RelayBody::new(incoming, guard, settings.timeouts.idle_stream, scan_usage).boxed_unsync();
     Response::from_parts(parts, body)
 }

@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use prefix_router_core::{InstanceSpec, PrefixLength, StrategyConfig};
+use prefix_router_core::{
+    ConfigError, InstanceSpec, MembershipChange, PrefixLength, StrategyConfig,
+};
 
-use crate::membership::Membership;
-use crate::routing::Routing;
+use crate::membership::{self, Membership};
 use crate::settings::SettingsError;
 use crate::state::AppState;
 
@@ -21,13 +22,26 @@ pub struct ReloadSummary {
 }
 
 /// Edits the membership sources and applies the resulting member list to the fleet (serialized
-/// with every other membership edit). Returns what `edit` returned.
+/// with every other membership edit), telling the strategy which instances joined and left.
+/// Returns what `edit` returned.
 pub async fn edit_members<R>(state: &AppState, edit: impl FnOnce(&mut Membership) -> R) -> R {
     let mut membership = state.membership.lock().await;
     let result = edit(&mut membership);
+    let before = state.fleet.snapshot();
     state.fleet.set_members(membership.specs());
-    let snapshot = state.fleet.snapshot();
-    state.stats.retain(|id| snapshot.get(id).is_some());
+    let after = state.fleet.snapshot();
+    // Still under the membership lock: announcements go out in the order the edits happened.
+    for inst in after.instances() {
+        if before.get(inst.id().as_str()).is_none() {
+            membership::announce(state, inst.id(), MembershipChange::Added);
+        }
+    }
+    for inst in before.instances() {
+        if after.get(inst.id().as_str()).is_none() {
+            membership::announce(state, inst.id(), MembershipChange::Removed);
+        }
+    }
+    state.stats.retain(|id| after.get(id).is_some());
     result
 }
 
@@ -36,18 +50,23 @@ pub async fn set_members(state: &AppState, specs: Vec<InstanceSpec>) {
     edit_members(state, |m| m.static_specs = specs).await;
 }
 
-/// Installs a new strategy configuration and key length.
+/// Installs a strategy configuration and key length. An unchanged strategy configuration keeps
+/// the strategy in force, with what it learned ([`crate::routing::Routing::replaced_by`]).
 pub fn set_routing(
     state: &AppState,
     config: StrategyConfig,
     prefix_length: PrefixLength,
-) -> Result<(), SettingsError> {
-    let routing = Routing::new(config, prefix_length).map_err(|e| SettingsError::Invalid {
-        field: "routing".into(),
-        message: e.to_string(),
-    })?;
-    state.routing.store(Arc::new(routing));
-    Ok(())
+) -> Result<(), ConfigError> {
+    loop {
+        let current = state.routing.load_full();
+        let next = Arc::new(current.replaced_by(config.clone(), prefix_length)?);
+        // Compare-and-swap: if a concurrent change (admin API and SIGHUP at once) got in first,
+        // redo the comparison against its result instead of overwriting it with a stale one.
+        let previous = state.routing.compare_and_swap(&current, next);
+        if Arc::ptr_eq(&previous, &current) {
+            return Ok(());
+        }
+    }
 }
 
 /// Reads the configuration source again and applies its instances and routing. Other settings
@@ -80,7 +99,12 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
     if !restart.is_empty() {
         tracing::warn!(sections = ?restart, "these settings changed but take effect only on restart");
     }
-    set_routing(state, settings.strategy.clone(), settings.prefix_length)?;
+    set_routing(state, settings.strategy.clone(), settings.prefix_length).map_err(|e| {
+        SettingsError::Invalid {
+            field: crate::settings::config_field(&e),
+            message: e.to_string(),
+        }
+    })?;
     set_members(state, settings.instances).await;
     let summary = ReloadSummary {
         instances: state.fleet.snapshot().len(),

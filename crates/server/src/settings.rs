@@ -1,16 +1,15 @@
 //! Configuration: a TOML file, flag/environment overrides, and one validation pass that turns
 //! them into [`Settings`] or a one-line error naming the field.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use prefix_router_core::strategy::OverflowPolicy;
 use prefix_router_core::{
-    ConcurrencyThreshold, InstanceSpec, PrefixLength, StrategyConfig, StrategyKind,
+    ConcurrencyThreshold, ConfigError, InstanceSpec, PrefixLength, StrategyConfig, StrategyKind,
 };
-use serde::Deserialize;
 
 /// Invalid configuration. Displayed as one line that names the file or field.
 #[derive(Debug, thiserror::Error)]
@@ -50,44 +49,16 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> SettingsErro
     }
 }
 
-/// The file's shape. Every section and field is optional; defaults are documented in
-/// `router.example.toml`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FileConfig {
-    /// Data-plane listen address.
-    pub listen: Option<String>,
-    /// Admin API.
-    pub admin: AdminFile,
-    /// Routing strategy and key.
-    pub routing: RoutingFile,
-    /// Size and connection limits.
-    pub limits: LimitsFile,
-    /// Timeouts in milliseconds.
-    pub timeouts: TimeoutsFile,
-    /// Retries.
-    pub retries: RetriesFile,
-    /// Health checking.
-    pub health: HealthFile,
-    /// Discovery of instances (DNS) and of the models they serve.
-    pub discovery: DiscoveryFile,
-    /// Scraping the engines' own metrics.
-    pub engine_metrics: EngineMetricsFile,
-    /// Static instances.
-    pub instances: Vec<InstanceFile>,
-}
+mod file;
+mod source;
+#[cfg(test)]
+mod tests;
 
-/// `[engine_metrics]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EngineMetricsFile {
-    /// Scrape each instance's Prometheus endpoint.
-    pub scrape: Option<bool>,
-    /// Path scraped.
-    pub path: Option<String>,
-    /// Time between scrapes.
-    pub interval_ms: Option<u64>,
-}
+pub use file::{
+    AdminFile, DiscoveryFile, DnsFile, EngineMetricsFile, FileConfig, HealthFile, InstanceFile,
+    LimitsFile, RetriesFile, RoutingFile, TimeoutsFile,
+};
+pub use source::{ConfigSource, Overrides};
 
 /// Scraping the engines' metrics, when on.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,221 +69,39 @@ pub struct EngineMetrics {
     pub interval: Duration,
 }
 
-/// `[discovery]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DiscoveryFile {
-    /// Ask each instance's `/v1/models` what it serves (LoRA adapters included).
-    pub models: Option<bool>,
-    /// Time between two rounds of model discovery.
-    pub models_interval_ms: Option<u64>,
-    /// DNS names whose A/AAAA records are instances.
-    pub dns: Vec<DnsFile>,
-}
-
-/// One `[[discovery.dns]]` entry.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DnsFile {
-    /// Host name to resolve (e.g. a Kubernetes headless Service).
-    pub name: String,
-    /// Port of the instances.
-    pub port: u16,
-    /// Time between two resolutions (default 10 s).
-    #[serde(default)]
-    pub interval_ms: Option<u64>,
-    /// Weight of each instance found (default 1).
-    #[serde(default)]
-    pub weight: Option<u32>,
-    /// Models each instance found serves (default: any).
-    #[serde(default)]
-    pub models: Vec<String>,
-}
-
-/// `[admin]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdminFile {
-    /// Listen address (default 127.0.0.1:8081).
-    pub listen: Option<String>,
-    /// Bearer token; the admin API is off without one.
-    pub token: Option<String>,
-}
-
-/// `[routing]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RoutingFile {
-    /// Strategy name.
-    pub strategy: Option<String>,
-    /// Key length (bytes for the native API, characters for OpenAI APIs).
-    pub prefix_length: Option<u64>,
-    /// In-flight count at which prefix-aware routing overflows.
-    pub concurrency_threshold: Option<u64>,
-    /// Where overflow goes.
-    pub overflow: Option<String>,
-    /// Optional bounded-load factor (> 1).
-    pub balance_factor: Option<f64>,
-}
-
-/// `[limits]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LimitsFile {
-    /// Largest request body in bytes.
-    pub max_body_bytes: Option<u64>,
-    /// Largest request head (HTTP/1 buffer, HTTP/2 header list) in bytes.
-    pub max_header_bytes: Option<u64>,
-    /// Most client connections open at once.
-    pub max_connections: Option<u64>,
-}
-
-/// `[timeouts]`, all in milliseconds.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TimeoutsFile {
-    /// Connecting to an instance.
-    pub connect_ms: Option<u64>,
-    /// From sending a request to the instance's response head.
-    pub first_byte_ms: Option<u64>,
-    /// Longest pause between two chunks of a response.
-    pub idle_stream_ms: Option<u64>,
-    /// Reading the client's request body.
-    pub client_body_ms: Option<u64>,
-    /// How long shutdown waits for in-flight requests.
-    pub shutdown_grace_ms: Option<u64>,
-}
-
-/// `[retries]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RetriesFile {
-    /// Further attempts after the first (0..=10).
-    pub max_retries: Option<u32>,
-}
-
-/// `[health]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HealthFile {
-    /// Whether to probe instances actively.
-    pub active: Option<bool>,
-    /// Path probed with GET.
-    pub path: Option<String>,
-    /// Time between probes.
-    pub interval_ms: Option<u64>,
-    /// Probe timeout.
-    pub timeout_ms: Option<u64>,
-    /// Consecutive failed probes that eject an instance.
-    pub unhealthy_threshold: Option<u32>,
-    /// Consecutive good probes that bring an ejected instance back.
-    pub healthy_threshold: Option<u32>,
-    /// Consecutive connect errors or 5xx answers that eject an instance.
-    pub passive_failures: Option<u32>,
-    /// First ejection time; doubles on each repeated ejection.
-    pub eject_backoff_ms: Option<u64>,
-    /// Longest ejection time.
-    pub max_eject_backoff_ms: Option<u64>,
-}
-
-/// One `[[instances]]` entry.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InstanceFile {
-    /// Base URL, `http://host:port`.
-    pub url: String,
-    /// Relative capacity (default 1).
-    #[serde(default)]
-    pub weight: Option<u32>,
-    /// Models and adapters served; empty means any.
-    #[serde(default)]
-    pub models: Vec<String>,
-}
-
-/// Values given on the command line or in `PREFIX_ROUTER_*` variables; they win over the file.
-#[derive(Debug, Clone, Default)]
-pub struct Overrides {
-    /// `--listen`.
-    pub listen: Option<String>,
-    /// `--admin-listen`.
-    pub admin_listen: Option<String>,
-    /// `--admin-token`.
-    pub admin_token: Option<String>,
-    /// `--instance` (repeated): replaces the file's instance list when not empty.
-    pub instances: Vec<String>,
-    /// `--strategy`.
-    pub strategy: Option<String>,
-    /// `--prefix-length`.
-    pub prefix_length: Option<u64>,
-    /// `--concurrency-threshold`.
-    pub concurrency_threshold: Option<u64>,
-}
-
-/// Where settings come from: read again on reload (SIGHUP, admin API).
-#[derive(Debug, Clone, Default)]
-pub struct ConfigSource {
-    /// The TOML file, if any.
-    pub path: Option<PathBuf>,
-    /// Flag and environment overrides.
-    pub overrides: Overrides,
-}
-
-impl ConfigSource {
-    /// Reads the file (if any), applies the overrides and validates.
-    pub fn load(&self) -> Result<Settings, SettingsError> {
-        let mut file = match &self.path {
-            Some(path) => parse_file(path)?,
-            None => FileConfig::default(),
-        };
-        let o = &self.overrides;
-        if o.listen.is_some() {
-            file.listen.clone_from(&o.listen);
-        }
-        if o.admin_listen.is_some() {
-            file.admin.listen.clone_from(&o.admin_listen);
-        }
-        if o.admin_token.is_some() {
-            file.admin.token.clone_from(&o.admin_token);
-        }
-        if !o.instances.is_empty() {
-            file.instances = o
-                .instances
-                .iter()
-                .map(|url| InstanceFile {
-                    url: url.clone(),
-                    ..InstanceFile::default()
-                })
-                .collect();
-        }
-        if o.strategy.is_some() {
-            file.routing.strategy.clone_from(&o.strategy);
-        }
-        if o.prefix_length.is_some() {
-            file.routing.prefix_length = o.prefix_length;
-        }
-        if o.concurrency_threshold.is_some() {
-            file.routing.concurrency_threshold = o.concurrency_threshold;
-        }
-        Settings::from_file(file)
+/// The dotted settings field a strategy configuration error is about.
+pub fn config_field(e: &ConfigError) -> String {
+    match e {
+        ConfigError::PrefixLength(_) => "routing.prefix_length".into(),
+        ConfigError::ConcurrencyThreshold(_) => "routing.concurrency_threshold".into(),
+        ConfigError::BalanceFactor(_) => "routing.balance_factor".into(),
+        ConfigError::UnknownStrategy { .. } => "routing.strategy".into(),
+        ConfigError::UnknownName { field, .. } => format!("routing.{field}"),
+        ConfigError::Param { param, .. } => format!("routing.params.{param}"),
     }
 }
 
-fn parse_file(path: &PathBuf) -> Result<FileConfig, SettingsError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|e| {
-        let line = e
-            .span()
-            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
-            .unwrap_or(1);
-        SettingsError::Parse {
-            path: path.clone(),
-            line,
-            message: e.message().replace('\n', " "),
-        }
-    })
+/// `[routing.params]` as text, as strategies read them.
+fn param_texts(
+    params: &BTreeMap<String, toml::Value>,
+) -> Result<BTreeMap<String, String>, SettingsError> {
+    params
+        .iter()
+        .map(|(name, value)| {
+            let text = match value {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(n) => n.to_string(),
+                toml::Value::Float(x) => x.to_string(),
+                other => {
+                    return Err(invalid(
+                        format!("routing.params.{name}"),
+                        format!("must be a string or a number, got a {}", other.type_str()),
+                    ))
+                }
+            };
+            Ok((name.clone(), text))
+        })
+        .collect()
 }
 
 /// Admin API settings.
@@ -519,9 +308,11 @@ impl Settings {
                 .map_err(|e| invalid("routing.overflow", e.to_string()))?;
         }
         strategy.balance_factor = r.balance_factor;
+        strategy.params = param_texts(&r.params)?;
+        // Built once here only to check it (building is cheap: no strategy allocates up front).
         strategy
             .build()
-            .map_err(|e| invalid("routing.balance_factor", e.to_string()))?;
+            .map_err(|e| invalid(config_field(&e), e.to_string()))?;
         let prefix_length = PrefixLength::new(r.prefix_length.unwrap_or(1024))
             .map_err(|e| invalid("routing.prefix_length", e.to_string()))?;
 
@@ -739,149 +530,4 @@ pub fn validate_instances(entries: &[InstanceFile]) -> Result<Vec<InstanceSpec>,
         });
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Result<Settings, SettingsError> {
-        let f: FileConfig = toml::from_str(text).map_err(|e| invalid("toml", e.to_string()))?;
-        Settings::from_file(f)
-    }
-
-    fn err(text: &str) -> String {
-        match parse(text) {
-            Ok(_) => panic!("accepted: {text}"),
-            Err(e) => e.to_string(),
-        }
-    }
-
-    #[test]
-    fn example_file_is_valid_and_shows_the_defaults() {
-        let text = include_str!("../../../router.example.toml");
-        let s = parse(text).unwrap_or_else(|e| panic!("{e}"));
-        let d = parse("").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(s.listen, d.listen);
-        assert_eq!(s.strategy, d.strategy);
-        assert_eq!(s.prefix_length, d.prefix_length);
-        assert_eq!(s.limits, d.limits);
-        assert_eq!(s.timeouts, d.timeouts);
-        assert_eq!(s.health, d.health);
-        assert_eq!(s.max_retries, d.max_retries);
-        assert_eq!(s.instances.len(), 2);
-    }
-
-    #[test]
-    fn defaults() {
-        let s = parse("").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);
-        assert!(s.admin.is_none());
-        assert_eq!(
-            s.strategy.kind,
-            StrategyKind::named("prefix-aware").expect("registered")
-        );
-        assert_eq!(s.prefix_length.get(), 1024);
-        assert_eq!(s.limits.max_body_bytes, 32 * 1024 * 1024);
-        assert_eq!(s.timeouts.first_byte, Duration::from_secs(600));
-        assert_eq!(s.max_retries, 2);
-    }
-
-    #[test]
-    fn errors_name_the_field() {
-        assert!(err("[routing]\nprefix_length = 12").contains("routing.prefix_length"));
-        assert!(
-            err("[routing]\nconcurrency_threshold = 0").contains("routing.concurrency_threshold")
-        );
-        assert!(err("[routing]\nconcurrency_threshold = 1025").contains("1..=1024"));
-        assert!(err("[routing]\nstrategy = \"fastest\"").contains("routing.strategy"));
-        assert!(err("[routing]\nbalance_factor = 0.5").contains("routing.balance_factor"));
-        assert!(err("listen = \"nowhere\"").contains("`listen`"));
-        assert!(err("[admin]\nlisten = \"127.0.0.1:1\"").contains("admin.token"));
-        assert!(err("[timeouts]\nconnect_ms = 0").contains("timeouts.connect_ms"));
-        assert!(err("[[discovery.dns]]\nname = \"\"\nport = 80").contains("discovery.dns[0].name"));
-        assert!(
-            err("[[discovery.dns]]\nname = \"svc\"\nport = 0").contains("discovery.dns[0].port")
-        );
-        assert!(err("[discovery]\nmodels = true\nmodels_interval_ms = 0")
-            .contains("discovery.models_interval_ms"));
-        let dup = "[[instances]]\nurl = \"http://127.0.0.1:1\"\n[[instances]]\nurl = \"http://127.0.0.1:1/\"";
-        let e = err(dup);
-        assert!(
-            e.contains("instances[1].url") && e.contains("duplicate"),
-            "{e}"
-        );
-        assert!(err("[[instances]]\nurl = \"https://x:1\"").contains("scheme"));
-        assert!(err("[[instances]]\nurl = \"http://x:1/v1\"").contains("without path"));
-        assert!(err("[[instances]]\nurl = \"not a url\"").contains("instances[0].url"));
-        assert!(
-            err("[[instances]]\nurl = \"http://x:1\"\nweight = 0").contains("instances[0].weight")
-        );
-        for e in [
-            err("[routing]\nprefix_length = 12"),
-            err("[[instances]]\nurl = \"x\""),
-        ] {
-            assert!(!e.contains('\n'), "one line: {e}");
-        }
-    }
-
-    #[test]
-    fn file_errors_are_one_line_with_the_line_number() {
-        let dir = std::env::temp_dir().join(format!("pr-settings-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
-        let path = dir.join("bad.toml");
-        std::fs::write(
-            &path,
-            "listen = \"127.0.0.1:1\"\n[routing]\nprefix_lenght = 2048\n",
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let src = ConfigSource {
-            path: Some(path.clone()),
-            overrides: Overrides::default(),
-        };
-        let e = src.load().map(|_| ()).map_err(|e| e.to_string());
-        let e = e.err().unwrap_or_default();
-        assert!(e.contains("line 3") && e.contains("prefix_lenght"), "{e}");
-        assert!(!e.contains('\n'));
-        let missing = ConfigSource {
-            path: Some(dir.join("absent.toml")),
-            overrides: Overrides::default(),
-        };
-        assert!(matches!(missing.load(), Err(SettingsError::Read { .. })));
-        let _ = std::fs::remove_file(path);
-    }
-
-    #[test]
-    fn overrides_win_over_the_file() {
-        let dir = std::env::temp_dir().join(format!("pr-settings-o-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
-        let path = dir.join("ok.toml");
-        std::fs::write(
-            &path,
-            "[routing]\nprefix_length = 2048\nconcurrency_threshold = 4\n[[instances]]\nurl = \"http://127.0.0.1:9\"\n",
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let mut src = ConfigSource {
-            path: Some(path.clone()),
-            overrides: Overrides::default(),
-        };
-        let s = src.load().unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(s.prefix_length.get(), 2048);
-        assert_eq!(s.instances.len(), 1);
-        src.overrides = Overrides {
-            instances: vec!["http://127.0.0.1:10".into(), "http://127.0.0.1:11".into()],
-            concurrency_threshold: Some(8),
-            strategy: Some("round-robin".into()),
-            ..Overrides::default()
-        };
-        let s = src.load().unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(s.instances.len(), 2);
-        assert_eq!(s.strategy.concurrency_threshold.get(), 8);
-        assert_eq!(
-            s.strategy.kind,
-            StrategyKind::named("round-robin").expect("registered")
-        );
-        assert_eq!(s.prefix_length.get(), 2048);
-        let _ = std::fs::remove_file(path);
-    }
 }

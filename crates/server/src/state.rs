@@ -1,6 +1,7 @@
 //! The state every request handler shares.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use prefix_router_core::strategies::LeastOutstanding;
@@ -20,8 +21,9 @@ pub struct AppState {
     pub fleet: Fleet,
     /// Strategy and key length; swapped whole on reload or by the admin API.
     pub routing: ArcSwap<Routing>,
-    /// Strategy for requests without a key (other `/v1/*` routes).
-    pub fallback: LeastOutstanding,
+    /// Strategy for requests without a key (other `/v1/*` routes): least-outstanding, built
+    /// once so its tickets share one strategy for the life of the process.
+    pub fallback: Arc<dyn Strategy>,
     /// Pooled keep-alive client to the instances.
     pub client: UpstreamClient,
     /// Metrics.
@@ -35,6 +37,10 @@ pub struct AppState {
     /// Sources of the member list; the lock serializes edits (reload, admin API, discovery)
     /// so none is lost.
     pub membership: tokio::sync::Mutex<Membership>,
+    /// Serializes instance state transitions ([`crate::membership::set_state`]).
+    pub transitions: std::sync::Mutex<()>,
+    /// The origin of [`AppState::now_s`].
+    started: Instant,
 }
 
 impl AppState {
@@ -51,18 +57,21 @@ impl AppState {
         Ok(Arc::new(Self {
             fleet: Fleet::new(settings.instances.clone()),
             routing: ArcSwap::from_pointee(routing),
-            fallback: LeastOutstanding,
+            fallback: Arc::new(LeastOutstanding),
             client: upstream::client(&settings.timeouts),
             metrics: Metrics::new(),
             stats: StatsTable::default(),
             settings,
             source,
             membership: tokio::sync::Mutex::new(membership),
+            transitions: std::sync::Mutex::new(()),
+            started: Instant::now(),
         }))
     }
 
-    /// The fallback strategy as a trait object.
-    pub fn fallback(&self) -> &dyn Strategy {
-        &self.fallback
+    /// Seconds since the router started, on a monotonic clock: the `now` every strategy call
+    /// (route, ticket feedback, membership) is given, so all of them share one time line.
+    pub fn now_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
     }
 }

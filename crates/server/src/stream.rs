@@ -1,5 +1,6 @@
 //! The response body sent to the client: the instance's body passed through frame by frame (no
-//! buffering), holding the in-flight guard and enforcing the idle-stream timeout.
+//! buffering), holding the in-flight guard, enforcing the idle-stream timeout, and reading the
+//! engine's usage report as it goes by ([`crate::usage`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,6 +14,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::body::BoxError;
 use crate::guard::InFlightGuard;
+use crate::usage::UsageScanner;
 
 /// The instance sent nothing for longer than the idle-stream timeout.
 #[derive(Debug, thiserror::Error)]
@@ -31,20 +33,30 @@ pub struct RelayBody {
     /// The idle timer, armed only once the instance makes the relay wait, and moved only when
     /// it fires early: frames that arrive back to back never touch the timer wheel.
     timer: Option<Pin<Box<Sleep>>>,
+    /// Looks for `usage` in a successful answer (`None` for an error answer: nothing to learn).
+    usage: Option<UsageScanner>,
     done: bool,
 }
 
 impl RelayBody {
-    /// Relays `inner`, holding `guard` until the end.
-    pub fn new(inner: Incoming, guard: InFlightGuard, idle: Duration) -> Self {
+    /// Relays `inner`, holding `guard` until the end; `scan_usage` looks for the engine's
+    /// usage report on the way.
+    pub fn new(inner: Incoming, guard: InFlightGuard, idle: Duration, scan_usage: bool) -> Self {
         Self {
             inner,
             guard,
             idle,
             last: Instant::now(),
             timer: None,
+            usage: scan_usage.then(UsageScanner::new),
             done: false,
         }
+    }
+
+    /// The answer went out completely.
+    fn complete(&mut self) {
+        let usage = self.usage.as_mut().and_then(UsageScanner::finish);
+        self.guard.complete(usage);
     }
 
     fn error(&mut self, kind: &'static str) {
@@ -70,8 +82,11 @@ impl Body for RelayBody {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if frame.is_data() {
+                if let Some(data) = frame.data_ref() {
                     this.guard.first_byte();
+                    if let Some(scanner) = this.usage.as_mut() {
+                        scanner.feed(data);
+                    }
                 }
                 if this.timer.is_some() {
                     this.last = Instant::now();
@@ -84,7 +99,7 @@ impl Body for RelayBody {
             }
             Poll::Ready(None) => {
                 this.done = true;
-                this.guard.complete();
+                this.complete();
                 Poll::Ready(None)
             }
             Poll::Pending => {
@@ -125,7 +140,7 @@ impl Drop for RelayBody {
     fn drop(&mut self) {
         // An empty body may never be polled: it still completed.
         if !self.done && self.inner.is_end_stream() {
-            self.guard.complete();
+            self.complete();
         }
     }
 }

@@ -37,7 +37,10 @@ pub enum Mode {
 /// A stand-in engine. Request headers steer it:
 /// - `x-test-hold: 1`: wait until the test releases it ([`Upstream::release`]);
 /// - `x-test-stream: 1`: stream SSE chunks: one at once, the rest after [`Upstream::open_gate`],
-///   then every 10 ms until `x-test-chunks` chunks went out (or the reader is gone).
+///   then every 10 ms until `x-test-chunks` chunks went out (or the reader is gone);
+/// - `x-test-usage: P,C`: report usage (`prompt_tokens` P, `cached_tokens` C, which may be
+///   `null`): the whole answer when not streaming, an SSE chunk and `[DONE]` after the others
+///   when streaming.
 pub struct Upstream {
     /// Its address.
     pub addr: SocketAddr,
@@ -98,6 +101,14 @@ fn boxed<B: Body<Data = Bytes, Error = Infallible> + Send + Sync + 'static>(b: B
     b.boxed()
 }
 
+/// An OpenAI-style usage object for `x-test-usage: P,C`.
+pub fn usage_json(spec: &str) -> String {
+    let (p, c) = spec.split_once(',').unwrap_or((spec, "null"));
+    format!(
+        r#"{{"prompt_tokens":{p},"completion_tokens":1,"total_tokens":{p},"prompt_tokens_details":{{"cached_tokens":{c}}}}}"#
+    )
+}
+
 /// The bytes of SSE chunk `i`.
 pub fn sse_chunk(i: usize) -> Bytes {
     Bytes::from(format!("data: {{\"chunk\":{i}}}\n\n"))
@@ -135,6 +146,10 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
     }
     shared.hits.fetch_add(1, Ordering::SeqCst);
     let headers = req.headers().clone();
+    let usage = headers
+        .get("x-test-usage")
+        .and_then(|v| v.to_str().ok())
+        .map(usage_json);
     let hold = headers.contains_key("x-test-hold");
     let stream = headers.contains_key("x-test-stream");
     let body = req
@@ -195,6 +210,13 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
                     return;
                 }
             }
+            if let Some(u) = usage {
+                let last = format!("data: {{\"choices\":[],\"usage\":{u}}}\n\ndata: [DONE]\n\n");
+                if tx.send(Bytes::from(last)).await.is_err() {
+                    s.cancelled.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+            }
             s.finished_streams.fetch_add(1, Ordering::SeqCst);
         });
         let mut r = Response::new(boxed(ChannelBody(rx)));
@@ -203,6 +225,9 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
             http::HeaderValue::from_static("text/event-stream"),
         );
         r
+    } else if let Some(u) = usage {
+        let answer = format!(r#"{{"id":"cmpl-1","choices":[],"usage":{u}}}"#);
+        Response::new(boxed(Full::new(Bytes::from(answer))))
     } else {
         Response::new(boxed(Full::new(body)))
     };

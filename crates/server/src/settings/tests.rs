@@ -1,0 +1,208 @@
+use super::*;
+
+fn parse(text: &str) -> Result<Settings, SettingsError> {
+    let f: FileConfig = toml::from_str(text).map_err(|e| invalid("toml", e.to_string()))?;
+    Settings::from_file(f)
+}
+
+fn err(text: &str) -> String {
+    match parse(text) {
+        Ok(_) => panic!("accepted: {text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn example_file_is_valid_and_shows_the_defaults() {
+    let text = include_str!("../../../../router.example.toml");
+    let s = parse(text).unwrap_or_else(|e| panic!("{e}"));
+    let d = parse("").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.listen, d.listen);
+    assert_eq!(s.strategy, d.strategy);
+    assert_eq!(s.prefix_length, d.prefix_length);
+    assert_eq!(s.limits, d.limits);
+    assert_eq!(s.timeouts, d.timeouts);
+    assert_eq!(s.health, d.health);
+    assert_eq!(s.max_retries, d.max_retries);
+    assert_eq!(s.instances.len(), 2);
+}
+
+#[test]
+fn defaults() {
+    let s = parse("").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);
+    assert!(s.admin.is_none());
+    assert_eq!(
+        s.strategy.kind,
+        StrategyKind::named("prefix-aware").expect("registered")
+    );
+    assert_eq!(s.prefix_length.get(), 1024);
+    assert_eq!(s.limits.max_body_bytes, 32 * 1024 * 1024);
+    assert_eq!(s.timeouts.first_byte, Duration::from_secs(600));
+    assert_eq!(s.max_retries, 2);
+}
+
+#[test]
+fn errors_name_the_field() {
+    assert!(err("[routing]\nprefix_length = 12").contains("routing.prefix_length"));
+    assert!(err("[routing]\nconcurrency_threshold = 0").contains("routing.concurrency_threshold"));
+    assert!(err("[routing]\nconcurrency_threshold = 1025").contains("1..=1024"));
+    assert!(err("[routing]\nstrategy = \"fastest\"").contains("routing.strategy"));
+    assert!(err("[routing]\nbalance_factor = 0.5").contains("routing.balance_factor"));
+    assert!(err("listen = \"nowhere\"").contains("`listen`"));
+    assert!(err("[admin]\nlisten = \"127.0.0.1:1\"").contains("admin.token"));
+    assert!(err("[timeouts]\nconnect_ms = 0").contains("timeouts.connect_ms"));
+    assert!(err("[[discovery.dns]]\nname = \"\"\nport = 80").contains("discovery.dns[0].name"));
+    assert!(err("[[discovery.dns]]\nname = \"svc\"\nport = 0").contains("discovery.dns[0].port"));
+    assert!(err("[discovery]\nmodels = true\nmodels_interval_ms = 0")
+        .contains("discovery.models_interval_ms"));
+    let dup =
+        "[[instances]]\nurl = \"http://127.0.0.1:1\"\n[[instances]]\nurl = \"http://127.0.0.1:1/\"";
+    let e = err(dup);
+    assert!(
+        e.contains("instances[1].url") && e.contains("duplicate"),
+        "{e}"
+    );
+    assert!(err("[[instances]]\nurl = \"https://x:1\"").contains("scheme"));
+    assert!(err("[[instances]]\nurl = \"http://x:1/v1\"").contains("without path"));
+    assert!(err("[[instances]]\nurl = \"not a url\"").contains("instances[0].url"));
+    assert!(err("[[instances]]\nurl = \"http://x:1\"\nweight = 0").contains("instances[0].weight"));
+    for e in [
+        err("[routing]\nprefix_length = 12"),
+        err("[[instances]]\nurl = \"x\""),
+    ] {
+        assert!(!e.contains('\n'), "one line: {e}");
+    }
+}
+
+#[test]
+fn file_errors_are_one_line_with_the_line_number() {
+    let dir = std::env::temp_dir().join(format!("pr-settings-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("bad.toml");
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:1\"\n[routing]\nprefix_lenght = 2048\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let src = ConfigSource {
+        path: Some(path.clone()),
+        overrides: Overrides::default(),
+    };
+    let e = src.load().map(|_| ()).map_err(|e| e.to_string());
+    let e = e.err().unwrap_or_default();
+    assert!(e.contains("line 3") && e.contains("prefix_lenght"), "{e}");
+    assert!(!e.contains('\n'));
+    let missing = ConfigSource {
+        path: Some(dir.join("absent.toml")),
+        overrides: Overrides::default(),
+    };
+    assert!(matches!(missing.load(), Err(SettingsError::Read { .. })));
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn overrides_win_over_the_file() {
+    let dir = std::env::temp_dir().join(format!("pr-settings-o-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("ok.toml");
+    std::fs::write(
+        &path,
+        "[routing]\nprefix_length = 2048\nconcurrency_threshold = 4\n[[instances]]\nurl = \"http://127.0.0.1:9\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut src = ConfigSource {
+        path: Some(path.clone()),
+        overrides: Overrides::default(),
+    };
+    let s = src.load().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.prefix_length.get(), 2048);
+    assert_eq!(s.instances.len(), 1);
+    src.overrides = Overrides {
+        instances: vec!["http://127.0.0.1:10".into(), "http://127.0.0.1:11".into()],
+        concurrency_threshold: Some(8),
+        strategy: Some("round-robin".into()),
+        ..Overrides::default()
+    };
+    let s = src.load().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.instances.len(), 2);
+    assert_eq!(s.strategy.concurrency_threshold.get(), 8);
+    assert_eq!(
+        s.strategy.kind,
+        StrategyKind::named("round-robin").expect("registered")
+    );
+    assert_eq!(s.prefix_length.get(), 2048);
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn strategy_parameters_from_the_file_and_the_flags() {
+    let s = parse("[routing]\nstrategy = \"cache-aware\"\n[routing.params]\nindex-blocks = 4096\ntie-tolerance = 0.25\nblock-chars = \"64\"\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let p = &s.strategy.params;
+    assert_eq!(p.get("index-blocks").map(String::as_str), Some("4096"));
+    assert_eq!(p.get("tie-tolerance").map(String::as_str), Some("0.25"));
+    assert_eq!(p.get("block-chars").map(String::as_str), Some("64"));
+
+    let dir = std::env::temp_dir().join(format!("pr-settings-p-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("params.toml");
+    std::fs::write(
+        &path,
+        "[routing]\nstrategy = \"cache-aware\"\n[routing.params]\nindex-blocks = 4096\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut src = ConfigSource {
+        path: Some(path.clone()),
+        overrides: Overrides {
+            strategy_params: vec!["index-blocks = 8192".into(), "cache-chars=100000".into()],
+            ..Overrides::default()
+        },
+    };
+    let s = src.load().unwrap_or_else(|e| panic!("{e}"));
+    let p = &s.strategy.params;
+    assert_eq!(p.get("index-blocks").map(String::as_str), Some("8192"));
+    assert_eq!(p.get("cache-chars").map(String::as_str), Some("100000"));
+    src.overrides.strategy_params = vec!["index-blocks".into()];
+    let e = src.load().map(|_| ()).map_err(|e| e.to_string());
+    assert!(
+        matches!(&e, Err(m) if m.contains("--strategy-param") && m.contains("NAME=VALUE")),
+        "{e:?}"
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn strategy_parameter_errors_name_the_parameter() {
+    for (text, field) in [
+        (
+            "[routing]\nstrategy = \"cache-aware\"\n[routing.params]\nindex-blocks = \"lots\"",
+            "routing.params.index-blocks",
+        ),
+        (
+            "[routing]\nstrategy = \"cache-aware\"\n[routing.params]\nnope = 1",
+            "routing.params.nope",
+        ),
+        (
+            "[routing]\nstrategy = \"prefix-aware\"\n[routing.params]\nindex-blocks = 1",
+            "routing.params.index-blocks",
+        ),
+        (
+            "[routing]\nstrategy = \"cache-aware\"\n[routing.params]\nindex-blocks = true",
+            "routing.params.index-blocks",
+        ),
+        (
+            "[routing]\nstrategy = \"cache-aware\"\n[routing.params]\nblock-chars = [1]",
+            "routing.params.block-chars",
+        ),
+    ] {
+        let e = err(text);
+        assert!(e.contains(&format!("`{field}`")), "{field}: {e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+    }
+    let e = err("[routing]\nstrategy = \"nope\"");
+    assert!(
+        e.contains("routing.strategy") && e.contains("cache-aware"),
+        "{e}"
+    );
+}

@@ -1,0 +1,268 @@
+//! Finding the engine's prompt usage in a response body as it streams by.
+//!
+//! Engines report `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens` in a
+//! non-streaming JSON answer, and in a streamed answer in the chunk that carries usage (usually
+//! the last before `data: [DONE]`, with `stream_options.include_usage`). Cache-aware routing
+//! compares `cached_tokens` with what it predicted, so the relay hands both to the request's
+//! ticket. The body is neither buffered nor parsed nor delayed: each chunk is searched for the
+//! byte patterns `"prompt_tokens":` and `"cached_tokens":` followed by a number (or `null`), and
+//! the last [`TAIL`] bytes are kept so that a pattern cut between two chunks is still found.
+//!
+//! In valid JSON those byte sequences only occur as object keys: inside a string their quotes
+//! would be escaped. The last value seen wins (a stream with continuous usage repeats it).
+
+use prefix_router_core::Usage;
+
+/// Bytes of the stream kept from one chunk to the next. A match (pattern, whitespace, up to ten
+/// digits and the byte after them) is about 30 bytes; more whitespace than fits is not JSON any
+/// engine writes.
+pub const TAIL: usize = 64;
+
+const PROMPT: &[u8] = b"\"prompt_tokens\":";
+const CACHED: &[u8] = b"\"cached_tokens\":";
+
+/// The usage found so far in one response body.
+#[derive(Debug, Clone)]
+pub struct UsageScanner {
+    tail: [u8; TAIL],
+    tail_len: usize,
+    prompt_tokens: Option<u32>,
+    cached_tokens: Option<u32>,
+}
+
+/// What follows a pattern.
+enum Value {
+    /// A number, or `null` (`None`).
+    Done(Option<u32>),
+    /// The data ends before the value does: look again with more of the stream.
+    Cut,
+    /// Anything else (a string, an object, a number too large): ignored.
+    Other,
+}
+
+impl Default for UsageScanner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl UsageScanner {
+    /// A scanner that has seen nothing.
+    pub fn new() -> Self {
+        Self {
+            tail: [0; TAIL],
+            tail_len: 0,
+            prompt_tokens: None,
+            cached_tokens: None,
+        }
+    }
+
+    /// Looks at the next chunk of the body.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if chunk.is_empty() {
+            return;
+        }
+        // The seam: matches that start in the tail and end in this chunk. Those that start in
+        // the chunk are found in the chunk itself; a match that only starts in the tail and was
+        // complete there is found again with the same value, which changes nothing.
+        let head = &chunk[..chunk.len().min(TAIL)];
+        let mut seam = [0u8; 2 * TAIL];
+        seam[..self.tail_len].copy_from_slice(&self.tail[..self.tail_len]);
+        seam[self.tail_len..self.tail_len + head.len()].copy_from_slice(head);
+        let starts = self.tail_len;
+        self.scan(&seam[..starts + head.len()], starts, false);
+        self.scan(chunk, chunk.len(), false);
+        self.keep_tail(chunk);
+    }
+
+    /// The end of the body: a value that ran up to the very end counts. Returns the usage, if
+    /// `prompt_tokens` was seen.
+    pub fn finish(&mut self) -> Option<Usage> {
+        let tail = self.tail;
+        let len = self.tail_len;
+        self.scan(&tail[..len], len, true);
+        self.usage()
+    }
+
+    /// The usage seen so far, if `prompt_tokens` was.
+    pub fn usage(&self) -> Option<Usage> {
+        self.prompt_tokens.map(|prompt_tokens| Usage {
+            prompt_tokens,
+            cached_tokens: self.cached_tokens,
+        })
+    }
+
+    /// Records every complete match in `data` that starts before `starts_before`, in order.
+    fn scan(&mut self, data: &[u8], starts_before: usize, at_end: bool) {
+        let mut i = 0;
+        while i < starts_before {
+            let Some(offset) = data[i..starts_before].iter().position(|&b| b == b'"') else {
+                return;
+            };
+            let start = i + offset;
+            let rest = &data[start..];
+            if let Some(after) = rest.strip_prefix(PROMPT) {
+                // `prompt_tokens: null` says nothing: keep what was seen.
+                if let Value::Done(Some(n)) = value(after, at_end) {
+                    self.prompt_tokens = Some(n);
+                }
+            } else if let Some(after) = rest.strip_prefix(CACHED) {
+                if let Value::Done(v) = value(after, at_end) {
+                    self.cached_tokens = v;
+                }
+            }
+            i = start + 1;
+        }
+    }
+
+    /// Keeps the last [`TAIL`] bytes of the stream (tail then chunk).
+    fn keep_tail(&mut self, chunk: &[u8]) {
+        if chunk.len() >= TAIL {
+            self.tail.copy_from_slice(&chunk[chunk.len() - TAIL..]);
+            self.tail_len = TAIL;
+            return;
+        }
+        let keep = (TAIL - chunk.len()).min(self.tail_len);
+        self.tail
+            .copy_within(self.tail_len - keep..self.tail_len, 0);
+        self.tail[keep..keep + chunk.len()].copy_from_slice(chunk);
+        self.tail_len = keep + chunk.len();
+    }
+}
+
+/// The value at the start of `data` (after a pattern's colon).
+fn value(data: &[u8], at_end: bool) -> Value {
+    let skip = data
+        .iter()
+        .take_while(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
+        .count();
+    let data = &data[skip..];
+    let digits = data.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits > 0 {
+        if digits == data.len() && !at_end {
+            return Value::Cut;
+        }
+        return std::str::from_utf8(&data[..digits])
+            .ok()
+            .and_then(|s| s.parse::<u32>().ok())
+            .map_or(Value::Other, |n| Value::Done(Some(n)));
+    }
+    if data.starts_with(b"null") {
+        return Value::Done(None);
+    }
+    if !at_end && b"null".starts_with(data) {
+        // Empty (only whitespace so far) or a cut `null`.
+        return Value::Cut;
+    }
+    Value::Other
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(prompt: u32, cached: Option<u32>) -> Option<Usage> {
+        Some(Usage {
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+        })
+    }
+
+    fn whole(body: &[u8]) -> Option<Usage> {
+        let mut s = UsageScanner::new();
+        s.feed(body);
+        s.finish()
+    }
+
+    /// Every way of cutting `body` in two, and byte by byte, gives what the whole body gives.
+    fn every_split(body: &str, expected: Option<Usage>) {
+        let body = body.as_bytes();
+        assert_eq!(whole(body), expected, "whole");
+        for cut in 0..=body.len() {
+            let mut s = UsageScanner::new();
+            s.feed(&body[..cut]);
+            s.feed(&body[cut..]);
+            assert_eq!(s.finish(), expected, "cut at {cut}");
+        }
+        for a in 0..body.len() {
+            let b = (a + 7).min(body.len());
+            let mut s = UsageScanner::new();
+            s.feed(&body[..a]);
+            s.feed(&body[a..b]);
+            s.feed(&body[b..]);
+            assert_eq!(s.finish(), expected, "cuts at {a} and {b}");
+        }
+        let mut s = UsageScanner::new();
+        for byte in body {
+            s.feed(std::slice::from_ref(byte));
+        }
+        assert_eq!(s.finish(), expected, "byte by byte");
+    }
+
+    #[test]
+    fn non_streaming_body_with_nested_details() {
+        every_split(
+            r#"{"id":"c1","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1234,"total_tokens":1240,"completion_tokens":6,"prompt_tokens_details":{"cached_tokens":1024}}}"#,
+            usage(1234, Some(1024)),
+        );
+    }
+
+    #[test]
+    fn details_before_the_count_and_whitespace() {
+        every_split(
+            "{\"usage\": {\"prompt_tokens_details\": {\"cached_tokens\": 16},\n \"prompt_tokens\":\t 77 }}",
+            usage(77, Some(16)),
+        );
+    }
+
+    #[test]
+    fn sse_usage_chunk_before_done() {
+        let mut body = String::new();
+        for i in 0..5 {
+            body.push_str(&format!(
+                "data: {{\"choices\":[{{\"delta\":{{\"content\":\"t{i}\"}}}}],\"usage\":null}}\n\n"
+            ));
+        }
+        body.push_str("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":300,\"completion_tokens\":5,\"total_tokens\":305,\"prompt_tokens_details\":{\"cached_tokens\":256}}}\n\n");
+        body.push_str("data: [DONE]\n\n");
+        every_split(&body, usage(300, Some(256)));
+    }
+
+    #[test]
+    fn absent_null_and_odd_values() {
+        every_split(r#"{"choices":[],"usage":null}"#, None);
+        every_split(r#"{"object":"list"}"#, None);
+        every_split(
+            r#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":null}}}"#,
+            usage(9, None),
+        );
+        every_split(r#"{"usage":{"prompt_tokens":9}}"#, usage(9, None));
+        every_split(
+            r#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":null}}"#,
+            usage(9, None),
+        );
+        // Too large for u32, a string, null: not a count.
+        every_split(r#"{"usage":{"prompt_tokens":99999999999}}"#, None);
+        every_split(r#"{"usage":{"prompt_tokens":"12"}}"#, None);
+        every_split(r#"{"usage":{"prompt_tokens":null}}"#, None);
+        // Inside a string the quotes are escaped: not a key.
+        every_split(
+            r#"{"content":"say \"prompt_tokens\":5 and \"cached_tokens\":3"}"#,
+            None,
+        );
+    }
+
+    #[test]
+    fn the_last_value_wins_and_a_body_may_end_in_digits() {
+        every_split(
+            r#"{"prompt_tokens":1,"cached_tokens":1} {"prompt_tokens":20,"cached_tokens":null} {"prompt_tokens":300,"cached_tokens":3"#,
+            usage(300, Some(3)),
+        );
+        // A prompt longer than the tail between two usage reports.
+        let filler = "x".repeat(3 * TAIL);
+        every_split(
+            &format!(r#"{{"prompt_tokens":5}}{filler}{{"prompt_tokens":6,"cached_tokens":4}}"#),
+            usage(6, Some(4)),
+        );
+    }
+}

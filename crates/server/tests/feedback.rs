@@ -1,0 +1,150 @@
+//! What the strategy hears about each request it routed, over real sockets: the first token and
+//! the engine's usage for an answer, a failure for an error status or a retried instance, a
+//! cancellation for a client that went away.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use http::{Method, StatusCode};
+use http_body_util::BodyExt;
+use prefix_router_core::{
+    Decision, Feedback, FleetSnapshot, Reason, RouteError, RouteRequest, RouteRng, Strategy,
+    TicketInfo,
+};
+use prefix_router_server::routing::Routing;
+use prefix_router_server::RunningRouter;
+use support::*;
+
+/// Sends everything to the first eligible instance and records the feedback.
+#[derive(Debug, Default)]
+struct Recorder(Mutex<Vec<String>>);
+
+impl Strategy for Recorder {
+    fn name(&self) -> &'static str {
+        "recorder"
+    }
+    fn select(
+        &self,
+        req: &RouteRequest<'_>,
+        fleet: &FleetSnapshot,
+        _rng: &mut RouteRng,
+    ) -> Result<Decision, RouteError> {
+        fleet
+            .eligible(req.model)
+            .next()
+            .map(|(i, _)| Decision::new(i, Reason::Random))
+            .ok_or(RouteError::NoHealthyInstance)
+    }
+    fn feedback(&self, t: &TicketInfo, event: &Feedback, now: f64) {
+        assert!(now >= t.sent_at, "{now} before {}", t.sent_at);
+        if let Ok(mut told) = self.0.lock() {
+            told.push(format!("{event:?}"));
+        }
+    }
+}
+
+impl Recorder {
+    fn take(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default()
+    }
+}
+
+fn install(r: &RunningRouter) -> Arc<Recorder> {
+    let recorder = Arc::new(Recorder::default());
+    let current = r.state().routing.load_full();
+    r.state().routing.store(Arc::new(Routing {
+        config: current.config.clone(),
+        prefix_length: current.prefix_length,
+        strategy: recorder.clone(),
+    }));
+    recorder
+}
+
+/// Waits until `n` events were told, then returns them.
+async fn told(recorder: &Recorder, n: usize) -> Vec<String> {
+    let mut all = Vec::new();
+    let done = tokio::time::timeout(WAIT, async {
+        while all.len() < n {
+            all.extend(recorder.take());
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "only {all:?}");
+    all
+}
+
+#[tokio::test]
+async fn answers_failures_and_cancellations_are_reported() {
+    let up = Upstream::start("a", Mode::Echo, &[]).await;
+    let r = router(settings(&[up.url()])).await;
+    let addr = r.local_addr();
+    let recorder = install(&r);
+
+    let a = post(
+        addr,
+        "/v1/completions",
+        &[("x-test-usage", "12,8")],
+        r#"{"prompt":"p"}"#,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        told(&recorder, 2).await,
+        [
+            "FirstToken",
+            "Finished { usage: Some(Usage { prompt_tokens: 12, cached_tokens: Some(8) }) }"
+        ]
+    );
+    let a = post(addr, "/v1/completions", &[], r#"{"prompt":"no usage"}"#).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        told(&recorder, 2).await,
+        ["FirstToken", "Finished { usage: None }"]
+    );
+
+    // An error status is a failure, and its body is no first token.
+    up.set_mode(Mode::Status(400));
+    let a = post(addr, "/v1/completions", &[], r#"{"prompt":"bad"}"#).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert_eq!(told(&recorder, 1).await, ["Failed"]);
+    up.set_mode(Mode::Echo);
+
+    // A client gone mid-stream: cancelled, after its first token.
+    {
+        let mut sender = connect(addr).await;
+        let req = request(
+            Method::POST,
+            "/v1/completions",
+            &[("x-test-stream", "1"), ("x-test-chunks", "1000")],
+            r#"{"prompt":"long","stream":true}"#,
+        );
+        let resp = sender.send_request(req).await.expect("head");
+        let mut body = resp.into_body();
+        let first = body.frame().await.expect("frame").expect("ok");
+        assert!(first.is_data());
+        up.open_gate(1);
+    }
+    assert_eq!(told(&recorder, 2).await, ["FirstToken", "Cancelled"]);
+    eventually("in-flight released", || in_flight(&r, &up.url()) == 0).await;
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_retried_instance_is_told_it_failed() {
+    let busy = Upstream::start("busy", Mode::Status(503), &[]).await;
+    let ok = Upstream::start("ok", Mode::Echo, &[]).await;
+    let r = router(settings(&[busy.url(), ok.url()])).await;
+    let recorder = install(&r);
+    let a = post(r.local_addr(), "/v1/completions", &[], r#"{"prompt":"p"}"#).await;
+    assert_eq!((a.status, a.upstream()), (StatusCode::OK, "ok".into()));
+    assert_eq!(
+        told(&recorder, 3).await,
+        ["Failed", "FirstToken", "Finished { usage: None }"]
+    );
+    r.shutdown().await;
+}
