@@ -9,8 +9,8 @@
 //! sent to an instance advances that instance's counter by one, so `counter - stamp` is how many
 //! blocks the engine has had to cache since this one was last used. Once that exceeds the
 //! instance's estimated capacity ([`Slots`]), the engine has most likely evicted it. Forgetting
-//! an instance (ejected, removed) advances its counter by half the stamp space, which makes
-//! every stamp it left look evicted without walking the index.
+//! an instance (ejected, removed) records its counter: every stamp up to it looks evicted,
+//! however often it is forgotten, without walking the index.
 //!
 //! Bytes per tracked block: one [`Entry`] (48 B) plus one table slot (a `u64` key and a `u32`
 //! value, 16 B with padding, plus a control byte, at a load factor of 7/8): about 66 B, so the
@@ -66,6 +66,8 @@ pub struct Slots {
     pub counter: Vec<u32>,
     /// Blocks the instance's cache is estimated to hold (`u32::MAX`: not known yet).
     pub capacity: Vec<u32>,
+    /// The counter when the instance was last forgotten: stamps from before it are gone.
+    pub forgotten_at: Vec<u32>,
 }
 
 impl Slots {
@@ -74,6 +76,7 @@ impl Slots {
         while self.counter.len() <= slot {
             self.counter.push(0);
             self.capacity.push(capacity);
+            self.forgotten_at.push(0);
         }
     }
     /// How many blocks the instance cached since `stamp`.
@@ -84,12 +87,16 @@ impl Slots {
     }
     fn resident(&self, slot: usize, stamp: u32) -> bool {
         let cap = self.capacity.get(slot).copied().unwrap_or(0);
-        self.distance(slot, stamp) < cap.min(1 << 30)
+        let since_forgotten =
+            self.distance(slot, self.forgotten_at.get(slot).copied().unwrap_or(0));
+        let d = self.distance(slot, stamp);
+        d < cap && d < since_forgotten
     }
     /// Makes every block the instance was sent look evicted (it lost or may have lost its cache).
     pub fn forget(&mut self, slot: usize) {
-        if let Some(c) = self.counter.get_mut(slot) {
-            *c = c.wrapping_add(1 << 31);
+        if let (Some(c), Some(f)) = (self.counter.get_mut(slot), self.forgotten_at.get_mut(slot)) {
+            // Every block sent from now on gets a newer stamp than this.
+            *f = *c;
         }
     }
 }
@@ -354,15 +361,29 @@ mod tests {
         ix.touch(&[1, 2], 0, &mut s);
         ix.touch(&[1, 2], 1, &mut s);
         s.capacity[0] = 3;
-        ix.touch(&[10, 11], 0, &mut s); // distances of blocks 1 and 2 are now 3 and 2
-                                        // An LRU cache of 3 blocks holds 2, 10, 11: block 1 is gone, so nothing matches.
+        // Distances of blocks 1 and 2 are now 3 and 2: an LRU cache of 3 blocks holds 2, 10
+        // and 11, so block 1 is gone and nothing matches on instance 0.
+        ix.touch(&[10, 11], 0, &mut s);
         assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![0, 2]);
         s.capacity[0] = 4;
         assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![2, 2]);
         s.forget(1);
         assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![2, 0]);
+        s.forget(1);
+        assert_eq!(
+            matches(&ix, &[1, 2], &s, 2),
+            vec![2, 0],
+            "a second forget keeps it gone"
+        );
+        ix.touch(&[1, 2], 1, &mut s);
+        s.forget(0);
+        s.forget(0);
+        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![0, 2]);
+        ix.touch(&[1, 2], 0, &mut s);
+        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![2, 2]);
+        s.capacity[0] = u32::MAX;
         ix.remove_holder(&[1], 0);
-        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![0, 0]);
+        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![0, 2]);
     }
 
     #[test]
