@@ -25,10 +25,12 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Simulate a fleet of engines behind the router, once per strategy, and compare them.
+    #[command(after_help = strategies_help())]
     Simulate(Box<SimulateArgs>),
     /// List the engine presets and built-in workloads.
     Presets,
     /// Run the router in front of a fleet of inference servers.
+    #[command(after_help = strategies_help())]
     Serve(Box<crate::serve_cmd::ServeArgs>),
     /// Run a fake OpenAI-compatible engine (engine-model timing and prefix cache, in real time).
     MockEngine(Box<crate::mock_engine_cmd::MockEngineArgs>),
@@ -37,6 +39,7 @@ pub enum Command {
     /// Start mock engines and a router in process, replay a workload through each strategy in
     /// turn over real HTTP, and compare them (in engine time) with `simulate` and the
     /// published experiment.
+    #[command(after_help = strategies_help())]
     Demo(Box<crate::demo_cmd::DemoArgs>),
 }
 
@@ -83,10 +86,15 @@ pub struct SimulateArgs {
         long,
         value_name = "a,b,...",
         value_delimiter = ',',
-        default_value = "random,round-robin,least-outstanding,prefix-aware",
+        default_value = "random,round-robin,least-outstanding,prefix-aware,cache-aware",
         value_parser = parse_strategy
     )]
     pub strategies: Vec<StrategyKind>,
+
+    /// A strategy's own parameter, e.g. `--strategy-param decode-chars=512` (repeatable; goes
+    /// to every listed strategy that has it; `prefix-router simulate --help` lists them below).
+    #[arg(long = "strategy-param", value_name = "NAME=VALUE")]
+    pub strategy_params: Vec<String>,
 
     /// Seed of the workload generator and of the router's random choices.
     #[arg(long, value_name = "S", default_value_t = 1)]
@@ -158,7 +166,63 @@ pub struct SimulateArgs {
     pub plot: Option<PathBuf>,
 }
 
-fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
+/// Applies `--strategy-param NAME=VALUE` assignments to the strategies that have `NAME`; an
+/// assignment no listed strategy takes is an error naming it and the parameters there are.
+pub fn apply_strategy_params(
+    strategies: &mut [prefix_router_core::StrategyConfig],
+    assignments: &[String],
+) -> anyhow::Result<()> {
+    for a in assignments {
+        let (name, value) = a
+            .split_once('=')
+            .map(|(k, v)| (k.trim(), v.trim()))
+            .filter(|(k, _)| !k.is_empty())
+            .ok_or_else(|| anyhow::anyhow!("--strategy-param {a}: expected NAME=VALUE"))?;
+        let mut taken = false;
+        for s in strategies.iter_mut() {
+            if s.kind.entry().params.iter().any(|p| p.name == name) {
+                s.params.insert(name.to_string(), value.to_string());
+                taken = true;
+            }
+        }
+        if !taken {
+            let known: Vec<String> = strategies
+                .iter()
+                .flat_map(|s| {
+                    s.kind
+                        .entry()
+                        .params
+                        .iter()
+                        .map(move |p| format!("{}.{}", s.kind.name(), p.name))
+                })
+                .collect();
+            anyhow::bail!(
+                "--strategy-param {a}: no listed strategy has parameter '{name}' (they have: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `--help` text listing every strategy and its parameters, from the registry.
+pub fn strategies_help() -> String {
+    let mut out = String::from("Strategies:\n");
+    for e in prefix_router_core::REGISTRY {
+        out.push_str(&format!("  {:<18} {}\n", e.name, e.about));
+        for p in e.params {
+            out.push_str(&format!("      {}={:<10} {}\n", p.name, p.default, p.help));
+        }
+    }
+    out
+}
+
+/// A strategy name from the registry (the error lists them).
+pub fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
     s.trim().parse::<StrategyKind>().map_err(|e| e.to_string())
 }
 

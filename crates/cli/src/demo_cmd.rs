@@ -61,9 +61,13 @@ pub struct DemoArgs {
         value_name = "a,b,...",
         value_delimiter = ',',
         default_value = "random,prefix-aware",
-        value_parser = parse_strategy
+        value_parser = crate::args::parse_strategy
     )]
     pub strategies: Vec<StrategyKind>,
+
+    /// A strategy's own parameter, `NAME=VALUE` (repeatable; see the list below).
+    #[arg(long = "strategy-param", value_name = "NAME=VALUE")]
+    pub strategy_params: Vec<String>,
 
     /// Built-in workload (see `prefix-router presets`).
     #[arg(long, value_name = "NAME", default_value = "long-context")]
@@ -112,10 +116,6 @@ pub struct DemoArgs {
     /// Where the SVG with the TTFT CDFs, per-instance shares and hit rate over time goes.
     #[arg(long, value_name = "FILE", default_value = DEFAULT_PLOT)]
     pub plot: PathBuf,
-}
-
-fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
-    s.trim().parse::<StrategyKind>().map_err(|e| e.to_string())
 }
 
 fn parse_positive(s: &str) -> Result<f64, String> {
@@ -194,11 +194,12 @@ pub fn run(args: DemoArgs) -> Result<()> {
         },
         WorkloadSource::Trace { .. } => Driver::OpenLoop,
     };
-    let strategies: Vec<StrategyConfig> = args
+    let mut strategies: Vec<StrategyConfig> = args
         .strategies
         .iter()
         .map(|&k| StrategyConfig::new(k))
         .collect();
+    crate::args::apply_strategy_params(&mut strategies, &args.strategy_params)?;
     let sim_config = SimConfig {
         preset: args.preset.clone(),
         instances: args.instances,

@@ -49,9 +49,14 @@ pub struct ServeArgs {
     )]
     pub instances: Vec<String>,
 
-    /// Routing strategy: random, round-robin, least-outstanding, prefix-aware [default: prefix-aware].
+    /// Routing strategy (the list below) [default: prefix-aware].
     #[arg(long, value_name = "S", env = "PREFIX_ROUTER_STRATEGY")]
     pub strategy: Option<String>,
+
+    /// A strategy's own parameter, `NAME=VALUE` (repeatable; the list below; also
+    /// `[routing.params]` in the config file).
+    #[arg(long = "strategy-param", value_name = "NAME=VALUE")]
+    pub strategy_params: Vec<String>,
 
     /// Routing-key length: bytes (native API) or characters (OpenAI APIs), 1024..=65536 [default: 1024].
     #[arg(long, value_name = "N", env = "PREFIX_ROUTER_PREFIX_LENGTH")]
@@ -89,6 +94,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             strategy: args.strategy,
             prefix_length: args.prefix_length,
             concurrency_threshold: args.concurrency_threshold,
+            strategy_params: args.strategy_params,
         },
     };
     // Validate before starting anything, so a bad value is one line and exit code 1.

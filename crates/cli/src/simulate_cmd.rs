@@ -65,7 +65,9 @@ fn sim_config(args: &SimulateArgs, workload: &SimWorkload) -> Result<SimConfig> 
             s.balance_factor = args.balance_factor;
             s
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let mut strategies = strategies;
+    crate::args::apply_strategy_params(&mut strategies, &args.strategy_params)?;
     let driver = match (&workload.source, args.concurrency) {
         (_, Some(clients)) => Driver::ClosedLoop { clients },
         (WorkloadSource::Generated { spec }, None) => match spec.arrival {

@@ -64,7 +64,13 @@ fn json_has_the_contract_fields() {
         .collect();
     assert_eq!(
         names,
-        ["random", "round-robin", "least-outstanding", "prefix-aware"]
+        [
+            "random",
+            "round-robin",
+            "least-outstanding",
+            "prefix-aware",
+            "cache-aware"
+        ]
     );
     for r in results {
         assert_eq!(r["requests"].as_u64(), Some(300));
