@@ -156,47 +156,25 @@ mod tests {
     use crate::strategy::StrategyKind;
     use crate::{Fleet, InstanceSpec, StrategyConfig};
     use rand::SeedableRng;
-    use std::sync::Mutex;
 
-    /// Records every call, to check the ticket's protocol.
-    #[derive(Debug, Default)]
-    struct Recorder {
-        calls: Mutex<Vec<String>>,
-    }
+    use crate::strategies::recording::{Call, Pick, Recording};
 
-    impl Strategy for Recorder {
-        fn name(&self) -> &'static str {
-            "recorder"
-        }
-        fn select(
-            &self,
-            _req: &RouteRequest<'_>,
-            fleet: &FleetSnapshot,
-            _rng: &mut RouteRng,
-        ) -> Result<Decision, RouteError> {
-            Ok(Decision::new(fleet.len().saturating_sub(1), Reason::Random))
-        }
-        fn dispatched(&self, req: &RouteRequest<'_>, _d: &Decision, i: &Instance) -> [u64; 2] {
-            self.push(format!("sent {} at {}", i.id(), req.now));
-            [7, 0]
-        }
-        fn feedback(&self, t: &TicketInfo, event: &Feedback, now: f64) {
-            self.push(format!("{event:?} {} at {now} {:?}", t.instance, t.note[0]));
-        }
-    }
-
-    impl Recorder {
-        fn push(&self, s: String) {
-            if let Ok(mut c) = self.calls.lock() {
-                c.push(s);
-            }
-        }
-        fn take(&self) -> Vec<String> {
-            self.calls
-                .lock()
-                .map(|mut c| std::mem::take(&mut *c))
-                .unwrap_or_default()
-        }
+    /// The recorder's calls, rendered the way these tests compare them.
+    fn rendered(rec: &Recording) -> Vec<String> {
+        rec.take()
+            .into_iter()
+            .map(|c| match c {
+                Call::Dispatched { instance, now } => format!("sent {instance} at {now}"),
+                Call::Feedback {
+                    instance,
+                    event,
+                    now,
+                    note,
+                    ..
+                } => format!("{event:?} {instance} at {now} {:?}", note[0]),
+                Call::Membership { instance, change } => format!("{instance} {change:?}"),
+            })
+            .collect()
     }
 
     fn fleet() -> Fleet {
@@ -208,7 +186,7 @@ mod tests {
 
     #[test]
     fn a_ticket_counts_once_and_reports_in_order() {
-        let rec = Arc::new(Recorder::default());
+        let rec = Arc::new(Recording::new(Pick::Last));
         let strategy: Arc<dyn Strategy> = rec.clone();
         let fleet = fleet();
         let snap = fleet.snapshot();
@@ -224,7 +202,7 @@ mod tests {
         t.finish(End::Finished { usage: None }, 3.0);
         assert_eq!(snap.instances()[1].in_flight(), 0);
         assert_eq!(
-            rec.take(),
+            rendered(&rec),
             vec![
                 "sent b at 1".to_string(),
                 "FirstToken b at 2 7".into(),
@@ -235,7 +213,7 @@ mod tests {
 
     #[test]
     fn dropping_a_ticket_cancels_and_a_one_chunk_answer_still_has_a_first_token() {
-        let rec = Arc::new(Recorder::default());
+        let rec = Arc::new(Recording::new(Pick::Last));
         let strategy: Arc<dyn Strategy> = rec.clone();
         let fleet = fleet();
         let snap = fleet.snapshot();
@@ -244,10 +222,10 @@ mod tests {
         let d = dispatch(&strategy, &req, &snap, &mut rng).expect("routes");
         drop(d.ticket);
         assert_eq!(snap.instances()[1].in_flight(), 0);
-        assert_eq!(rec.take()[1], "Cancelled b at 0 7");
+        assert_eq!(rendered(&rec)[1], "Cancelled b at 0 7");
         let d = dispatch(&strategy, &req, &snap, &mut rng).expect("routes");
         d.ticket.finish(End::Finished { usage: None }, 4.0);
-        let calls = rec.take();
+        let calls = rendered(&rec);
         assert_eq!(calls[1], "FirstToken b at 4 7");
         assert_eq!(calls.len(), 3);
     }

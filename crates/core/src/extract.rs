@@ -123,9 +123,7 @@ pub fn native_key(
     group_header: Option<&[u8]>,
     len: PrefixLength,
 ) -> Result<KeyHash, ExtractError> {
-    let group = group_header.map(GroupId::parse).transpose()?;
-    let prefix = body.get(..len.get()).unwrap_or(body);
-    Ok(KeyHash::new(group.map(|g| g.as_str()), prefix))
+    native_route(body, group_header, &KeyOptions::key_only(len)).map(|(key, _)| key)
 }
 
 /// `POST /v1/chat/completions` with the chain as `opts` asks: the router's entry point.

@@ -143,6 +143,17 @@ impl Instance {
     pub fn set_state(&self, state: InstanceState) {
         self.state.store(state as u8, Ordering::Relaxed)
     }
+    /// Moves to `to` if the state is one of `from` (and not already `to`), in one atomic step;
+    /// returns whether it moved. Two callers racing to eject the same instance (health checker
+    /// and request path) see one success, and an ejection cannot overwrite a drain set meanwhile.
+    pub fn transition(&self, from: &[InstanceState], to: InstanceState) -> bool {
+        self.state
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                let now = InstanceState::from_u8(v);
+                (now != to && from.contains(&now)).then_some(to as u8)
+            })
+            .is_ok()
+    }
     /// Whether it may receive new requests.
     pub fn is_healthy(&self) -> bool {
         self.state() == InstanceState::Healthy
@@ -346,6 +357,26 @@ mod tests {
         let r = std::thread::spawn(move || j.release()).join();
         assert!(r.is_err(), "debug assertion should fire");
         assert_eq!(i.in_flight(), 0);
+    }
+
+    #[test]
+    fn transitions_are_checked_and_atomic() {
+        use InstanceState::*;
+        let i = Instance::new(spec("a", &[]));
+        assert!(i.transition(&[Healthy], Ejected));
+        assert!(!i.transition(&[Healthy], Ejected), "already ejected");
+        assert!(i.transition(&[Healthy, Ejected], Draining));
+        assert!(!i.transition(&[Healthy], Ejected), "a drain stays");
+        assert_eq!(i.state(), Draining);
+        let i = Arc::new(i);
+        let wins: usize = (0..8)
+            .map(|_| {
+                let i = Arc::clone(&i);
+                std::thread::spawn(move || i.transition(&[Draining], Healthy))
+            })
+            .map(|h| usize::from(h.join().unwrap_or(false)))
+            .sum();
+        assert_eq!(wins, 1);
     }
 
     #[test]

@@ -5,10 +5,12 @@ mod common;
 pub mod least_outstanding;
 pub mod prefix_aware;
 pub mod random;
+pub mod recording;
 pub mod round_robin;
 
 pub use cache_aware::CacheAware;
 pub use least_outstanding::LeastOutstanding;
 pub use prefix_aware::PrefixAware;
 pub use random::Random;
+pub use recording::Recording;
 pub use round_robin::RoundRobin;

@@ -142,6 +142,11 @@ pub trait Strategy: Send + Sync + std::fmt::Debug {
     fn chain_spec(&self) -> Option<ChainSpec> {
         None
     }
+    /// Whether [`Feedback::Finished`] should carry the engine's usage: a caller reads it out of
+    /// the response only for a strategy that learns from it (the server scans the body for it).
+    fn reads_usage(&self) -> bool {
+        false
+    }
     /// The request of `decision` was sent to `instance`: learn from it. Returns opaque words the
     /// ticket keeps and hands back with each feedback ([`TicketInfo::note`]).
     fn dispatched(

@@ -23,22 +23,20 @@ pub fn announce(state: &AppState, id: &InstanceId, change: MembershipChange) {
 }
 
 /// Moves `inst` to `to` if it is in one of the states `from`, and tells the strategy; returns
-/// false (and tells nothing) otherwise. Transitions are serialized, so the check and the move
-/// are one step: the health checker and the request path can both eject the same instance, and
-/// the strategy must hear of one ejection, not two (cache-aware forgets an instance's blocks on
-/// each one); nor may an ejection overwrite a drain the admin API set meanwhile.
+/// false (and tells nothing) otherwise. The check and the move are one atomic step
+/// ([`Instance::transition`]): the health checker and the request path can both eject the same
+/// instance, and the strategy must hear of one ejection, not two (cache-aware forgets an
+/// instance's blocks on each one); nor may an ejection overwrite a drain the admin API set
+/// meanwhile.
 pub fn transition(
     state: &AppState,
     inst: &Instance,
     from: &[InstanceState],
     to: InstanceState,
 ) -> bool {
-    let _one_at_a_time = state.transitions.lock().unwrap_or_else(|p| p.into_inner());
-    let now = inst.state();
-    if now == to || !from.contains(&now) {
+    if !inst.transition(from, to) {
         return false;
     }
-    inst.set_state(to);
     let change = match to {
         InstanceState::Healthy => MembershipChange::Healthy,
         InstanceState::Draining => MembershipChange::Draining,
@@ -85,34 +83,9 @@ impl Membership {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
-    use prefix_router_core::{
-        Decision, FleetSnapshot, Reason, RouteError, RouteRequest, RouteRng, Strategy,
-    };
-
-    /// Records what it is told.
-    #[derive(Debug, Default)]
-    struct Recorder(Mutex<Vec<String>>);
-
-    impl Strategy for Recorder {
-        fn name(&self) -> &'static str {
-            "recorder"
-        }
-        fn select(
-            &self,
-            _req: &RouteRequest<'_>,
-            _fleet: &FleetSnapshot,
-            _rng: &mut RouteRng,
-        ) -> Result<Decision, RouteError> {
-            Ok(Decision::new(0, Reason::Random))
-        }
-        fn membership(&self, instance: &InstanceId, change: MembershipChange, _now: f64) {
-            if let Ok(mut told) = self.0.lock() {
-                told.push(format!("{instance} {change:?}"));
-            }
-        }
-    }
+    use prefix_router_core::strategies::recording::{Call, Pick, Recording};
 
     #[tokio::test]
     async fn the_strategy_hears_each_change_once() {
@@ -124,7 +97,7 @@ mod tests {
         let settings =
             crate::settings::Settings::with_instances([a, b]).unwrap_or_else(|e| panic!("{e}"));
         let state = AppState::new(settings, None).unwrap_or_else(|e| panic!("{e}"));
-        let recorder = Arc::new(Recorder::default());
+        let recorder = Arc::new(Recording::new(Pick::First));
         let current = state.routing.load_full();
         state.routing.store(Arc::new(crate::routing::Routing {
             config: current.config.clone(),
@@ -149,7 +122,14 @@ mod tests {
         let specs = |ids: &[&str]| ids.iter().map(|u| InstanceSpec::from_url(*u)).collect();
         crate::reload::set_members(&state, specs(&[b, c])).await;
         crate::reload::set_members(&state, specs(&[b, c])).await;
-        let told = recorder.0.lock().map(|t| t.clone()).unwrap_or_default();
+        let told: Vec<String> = recorder
+            .take()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Membership { instance, change } => Some(format!("{instance} {change:?}")),
+                _ => None,
+            })
+            .collect();
         assert_eq!(
             told,
             [

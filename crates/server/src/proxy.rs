@@ -334,7 +334,8 @@ async fn forward(
                             attempt,
                             "relaying"
                         );
-                        let scan_usage = status.is_success();
+                        // Only a strategy that learns from usage is worth the scan.
+                        let scan_usage = status.is_success() && strategy.reads_usage();
                         return Ok(relay(
                             resp,
                             guard,

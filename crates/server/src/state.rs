@@ -37,8 +37,6 @@ pub struct AppState {
     /// Sources of the member list; the lock serializes edits (reload, admin API, discovery)
     /// so none is lost.
     pub membership: tokio::sync::Mutex<Membership>,
-    /// Serializes instance state transitions ([`crate::membership::set_state`]).
-    pub transitions: std::sync::Mutex<()>,
     /// The origin of [`AppState::now_s`].
     started: Instant,
 }
@@ -64,7 +62,6 @@ impl AppState {
             settings,
             source,
             membership: tokio::sync::Mutex::new(membership),
-            transitions: std::sync::Mutex::new(()),
             started: Instant::now(),
         }))
     }

@@ -4,57 +4,37 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
-use prefix_router_core::{
-    Decision, Feedback, FleetSnapshot, Reason, RouteError, RouteRequest, RouteRng, Strategy,
-    TicketInfo,
-};
+use prefix_router_core::strategies::recording::{Call, Pick, Recording};
 use prefix_router_server::routing::Routing;
 use prefix_router_server::RunningRouter;
 use support::*;
 
-/// Sends everything to the first eligible instance and records the feedback.
-#[derive(Debug, Default)]
-struct Recorder(Mutex<Vec<String>>);
-
-impl Strategy for Recorder {
-    fn name(&self) -> &'static str {
-        "recorder"
-    }
-    fn select(
-        &self,
-        req: &RouteRequest<'_>,
-        fleet: &FleetSnapshot,
-        _rng: &mut RouteRng,
-    ) -> Result<Decision, RouteError> {
-        fleet
-            .eligible(req.model)
-            .next()
-            .map(|(i, _)| Decision::new(i, Reason::Random))
-            .ok_or(RouteError::NoHealthyInstance)
-    }
-    fn feedback(&self, t: &TicketInfo, event: &Feedback, now: f64) {
-        assert!(now >= t.sent_at, "{now} before {}", t.sent_at);
-        if let Ok(mut told) = self.0.lock() {
-            told.push(format!("{event:?}"));
-        }
-    }
+/// What the recorder heard about requests, as `{event:?}` (each told no earlier than its send).
+fn feedback(recorder: &Recording) -> Vec<String> {
+    recorder
+        .take()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Feedback {
+                event,
+                now,
+                sent_at,
+                ..
+            } => {
+                assert!(now >= sent_at, "{now} before {sent_at}");
+                Some(format!("{event:?}"))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
-impl Recorder {
-    fn take(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .map(|mut t| std::mem::take(&mut *t))
-            .unwrap_or_default()
-    }
-}
-
-fn install(r: &RunningRouter) -> Arc<Recorder> {
-    let recorder = Arc::new(Recorder::default());
+fn install(r: &RunningRouter) -> Arc<Recording> {
+    let recorder = Arc::new(Recording::new(Pick::First));
     let current = r.state().routing.load_full();
     r.state().routing.store(Arc::new(Routing {
         config: current.config.clone(),
@@ -65,11 +45,11 @@ fn install(r: &RunningRouter) -> Arc<Recorder> {
 }
 
 /// Waits until `n` events were told, then returns them.
-async fn told(recorder: &Recorder, n: usize) -> Vec<String> {
+async fn told(recorder: &Recording, n: usize) -> Vec<String> {
     let mut all = Vec::new();
     let done = tokio::time::timeout(WAIT, async {
         while all.len() < n {
-            all.extend(recorder.take());
+            all.extend(feedback(recorder));
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     })

@@ -260,6 +260,10 @@ impl Strategy for CacheAware {
         Some(self.config.chain)
     }
 
+    fn reads_usage(&self) -> bool {
+        true
+    }
+
     fn select(
         &self,
         req: &RouteRequest<'_>,

@@ -60,9 +60,24 @@ impl Groups {
         }
     }
     pub(crate) fn of(&self, entity: u64) -> Option<String> {
-        self.groups
-            .map(|g| format!("tenant-{}", generator_id(self.root, entity) % u64::from(g)))
+        self.index(entity).map(|k| format!("tenant-{k}"))
     }
+    /// The `k` of [`Groups::of`].
+    pub(crate) fn index(&self, entity: u64) -> Option<u64> {
+        self.groups
+            .map(|g| generator_id(self.root, entity) % u64::from(g))
+    }
+}
+
+/// A user message holding document `doc_id` and request `index`'s unique question after it.
+fn document_question(doc_id: u64, doc_tokens: u32, question: u32, index: u64) -> Message {
+    msg(
+        Role::User,
+        vec![
+            seg(doc_id, doc_tokens),
+            seg(generator_id(doc_id, UNIQUE_SALT | index), question),
+        ],
+    )
 }
 
 pub(crate) struct LongContext {
@@ -77,13 +92,7 @@ impl SessionSource for LongContext {
         let doc_id = generator_id(self.docs_root, u64::from(doc));
         let question = self.p.question_tokens.sample(rng);
         let output = self.p.output_tokens.sample(rng);
-        let user = msg(
-            Role::User,
-            vec![
-                seg(doc_id, self.p.doc_tokens),
-                seg(generator_id(doc_id, UNIQUE_SALT | index), question),
-            ],
-        );
+        let user = document_question(doc_id, self.p.doc_tokens, question, index);
         Some(single(
             Vec::new(),
             vec![user],
@@ -110,22 +119,17 @@ impl SessionSource for SharedSystemPrompt {
         let doc = rng.gen_range(0..self.p.documents.max(1));
         let question = self.p.question_tokens.sample(rng);
         let output = self.p.output_tokens.sample(rng);
-        let group = self.groups.of(u64::from(doc));
-        let tenant = group.as_deref().map_or(0, |g| {
-            g.bytes()
-                .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
-        });
-        let system_id = generator_id(generator_id(self.root, 0), tenant);
+        let tenant = self.groups.index(u64::from(doc));
+        let system_id = generator_id(generator_id(self.root, 0), tenant.unwrap_or(0));
         let doc_id = generator_id(system_id, 1 + u64::from(doc));
         let system = msg(Role::System, vec![seg(system_id, self.p.system_tokens)]);
-        let user = msg(
-            Role::User,
-            vec![
-                seg(doc_id, self.p.doc_tokens),
-                seg(generator_id(doc_id, UNIQUE_SALT | index), question),
-            ],
-        );
-        Some(single(vec![system], vec![user], output, group))
+        let user = document_question(doc_id, self.p.doc_tokens, question, index);
+        Some(single(
+            vec![system],
+            vec![user],
+            output,
+            self.groups.of(u64::from(doc)),
+        ))
     }
     fn mean_turns(&self) -> f64 {
         1.0

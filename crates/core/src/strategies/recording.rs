@@ -1,0 +1,124 @@
+//! `Recording`: a strategy that records every call made to it, for the tests of the callers of
+//! the strategy contract (the dispatch path, the server, the simulator). It is not in the
+//! registry: nothing routes real traffic with it.
+
+use std::sync::Mutex;
+
+use crate::strategy::{Feedback, MembershipChange, TicketInfo};
+use crate::{
+    Decision, FleetSnapshot, Instance, InstanceId, Reason, RouteError, RouteRequest, RouteRng,
+    Strategy,
+};
+
+/// Which eligible instance it sends every request to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    /// The first eligible instance of the snapshot.
+    First,
+    /// The last eligible instance of the snapshot.
+    Last,
+}
+
+/// One call the strategy received.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call {
+    /// [`Strategy::dispatched`].
+    Dispatched { instance: InstanceId, now: f64 },
+    /// [`Strategy::feedback`].
+    Feedback {
+        instance: InstanceId,
+        event: Feedback,
+        now: f64,
+        sent_at: f64,
+        note: [u64; 2],
+    },
+    /// [`Strategy::membership`].
+    Membership {
+        instance: InstanceId,
+        change: MembershipChange,
+    },
+}
+
+/// Records every call; see the module documentation.
+#[derive(Debug)]
+pub struct Recording {
+    pick: Pick,
+    calls: Mutex<Vec<Call>>,
+}
+
+impl Recording {
+    /// The note every dispatch returns, so a test can check that tickets hand it back.
+    pub const NOTE: [u64; 2] = [7, 0];
+
+    /// A recorder that sends everything to the `pick` eligible instance.
+    pub fn new(pick: Pick) -> Self {
+        Self {
+            pick,
+            calls: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The calls so far, oldest first; forgets them.
+    pub fn take(&self) -> Vec<Call> {
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *calls)
+    }
+
+    fn push(&self, call: Call) {
+        self.calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(call);
+    }
+}
+
+impl Strategy for Recording {
+    fn name(&self) -> &'static str {
+        "recording"
+    }
+
+    fn select(
+        &self,
+        req: &RouteRequest<'_>,
+        fleet: &FleetSnapshot,
+        _rng: &mut RouteRng,
+    ) -> Result<Decision, RouteError> {
+        let mut eligible = fleet.eligible(req.model).map(|(i, _)| i);
+        let index = match self.pick {
+            Pick::First => eligible.next(),
+            Pick::Last => eligible.last(),
+        };
+        index
+            .map(|i| Decision::new(i, Reason::Random))
+            .ok_or(RouteError::NoHealthyInstance)
+    }
+
+    fn reads_usage(&self) -> bool {
+        true
+    }
+
+    fn dispatched(&self, req: &RouteRequest<'_>, _d: &Decision, instance: &Instance) -> [u64; 2] {
+        self.push(Call::Dispatched {
+            instance: instance.id().clone(),
+            now: req.now,
+        });
+        Self::NOTE
+    }
+
+    fn feedback(&self, t: &TicketInfo, event: &Feedback, now: f64) {
+        self.push(Call::Feedback {
+            instance: t.instance.clone(),
+            event: *event,
+            now,
+            sent_at: t.sent_at,
+            note: t.note,
+        });
+    }
+
+    fn membership(&self, instance: &InstanceId, change: MembershipChange, _now: f64) {
+        self.push(Call::Membership {
+            instance: instance.clone(),
+            change,
+        });
+    }
+}
