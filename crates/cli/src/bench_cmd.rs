@@ -72,6 +72,16 @@ pub struct BenchArgs {
     #[arg(long, value_name = "S", default_value_t = 1)]
     pub seed: u64,
 
+    /// Generated workloads: set one parameter, e.g. `--param documents=10` (repeatable; the
+    /// names are those of `simulate`'s JSON `workload.params`).
+    #[arg(long = "param", value_name = "KEY=VALUE", conflicts_with = "trace")]
+    pub params: Vec<String>,
+
+    /// Generated workloads: spread documents/conversations over G tenants, each with its own
+    /// `prompt_cache_key` (as `simulate --groups`).
+    #[arg(long, value_name = "G", conflicts_with = "trace", value_parser = clap::value_parser!(u32).range(1..))]
+    pub groups: Option<u32>,
+
     /// Replace every request's `model` with NAME.
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
@@ -233,8 +243,8 @@ fn load_workload(args: &BenchArgs) -> Result<(String, WorkloadSource, Vec<Reques
         requests: args.requests,
         rate: args.rate,
         concurrency: args.concurrency,
-        groups: None,
-        params: &[],
+        groups: args.groups,
+        params: &args.params,
     })?;
     Ok((
         name.to_string(),

@@ -4,21 +4,24 @@
 //! For each eligible candidate `i`:
 //!
 //! ```text
-//! expected_ttft(i) = base(i) + per_unit(i) × (queued(i) + uncached(i) + decode_units × decoding(i))
+//! expected_ttft(i) = base(i) + per_unit(i) × (queued(i) + uncached(i)) + per_decoding(i) × decoding(i)
 //! ```
 //!
 //! - `uncached(i)`: the request's prompt units (characters; bytes for the native API) minus the
 //!   longest prefix of its block chain that the [index](index) says `i` still holds;
 //! - `queued(i)`: the uncached units of requests sent to `i` that have not produced a first
 //!   token (the prefill work ahead of this one);
-//! - `decoding(i)`: requests on `i` past their first token, each costing `decode_units` of
-//!   prefill-equivalent work (they share every engine step with the prefill);
-//! - `base(i)`, `per_unit(i)`: learned per instance from observed first tokens ([`load`]),
-//!   starting from the configured prior.
+//! - `decoding(i)`: requests on `i` past their first token (they share every engine step with
+//!   the prefill, so each one slows it);
+//! - `base(i)`, `per_unit(i)`, `per_decoding(i)`: learned per instance from observed first
+//!   tokens ([`load`]), starting from the configured priors (`prefill-us-per-char`, and
+//!   `decode-chars` times it).
 //!
-//! The minimum wins. Candidates within `tie_tolerance` of it count as tied; among those the
+//! The minimum wins. Candidates within `tie_tolerance` times the whole prompt's prefill cost of
+//! it count as tied; among those the
 //! longest match wins (locality when it costs nothing), then the highest rendezvous score of the
-//! first block no candidate holds, so a never-seen prefix on an idle fleet goes to a
+//! last block they hold (a cooled hot prefix goes back to one home) or, if they hold none, of
+//! the first block nobody holds, so a never-seen prefix on an idle fleet goes to a
 //! deterministic, evenly spread instance: router replicas agree without talking, and no
 //! instance is "the first". A hot prefix gains homes as its home's queue grows (another
 //! instance becomes cheaper even recomputing it) and gives them up as it cools (the home is
@@ -30,8 +33,10 @@
 
 pub mod index;
 pub mod load;
+#[cfg(test)]
+mod tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use self::index::{BlockIndex, Slots};
@@ -80,7 +85,7 @@ const PARAMS: &[ParamSpec] = &[
     ParamSpec {
         name: "decode-chars",
         default: "256",
-        help: "prefill-equivalent characters each decoding request adds to an instance's cost",
+        help: "prior: prefill-equivalent characters each decoding request adds to an instance's time to first token (learned per instance)",
     },
     ParamSpec {
         name: "tie-tolerance",
@@ -103,8 +108,6 @@ pub struct CacheAwareConfig {
     pub chain: ChainSpec,
     /// Prior cost.
     pub prior: Cost,
-    /// Prefill-equivalent units per decoding request.
-    pub decode_units: f64,
     /// Relative tolerance for ties.
     pub tie_tolerance: f64,
     /// Starting estimate of each instance's cache, in blocks (`u32::MAX`: unknown).
@@ -158,8 +161,8 @@ impl CacheAwareConfig {
             prior: Cost {
                 base_s: 0.0,
                 per_unit_s: us * 1e-6,
+                per_decoding_s: decode_units * us * 1e-6,
             },
-            decode_units,
             tie_tolerance,
             cache_blocks,
         })
@@ -173,6 +176,9 @@ struct State {
     slots: Slots,
     slot_of: HashMap<u64, u16>,
     loads: Vec<InstanceLoad>,
+    /// Per slot, the insertion counter at which each request still waiting for its first
+    /// token started: blocks stamped after one of these may not be computed yet.
+    pending: Vec<VecDeque<u32>>,
     matched: Vec<u32>,
     stats: StrategyStats,
 }
@@ -203,6 +209,7 @@ impl CacheAware {
             slots: Slots::default(),
             slot_of: HashMap::new(),
             loads: Vec::new(),
+            pending: Vec::new(),
             matched: Vec::new(),
             stats: StrategyStats {
                 index_budget_blocks: config.index_blocks as u64,
@@ -235,6 +242,8 @@ struct Candidate {
     matched_blocks: u32,
     matched_units: u32,
     expected_s: f64,
+    /// What the whole prompt's prefill costs there (the scale of a meaningful difference).
+    full_prefill_s: f64,
 }
 
 impl State {
@@ -245,6 +254,7 @@ impl State {
         let s = self.loads.len();
         self.slot_of.insert(id_hash, s as u16);
         self.loads.push(InstanceLoad::new(config.prior));
+        self.pending.push(VecDeque::new());
         self.slots.ensure(s, config.cache_blocks);
         self.matched.push(0);
         s
@@ -286,42 +296,46 @@ impl Strategy for CacheAware {
             let matched_units = matched_blocks.saturating_mul(block).min(req.prompt_units);
             let uncached = f64::from(req.prompt_units - matched_units);
             let cost = load.cost();
-            let work =
-                load.queued_units as f64 + uncached + cfg.decode_units * f64::from(load.decoding);
+            let prefill = load.queued_units as f64 + uncached;
             cands.push(Candidate {
                 index,
                 matched_blocks,
                 matched_units,
-                expected_s: cost.base_s + cost.per_unit_s * work,
+                expected_s: cost.ttft(prefill, f64::from(load.decoding)),
+                full_prefill_s: cost.per_unit_s * f64::from(req.prompt_units),
             });
         }
-        let best_s = cands
+        let Some(best) = cands
             .iter()
-            .map(|c| c.expected_s)
-            .fold(f64::INFINITY, f64::min);
-        if !best_s.is_finite() {
+            .min_by(|a, b| a.expected_s.total_cmp(&b.expected_s))
+            .copied()
+        else {
             return Err(no_instance(req.model));
-        }
+        };
         let longest = cands.iter().max_by_key(|c| c.matched_blocks).copied();
         let max_blocks = longest.map_or(0, |c| c.matched_blocks);
+        // Tied: within `tie_tolerance` of the whole prompt's prefill of the best. Measured
+        // against that rather than against the best's own (maybe tiny) cost, so that noise in
+        // the learned costs of two instances that both hold a prefix does not flip it between
+        // them on every request.
+        let limit = best.expected_s + cfg.tie_tolerance * best.full_prefill_s;
+        let tied = || cands.iter().filter(|c| c.expected_s <= limit);
+        // The tied candidates that hold most compete by a rendezvous score of a block that
+        // names the prefix they compete for: the last block they hold (so a cooled hot prefix
+        // goes back to one home, the same one every time), or, when none of them holds any, the
+        // first block nobody holds (so new documents behind a shared opening spread out).
+        let held = tied().map(|c| c.matched_blocks).max().unwrap_or(0);
+        let at = if held > 0 { held - 1 } else { max_blocks };
         let tie_key = req
             .chain
-            .get(max_blocks as usize)
+            .get(at as usize)
             .or(req.chain.last())
             .copied()
             .or(req.key.map(|k| k.0))
             .unwrap_or(0);
-        let limit = best_s * (1.0 + cfg.tie_tolerance);
-        let chosen = cands
-            .iter()
-            .filter(|c| c.expected_s <= limit)
-            .max_by_key(|c| {
-                let inst = &fleet.instances()[c.index];
-                (
-                    c.matched_blocks,
-                    rendezvous_mix(KeyHash(tie_key), inst.id_hash()),
-                )
-            })
+        let chosen = tied()
+            .filter(|c| c.matched_blocks == held)
+            .max_by_key(|c| rendezvous_mix(KeyHash(tie_key), fleet.instances()[c.index].id_hash()))
             .copied()
             .ok_or_else(|| no_instance(req.model))?;
         let from = || {
@@ -357,20 +371,34 @@ impl Strategy for CacheAware {
         let slot = st.slot(instance.id_hash(), cfg);
         let predicted_blocks = (decision.predicted_cached_units / cfg.chain.block_units) as usize;
         // How many blocks the instance cached since the deepest predicted block was last used:
-        // feedback compares it with the estimated cache size.
+        // feedback compares it with the estimated cache size. Unknown (`u32::MAX`) when that
+        // block was sent after a request that has no first token yet started: it may still be
+        // being computed, and an engine does not share a prefix it has not finished, so a miss
+        // then says nothing about evictions.
+        let slots = &st.slots;
         let distance = predicted_blocks
             .checked_sub(1)
             .and_then(|b| req.chain.get(b))
             .and_then(|h| st.index.stamp(*h, slot))
-            .map_or(u64::MAX, |stamp| u64::from(st.slots.distance(slot, stamp)));
+            .map(|stamp| slots.distance(slot, stamp))
+            .filter(|&d| {
+                st.pending[slot]
+                    .iter()
+                    .all(|&p| d >= slots.distance(slot, p))
+            })
+            .unwrap_or(u32::MAX);
+        let start = st.slots.counter[slot];
         st.index.touch(req.chain, slot, &mut st.slots);
+        st.pending[slot].push_back(start);
         let load = &mut st.loads[slot];
-        let ahead = load.queued_units;
+        // What it waits behind, the two variables its time to first token is learned on: the
+        // queued prefill (low 40 bits) and the requests decoding beside it (the rest).
+        let ahead = load.queued_units.min((1 << 40) - 1) | (u64::from(load.decoding) << 40);
         load.queued_units +=
             u64::from(req.prompt_units - decision.predicted_cached_units.min(req.prompt_units));
         load.waiting += 1;
         st.stats.match_blocks_histogram[bucket(predicted_blocks as u32)] += 1;
-        [ahead, distance]
+        [ahead, (u64::from(distance) << 32) | u64::from(start)]
     }
 
     fn feedback(&self, t: &TicketInfo, event: &Feedback, now: f64) {
@@ -383,12 +411,23 @@ impl Strategy for CacheAware {
         let uncached = u64::from(t.prompt_units - t.predicted_cached_units.min(t.prompt_units));
         let load = &mut st.loads[slot];
         let before_first = t.first_token_at.is_none();
+        let waiting_ends = matches!(event, Feedback::FirstToken)
+            || (before_first && matches!(event, Feedback::Failed | Feedback::Cancelled));
+        if waiting_ends {
+            let start = t.note[1] as u32;
+            let pending = &mut st.pending[slot];
+            if let Some(at) = pending.iter().position(|&p| p == start) {
+                pending.remove(at);
+            }
+        }
         match event {
             Feedback::FirstToken => {
                 load.queued_units = load.queued_units.saturating_sub(uncached);
                 load.waiting = load.waiting.saturating_sub(1);
                 load.decoding += 1;
-                load.observe((t.note[0] + uncached) as f64, now - t.sent_at);
+                let queued = t.note[0] & ((1 << 40) - 1);
+                let decoding = t.note[0] >> 40;
+                load.observe((queued + uncached) as f64, decoding as f64, now - t.sent_at);
             }
             Feedback::Finished { usage } => {
                 load.decoding = load.decoding.saturating_sub(1);
@@ -420,6 +459,7 @@ impl Strategy for CacheAware {
                 st.slots.forget(slot);
                 if change == MembershipChange::Removed {
                     st.loads[slot] = InstanceLoad::new(self.config.prior);
+                    st.pending[slot].clear();
                 }
             }
             MembershipChange::Added | MembershipChange::Healthy | MembershipChange::Draining => {}
@@ -456,11 +496,11 @@ impl CacheAware {
         st.stats.reported_cached_tokens += u64::from(cached);
         let block = f64::from(self.config.chain.block_units);
         let cap = &mut st.slots.capacity[slot];
-        let distance = t.note[1];
+        let distance = t.note[1] >> 32;
         if reported_units + block < predicted_units {
             // Predicted a hit the engine did not have: its cache is smaller than we thought, at
             // most about `distance` blocks.
-            if distance < u64::from(*cap) {
+            if distance < u64::from(u32::MAX) && distance < u64::from(*cap) {
                 let d = distance as f64;
                 *cap = if *cap == u32::MAX {
                     distance.max(1) as u32
@@ -469,8 +509,11 @@ impl CacheAware {
                 };
             }
         } else if reported_units > predicted_units + block && *cap != u32::MAX {
-            // The engine held more than we thought resident: the estimate was too small.
-            *cap = (f64::from(*cap) * 1.25).min(f64::from(u32::MAX - 1)) as u32;
+            // The engine held more than we thought resident: the estimate was too small by at
+            // least the blocks it held beyond the prediction.
+            let missed = (reported_units - predicted_units) / block;
+            let grown = (f64::from(*cap) * 1.25).max(f64::from(*cap) + missed);
+            *cap = grown.min(f64::from(u32::MAX - 1)) as u32;
         }
     }
 }

@@ -1,15 +1,18 @@
-//! What the router knows of each instance's queue, and the prefill cost it learns online.
+//! What the router knows of each instance's queue, and the costs it learns online.
 //!
 //! Queue: the prefill units (characters or bytes) of requests sent to the instance that have
 //! not produced their first token, each counted as the units the router expected the instance
 //! not to have cached. Decoding: requests past their first token and not finished.
 //!
-//! Cost: time to first token ≈ `base + per_unit × (queued ahead + own uncached units)`, fitted
-//! per instance by exponentially weighted least squares over observed first tokens (each sample
-//! is one request: the units it waited behind plus its own uncached units, against its measured
-//! time to first token). Until enough spread is seen, the configured prior is used; the fit is
-//! clamped to [prior / 100, prior x 100] so a burst of odd samples cannot make an instance look
-//! free or unusable.
+//! Cost: time to first token ≈ `base + per_unit × prefill + per_decoding × decoding`, where
+//! `prefill` is the units the request waits behind plus its own uncached units and `decoding`
+//! the requests decoding on the instance when it was sent (each slows every engine step). The
+//! three terms are fitted per instance by exponentially weighted least squares over observed
+//! first tokens. A slope keeps its configured prior until the samples spread enough in that
+//! variable to show one (their spread, at the prior's slope, must explain 3% of the mean
+//! time: cache hits alone say nothing about a prefill's cost, and fitting their noise would make
+//! an instance look free, so that it draws every new prefix). Slopes are clamped to a tenth and
+//! ten times their prior; the base is what is left of the mean time.
 
 /// Weight of each new sample in the fit (about the last 50 requests of an instance count).
 const DECAY: f64 = 0.02;
@@ -40,31 +43,44 @@ impl InstanceLoad {
     pub fn cost(&self) -> Cost {
         self.fit.cost()
     }
-    /// Learns from one first token: `work` units (queued ahead plus its own uncached) took
-    /// `ttft_s` seconds.
-    pub fn observe(&mut self, work: f64, ttft_s: f64) {
-        self.fit.observe(work, ttft_s)
+    /// Learns from one first token: it waited behind and computed `prefill` units, with
+    /// `decoding` requests decoding beside it, and took `ttft_s` seconds.
+    pub fn observe(&mut self, prefill: f64, decoding: f64, ttft_s: f64) {
+        self.fit.observe(prefill, decoding, ttft_s)
     }
 }
 
-/// Base seconds and seconds per prefill unit.
+/// The learned cost of an instance.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Cost {
     /// Fixed part of the time to first token, seconds.
     pub base_s: f64,
     /// Seconds per prefill unit.
     pub per_unit_s: f64,
+    /// Seconds each decoding request adds.
+    pub per_decoding_s: f64,
 }
 
-/// Exponentially weighted least squares of `t = base + per_unit × w`.
+impl Cost {
+    /// Expected time to first token with `prefill` units ahead and own, `decoding` beside.
+    pub fn ttft(&self, prefill: f64, decoding: f64) -> f64 {
+        self.base_s + self.per_unit_s * prefill + self.per_decoding_s * decoding
+    }
+}
+
+/// Exponentially weighted sums for the least squares of `t = base + a x + b y`.
 #[derive(Debug, Clone)]
 struct CostFit {
     prior: Cost,
     n: f64,
-    sw: f64,
+    sx: f64,
+    sy: f64,
     st: f64,
-    sww: f64,
-    swt: f64,
+    sxx: f64,
+    syy: f64,
+    sxy: f64,
+    sxt: f64,
+    syt: f64,
 }
 
 impl CostFit {
@@ -72,49 +88,66 @@ impl CostFit {
         Self {
             prior,
             n: 0.0,
-            sw: 0.0,
+            sx: 0.0,
+            sy: 0.0,
             st: 0.0,
-            sww: 0.0,
-            swt: 0.0,
+            sxx: 0.0,
+            syy: 0.0,
+            sxy: 0.0,
+            sxt: 0.0,
+            syt: 0.0,
         }
     }
 
-    fn observe(&mut self, w: f64, t: f64) {
-        if !(w.is_finite() && t.is_finite() && w >= 0.0 && t >= 0.0) {
+    fn observe(&mut self, x: f64, y: f64, t: f64) {
+        let ok = |v: f64| v.is_finite() && v >= 0.0;
+        if !(ok(x) && ok(y) && ok(t)) {
             return;
         }
-        let keep = 1.0 - DECAY;
-        self.n = self.n * keep + 1.0;
-        self.sw = self.sw * keep + w;
-        self.st = self.st * keep + t;
-        self.sww = self.sww * keep + w * w;
-        self.swt = self.swt * keep + w * t;
+        let k = 1.0 - DECAY;
+        self.n = self.n * k + 1.0;
+        self.sx = self.sx * k + x;
+        self.sy = self.sy * k + y;
+        self.st = self.st * k + t;
+        self.sxx = self.sxx * k + x * x;
+        self.syy = self.syy * k + y * y;
+        self.sxy = self.sxy * k + x * y;
+        self.sxt = self.sxt * k + x * t;
+        self.syt = self.syt * k + y * t;
     }
 
     fn cost(&self) -> Cost {
+        let p = self.prior;
         if self.n < 8.0 {
-            return self.prior;
+            return p;
         }
-        let mw = self.sw / self.n;
-        let mt = self.st / self.n;
-        let var = self.sww / self.n - mw * mw;
-        let cov = self.swt / self.n - mw * mt;
-        let lo = self.prior.per_unit_s / 100.0;
-        let hi = self.prior.per_unit_s * 100.0;
-        // Too little spread in work sizes to separate base from slope: scale the prior's slope
-        // to the mean instead.
-        let per_unit = if var > (0.05 * mw).powi(2) && var > 0.0 {
-            cov / var
-        } else if mw > 0.0 {
-            (mt - self.prior.base_s).max(0.0) / mw
-        } else {
-            self.prior.per_unit_s
+        let n = self.n;
+        let (mx, my, mt) = (self.sx / n, self.sy / n, self.st / n);
+        let vxx = (self.sxx / n - mx * mx).max(0.0);
+        let vyy = (self.syy / n - my * my).max(0.0);
+        let vxy = self.sxy / n - mx * my;
+        let cxt = self.sxt / n - mx * mt;
+        let cyt = self.syt / n - my * mt;
+        // A unit of either variable, at its prior slope: the floor for b when its prior is 0.
+        let b_scale = p.per_decoding_s.max(p.per_unit_s * 256.0);
+        let shows_x = vxx.sqrt() * p.per_unit_s > 0.03 * mt;
+        let shows_y = vyy.sqrt() * b_scale > 0.03 * mt;
+        let det = vxx * vyy - vxy * vxy;
+        let (a, b) = match (shows_x, shows_y) {
+            (true, true) if det > 1e-6 * vxx * vyy => {
+                ((cxt * vyy - cyt * vxy) / det, (cyt * vxx - cxt * vxy) / det)
+            }
+            // One variable shows (or both move together): fit it with the other at its prior.
+            (true, _) => ((cxt - p.per_decoding_s * vxy) / vxx, p.per_decoding_s),
+            (false, true) => (p.per_unit_s, (cyt - p.per_unit_s * vxy) / vyy),
+            (false, false) => (p.per_unit_s, p.per_decoding_s),
         };
-        let per_unit = per_unit.clamp(lo, hi);
-        let base = (mt - per_unit * mw).clamp(0.0, 10.0 * mt.max(self.prior.base_s));
+        let a = a.clamp(p.per_unit_s / 10.0, p.per_unit_s * 10.0);
+        let b = b.clamp(p.per_decoding_s / 10.0, b_scale * 10.0);
         Cost {
-            base_s: base,
-            per_unit_s: per_unit,
+            base_s: (mt - a * mx - b * my).max(0.0),
+            per_unit_s: a,
+            per_decoding_s: b,
         }
     }
 }
@@ -126,36 +159,46 @@ mod tests {
     const PRIOR: Cost = Cost {
         base_s: 0.0,
         per_unit_s: 1e-5,
+        per_decoding_s: 1e-3,
     };
 
     #[test]
-    fn learns_base_and_slope() {
+    fn learns_base_and_both_slopes() {
         let mut l = InstanceLoad::new(PRIOR);
         assert_eq!(l.cost(), PRIOR);
         for i in 0..500 {
-            let w = 1000.0 + (i % 10) as f64 * 4000.0;
-            l.observe(w, 0.05 + 2e-6 * w);
+            let x = 1000.0 + (i % 10) as f64 * 4000.0;
+            let y = ((i * 7) % 13) as f64;
+            l.observe(x, y, 0.05 + 2e-6 * x + 4e-3 * y);
         }
         let c = l.cost();
         assert!((c.per_unit_s - 2e-6).abs() < 1e-8, "{c:?}");
+        assert!((c.per_decoding_s - 4e-3).abs() < 1e-5, "{c:?}");
         assert!((c.base_s - 0.05).abs() < 1e-3, "{c:?}");
     }
 
     #[test]
-    fn constant_work_scales_the_prior_and_nonsense_is_ignored() {
+    fn similar_work_keeps_the_prior_slope_and_nonsense_is_ignored() {
         let mut l = InstanceLoad::new(PRIOR);
-        for _ in 0..100 {
-            l.observe(1000.0, 0.02);
-            l.observe(f64::NAN, 1.0);
-            l.observe(1000.0, -1.0);
+        for i in 0..100 {
+            // Cache hits only, nothing decoding: small work, time set by the fixed part.
+            l.observe(150.0 + (i % 7) as f64 * 10.0, 0.0, 0.02);
+            l.observe(f64::NAN, 0.0, 1.0);
+            l.observe(1000.0, 0.0, -1.0);
         }
         let c = l.cost();
-        assert!((c.per_unit_s - 2e-5).abs() < 1e-9, "{c:?}");
+        assert_eq!(c.per_unit_s, PRIOR.per_unit_s, "{c:?}");
+        assert_eq!(c.per_decoding_s, PRIOR.per_decoding_s, "{c:?}");
+        assert!((c.base_s - (0.02 - 180.0 * 1e-5)).abs() < 1e-3, "{c:?}");
         // Clamped: an instance cannot look free.
         let mut l = InstanceLoad::new(PRIOR);
         for i in 0..100 {
-            l.observe(1000.0 * (1 + i % 5) as f64, 0.0);
+            l.observe(
+                10_000.0 * (1 + i % 5) as f64,
+                0.0,
+                0.5 - 1e-6 * (i % 5) as f64,
+            );
         }
-        assert!(l.cost().per_unit_s >= PRIOR.per_unit_s / 100.0);
+        assert!(l.cost().per_unit_s >= PRIOR.per_unit_s / 10.0);
     }
 }

@@ -1,0 +1,271 @@
+//! The behaviours the issue names, each a known failure of an existing router.
+
+use std::sync::Arc;
+
+use rand::SeedableRng;
+
+use crate::{
+    dispatch, Chain, ChainSpec, End, Fleet, InstanceSpec, MembershipChange, Reason, RouteRequest,
+    RouteRng, Strategy, StrategyConfig, StrategyKind, Ticket, Usage,
+};
+
+const SPEC: ChainSpec = ChainSpec {
+    block_units: 128,
+    max_units: 1 << 20,
+};
+
+fn strategy(params: &[(&str, &str)]) -> Arc<dyn Strategy> {
+    let kind = StrategyKind::named("cache-aware").expect("registered");
+    let mut c = StrategyConfig::new(kind);
+    for (k, v) in params {
+        c.params.insert(k.to_string(), v.to_string());
+    }
+    c.build().expect("builds")
+}
+
+fn fleet(n: usize) -> Fleet {
+    Fleet::new(
+        (0..n)
+            .map(|i| InstanceSpec::from_url(format!("http://127.0.0.1:{}", 9000 + i)))
+            .collect(),
+    )
+}
+
+/// Distinct text of `len` characters for `(doc, salt)`.
+fn text(doc: u64, len: usize) -> String {
+    let mut out = String::with_capacity(len);
+    let mut x = doc.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push((b'a' + (x % 26) as u8) as char);
+    }
+    out
+}
+
+/// A shared opening, document `doc` and a unique question `q`.
+fn prompt(opening: &str, doc: u64, q: u64) -> Chain {
+    let body = format!("{opening}{}{}", text(doc, 8_000), text(1_000_000 + q, 100));
+    Chain::of_chars(None, &body, SPEC)
+}
+
+struct Router {
+    strategy: Arc<dyn Strategy>,
+    fleet: Fleet,
+    rng: RouteRng,
+    now: f64,
+}
+
+impl Router {
+    fn new(n: usize, params: &[(&str, &str)]) -> Self {
+        Self {
+            strategy: strategy(params),
+            fleet: fleet(n),
+            rng: RouteRng::seed_from_u64(5),
+            now: 0.0,
+        }
+    }
+
+    /// Dispatches `chain`; returns (instance index, reason label, ticket).
+    fn send(&mut self, chain: &Chain) -> (usize, Reason, Ticket) {
+        self.now += 0.001;
+        let req = RouteRequest {
+            key: None,
+            chain: &chain.blocks,
+            prompt_units: chain.units,
+            model: None,
+            now: self.now,
+        };
+        let snap = self.fleet.snapshot();
+        let d = dispatch(&self.strategy, &req, &snap, &mut self.rng).expect("routes");
+        (d.index, d.reason, d.ticket)
+    }
+
+    /// Sends `chain` and completes it at once, the engine reporting `cached` of `tokens`.
+    fn serve(&mut self, chain: &Chain, cached: Option<u32>) -> (usize, Reason) {
+        let (i, reason, mut t) = self.send(chain);
+        t.first_token(self.now + 0.01);
+        let tokens = chain.units / 4;
+        let usage = cached.map(|c| Usage {
+            prompt_tokens: tokens,
+            cached_tokens: Some(c),
+        });
+        t.finish(End::Finished { usage }, self.now + 0.1);
+        (i, reason)
+    }
+}
+
+#[test]
+fn a_shared_opening_then_different_documents_routes_by_document() {
+    let opening = text(7, 3_000);
+    let mut r = Router::new(4, &[]);
+    // Eight clients at once, each on its own document behind the same 3,000 characters: the
+    // queue of the instance holding the opening sends the others' documents elsewhere.
+    let first: Vec<(usize, Reason, Ticket)> = (0..8)
+        .map(|doc| r.send(&prompt(&opening, doc, doc)))
+        .collect();
+    let home: Vec<usize> = first.iter().map(|f| f.0).collect();
+    for (_, _, t) in first {
+        t.finish(End::Finished { usage: None }, r.now);
+    }
+    let distinct: std::collections::BTreeSet<usize> = home.iter().copied().collect();
+    assert!(distinct.len() >= 3, "documents on {distinct:?} only");
+    // Each document then stays where it is (a fixed-length key over the opening would send
+    // all of them to one instance).
+    for round in 0..3 {
+        for doc in 0..8 {
+            let (i, reason) = r.serve(&prompt(&opening, doc, 100 + round * 8 + doc), None);
+            assert_eq!(i, home[doc as usize], "doc {doc} moved");
+            assert_eq!(reason, Reason::CacheHit);
+        }
+    }
+}
+
+#[test]
+fn cold_placement_is_a_spread_deterministic_function_of_the_prefix() {
+    let place = |params: &[(&str, &str)]| {
+        let mut r = Router::new(7, params);
+        (0..70)
+            .map(|doc| {
+                let (i, reason) = r.serve(&prompt("", doc, doc), None);
+                assert_eq!(reason, Reason::Cold);
+                i
+            })
+            .collect::<Vec<_>>()
+    };
+    let a = place(&[]);
+    assert_eq!(a, place(&[]), "two replicas place new prefixes alike");
+    let mut per = [0usize; 7];
+    for i in &a {
+        per[*i] += 1;
+    }
+    assert!(per.iter().all(|&n| (3..=20).contains(&n)), "{per:?}");
+}
+
+#[test]
+fn a_hot_prefix_gains_a_home_under_load_and_returns_when_it_cools() {
+    let mut r = Router::new(3, &[]);
+    let hot = |q| prompt("", 1, q);
+    let (home, _) = r.serve(&hot(0), None);
+    // Ever more requests for it decode at once: each slows its home's steps, until recomputing
+    // the prefix elsewhere starts sooner.
+    let mut held = Vec::new();
+    let mut elsewhere = 0;
+    let mut decoding = [0usize; 3];
+    for q in 1..60 {
+        let (i, reason, mut t) = r.send(&hot(q));
+        // Each decoding request slows its instance's steps (about the prior's 256 characters
+        // of prefill at 5 µs each), as an engine's batch does.
+        t.first_token(r.now + 0.01 + 256.0 * 5e-6 * decoding[i] as f64);
+        decoding[i] += 1;
+        if i != home {
+            elsewhere += 1;
+            // The first copy elsewhere is a spill; later ones may hit that new home.
+            if elsewhere == 1 {
+                assert!(reason.is_overflow(), "{reason:?}");
+            }
+        }
+        held.push(t);
+    }
+    assert!(elsewhere > 0, "a hot prefix never gained a home");
+    assert!(
+        elsewhere < 50,
+        "the home kept too little: {elsewhere} of 59 went elsewhere"
+    );
+    for t in held {
+        t.finish(End::Finished { usage: None }, r.now);
+    }
+    // Cooled down: its traffic goes back to one home (the spare copies then age out of the
+    // engines' caches and the index).
+    let after: Vec<(usize, Reason)> = (100..110).map(|q| r.serve(&hot(q), None)).collect();
+    assert!(
+        after
+            .iter()
+            .all(|(i, reason)| *i == after[0].0 && *reason == Reason::CacheHit),
+        "{after:?}"
+    );
+}
+
+#[test]
+fn one_overloaded_instance_does_not_switch_cache_routing_off() {
+    let mut r = Router::new(3, &[]);
+    let homes: Vec<usize> = (0..9).map(|d| r.serve(&prompt("", d, d), None).0).collect();
+    let busy = homes[0];
+    // Its own document keeps it full of decoding requests.
+    let mut held = Vec::new();
+    for q in 0..20 {
+        let (i, _, mut t) = r.send(&prompt("", 0, 500 + q));
+        t.first_token(r.now);
+        assert_eq!(i, busy);
+        held.push(t);
+    }
+    for d in 1..9 {
+        if homes[d as usize] != busy {
+            let (i, reason) = r.serve(&prompt("", d, 50 + d), None);
+            assert_eq!(
+                (i, reason),
+                (homes[d as usize], Reason::CacheHit),
+                "doc {d}"
+            );
+        }
+    }
+    drop(held);
+}
+
+#[test]
+fn an_ejected_instance_is_forgotten() {
+    let mut r = Router::new(2, &[]);
+    let (home, _) = r.serve(&prompt("", 3, 0), None);
+    let id = r.fleet.snapshot().instances()[home].id().clone();
+    r.strategy.membership(&id, MembershipChange::Ejected, r.now);
+    let (_, reason) = r.serve(&prompt("", 3, 1), None);
+    assert_eq!(reason, Reason::Cold);
+}
+
+#[test]
+fn a_miss_behind_an_unfinished_prefill_is_not_taken_for_an_eviction() {
+    let mut r = Router::new(2, &[]);
+    let doc = |q| prompt("", 4, q);
+    // The first request is still prefilling when the second, predicted a hit, is sent; the
+    // engine reports no cached tokens for it (it does not share unfinished blocks).
+    let (home, _, first) = r.send(&doc(0));
+    let (i, reason, mut second) = r.send(&doc(1));
+    assert_eq!((i, reason), (home, Reason::CacheHit));
+    second.first_token(r.now);
+    second.finish(
+        End::Finished {
+            usage: Some(Usage {
+                prompt_tokens: 2_000,
+                cached_tokens: Some(0),
+            }),
+        },
+        r.now,
+    );
+    first.finish(End::Finished { usage: None }, r.now);
+    // The index still believes the home holds it.
+    let (i, reason) = r.serve(&doc(2), None);
+    assert_eq!((i, reason), (home, Reason::CacheHit));
+    let stats = r.strategy.stats().expect("stats");
+    assert_eq!(stats.reported_cached_tokens, 0);
+    assert!(stats.predicted_cached_tokens > 0);
+}
+
+#[test]
+fn a_miss_on_settled_blocks_shrinks_the_cache_estimate() {
+    let mut r = Router::new(1, &[]);
+    r.serve(&prompt("", 5, 0), None);
+    // Other documents pass through, then the engine says it no longer holds document 5.
+    for d in 0..3 {
+        r.serve(&prompt("", 10 + d, d), None);
+    }
+    let (_, reason) = r.serve(&prompt("", 5, 1), Some(0));
+    assert_eq!(reason, Reason::CacheHit);
+    // Now its estimated cache is about the blocks sent since: document 5, re-sent just now,
+    // is held; what came before the three others is not.
+    for d in 0..3 {
+        r.serve(&prompt("", 20 + d, d), None);
+    }
+    let (_, reason) = r.serve(&prompt("", 5, 2), None);
+    assert_eq!(reason, Reason::Cold, "the estimate did not shrink");
+}
