@@ -171,10 +171,16 @@ impl BlockIndex {
     }
 
     /// Records that every block of `chain` was sent to `slot` now: each becomes the most recently
-    /// used, and blocks the instance did not (probably) hold advance its counter.
+    /// used (the head most of all), and blocks the instance did not (probably) hold advance its
+    /// counter.
     pub fn touch(&mut self, chain: &[u64], slot: usize, slots: &mut Slots) {
         let tag = slot as u16 + 1;
-        for &h in chain {
+        // Last block first: the chain's head ends up the most recently used, both on the LRU
+        // list and in the stamps, so the index (and its picture of the engine, whose LRU frees
+        // a request's blocks tail first, as vLLM does) loses a prefix's tail before its head;
+        // otherwise a long prompt's first blocks would be forgotten while its later ones, now
+        // unreachable by a walk from the start, stayed.
+        for &h in chain.iter().rev() {
             let e = match self.table.get(&h) {
                 Some(&e) => {
                     self.unlink(e);
@@ -345,13 +351,19 @@ mod tests {
     fn the_budget_evicts_the_least_recently_used_block() {
         let mut ix = BlockIndex::new(3);
         let mut s = slots(1);
-        ix.touch(&[1, 2, 3], 0, &mut s);
-        ix.touch(&[1], 0, &mut s); // 1 is now the most recent, 2 the least
+        ix.touch(&[1, 2, 3], 0, &mut s); // the tail, 3, is the least recent
         ix.touch(&[5], 0, &mut s);
         assert_eq!(ix.len(), 3);
+        assert_eq!(
+            matches(&ix, &[1, 2, 3], &s, 1),
+            vec![2],
+            "the tail goes first"
+        );
+        assert_eq!(matches(&ix, &[5], &s, 1), vec![1]);
+        ix.touch(&[1], 0, &mut s); // now 2 is the least recent
+        ix.touch(&[6], 0, &mut s);
         assert_eq!(matches(&ix, &[1, 2], &s, 1), vec![1]);
         assert_eq!(matches(&ix, &[5], &s, 1), vec![1]);
-        assert_eq!(matches(&ix, &[3], &s, 1), vec![1]);
     }
 
     #[test]
@@ -361,10 +373,10 @@ mod tests {
         ix.touch(&[1, 2], 0, &mut s);
         ix.touch(&[1, 2], 1, &mut s);
         s.capacity[0] = 3;
-        // Distances of blocks 1 and 2 are now 3 and 2: an LRU cache of 3 blocks holds 2, 10
-        // and 11, so block 1 is gone and nothing matches on instance 0.
+        // Distances of blocks 1 and 2 are now 2 and 3: an LRU cache of 3 blocks that loses each
+        // chain's tail first holds 1, 10 and 11, so only the first block matches.
         ix.touch(&[10, 11], 0, &mut s);
-        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![0, 2]);
+        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![1, 2]);
         s.capacity[0] = 4;
         assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![2, 2]);
         s.forget(1);

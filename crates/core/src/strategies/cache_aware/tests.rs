@@ -261,11 +261,13 @@ fn a_miss_on_settled_blocks_shrinks_the_cache_estimate() {
     }
     let (_, reason) = r.serve(&prompt("", 5, 1), Some(0));
     assert_eq!(reason, Reason::CacheHit);
-    // Now its estimated cache is about the blocks sent since: document 5, re-sent just now,
-    // is held; what came before the three others is not.
-    for d in 0..3 {
+    // Now its estimated cache is about the blocks sent since document 5's tail was last used
+    // (document 5 itself and the three others): once more than that has passed again,
+    // document 5 counts as evicted.
+    assert!(r.serve(&prompt("", 5, 2), None).1 == Reason::CacheHit);
+    for d in 0..5 {
         r.serve(&prompt("", 20 + d, d), None);
     }
-    let (_, reason) = r.serve(&prompt("", 5, 2), None);
+    let (_, reason) = r.serve(&prompt("", 5, 3), None);
     assert_eq!(reason, Reason::Cold, "the estimate did not shrink");
 }
