@@ -157,6 +157,14 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "EVENTS", value_parser = parse_scale)]
     pub scale: Option<ScaleEvents>,
 
+    /// Load sweep, e.g. `--load 0.5,0.8,0.95`: the generated workload at open-loop (Poisson)
+    /// rates that are these fractions of the fleet's capacity, every strategy at each. Capacity
+    /// is measured first: the same requests closed loop with 64 clients per instance through
+    /// least-outstanding, its completed requests per second. `--plot` then draws P90 TTFT
+    /// against load and `--json` writes the whole sweep.
+    #[arg(long, value_name = "L,L,...", value_delimiter = ',', conflicts_with_all = ["trace", "rate", "concurrency"], value_parser = parse_rate)]
+    pub load: Vec<f64>,
+
     /// Write the full report as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use prefix_router_core::{ConcurrencyThreshold, PrefixLength, StrategyConfig};
+use prefix_router_sim::sweep::{self, load_sweep};
 use prefix_router_sim::{plot, simulate, table, Driver, SimConfig, SimWorkload, WorkloadSource};
 use prefix_router_workload::{trace, Arrival, Request};
 
@@ -22,6 +23,9 @@ const HIT_RATE_BUCKETS: usize = 50;
 /// Runs `simulate`.
 pub fn run(args: SimulateArgs) -> Result<()> {
     let workload = load_workload(&args)?;
+    if !args.load.is_empty() {
+        return run_sweep(&args, &workload);
+    }
     let config = sim_config(&args, &workload)?;
     let started = Instant::now();
     let mut bar = DelayedBar::new();
@@ -41,6 +45,43 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     }
     if let Some(path) = &args.plot {
         plot::write_svg(&report, path).with_context(|| format!("--plot {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `simulate --load`: the sweep's table, JSON and plot.
+fn run_sweep(args: &SimulateArgs, workload: &SimWorkload) -> Result<()> {
+    let WorkloadSource::Generated { spec } = &workload.source else {
+        anyhow::bail!("--load needs a generated workload (--workload NAME), not --trace");
+    };
+    let config = sim_config(args, workload)?;
+    let started = Instant::now();
+    let mut bar = DelayedBar::new();
+    let sweep = load_sweep(&workload.name, spec, &config, &args.load, &mut |_, p| {
+        bar.update(p)
+    });
+    bar.finish();
+    let sweep = sweep?;
+    println!(
+        "Workload: {} ({} requests), {} x {}, loads {:?}",
+        workload.name,
+        workload.requests.len(),
+        config.instances,
+        config.preset,
+        args.load
+    );
+    print!("{}", sweep::render(&sweep));
+    eprintln!(
+        "simulated {} loads x {} strategies (and the capacity run) in {:.1} s",
+        args.load.len(),
+        config.strategies.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(path) = &args.json {
+        crate::report_file::write_json(path, &sweep)?;
+    }
+    if let Some(path) = &args.plot {
+        plot::write_load_svg(&sweep, path).with_context(|| format!("--plot {}", path.display()))?;
     }
     Ok(())
 }

@@ -265,3 +265,42 @@ fn param_overrides_reach_the_workload_and_the_report() {
     assert!(text.contains("\"documents\":7"), "{text}");
     assert!(text.contains("\"groups\":2"), "{text}");
 }
+
+#[test]
+fn load_sweep_measures_capacity_and_runs_each_load() {
+    let json = tmp("sweep.json");
+    let svg = tmp("sweep.svg");
+    let out = small_run(
+        &[
+            "--strategies",
+            "least-outstanding,cache-aware",
+            "--load",
+            "0.5,0.9",
+            "--plot",
+            svg.to_str().expect("utf-8 temp path"),
+        ],
+        &json,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Capacity:"), "{text}");
+    let v = read_json(&json);
+    let cap = v["capacity_rps"].as_f64().expect("capacity");
+    assert!(cap > 0.0);
+    let points = v["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2);
+    for (p, load) in points.iter().zip([0.5, 0.9]) {
+        assert_eq!(p["load"].as_f64(), Some(load));
+        let rate = p["rate_rps"].as_f64().expect("rate");
+        assert!((rate - load * cap).abs() < 1e-6 * cap);
+        assert_eq!(p["report"]["results"].as_array().map(Vec::len), Some(2));
+    }
+    let svg = std::fs::read_to_string(&svg).expect("svg written");
+    assert!(svg.contains("<svg") && svg.contains("TTFT P90 against load"));
+    let bad = run(&["simulate", "--trace", "x.jsonl", "--load", "0.5"]);
+    assert!(!bad.status.success());
+}

@@ -21,6 +21,7 @@ pub mod report;
 pub mod run;
 pub mod simulate;
 pub mod stats;
+pub mod sweep;
 pub mod table;
 
 pub use config::{Driver, SimConfig};

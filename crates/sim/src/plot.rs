@@ -250,3 +250,86 @@ where
         .draw()
         .map_err(plot_err)
 }
+
+/// Writes the load sweep's SVG (P90 TTFT against load, one line per strategy) to `path`.
+pub fn write_load_svg(sweep: &crate::sweep::LoadSweep, path: &Path) -> Result<(), SimError> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, PANEL_HEIGHT)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        p90_against_load(sweep, &root)?;
+        root.present().map_err(plot_err)?;
+    }
+    std::fs::write(path, svg).map_err(|e| SimError::Plot(format!("{}: {e}", path.display())))
+}
+
+fn p90_against_load(sweep: &crate::sweep::LoadSweep, area: &Area<'_, '_>) -> Result<(), SimError> {
+    let loads = sweep.points.iter().map(|p| p.load);
+    let (x_lo, x_hi) = loads.fold((f64::INFINITY, 0.0f64), |(lo, hi), l| {
+        (lo.min(l), hi.max(l))
+    });
+    let (x_lo, x_hi) = if x_hi > x_lo {
+        (x_lo, x_hi)
+    } else {
+        (x_lo - 0.1, x_lo + 0.1)
+    };
+    let y_hi = sweep
+        .points
+        .iter()
+        .flat_map(|p| p.report.results.iter().map(|r| r.ttft_ms.p90))
+        .fold(1.0f64, f64::max);
+    let pad = (x_hi - x_lo) * 0.05;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!(
+                "TTFT P90 against load (1.0 = {:.2} req/s, measured capacity)",
+                sweep.capacity_rps
+            ),
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((x_lo - pad)..(x_hi + pad), 0.0..(y_hi * 1.1))
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("load (fraction of capacity)")
+        .y_desc("TTFT P90 (ms)")
+        .draw()
+        .map_err(plot_err)?;
+    let names: Vec<&str> = sweep
+        .points
+        .first()
+        .map(|p| {
+            p.report
+                .results
+                .iter()
+                .map(|r| r.strategy.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    for (i, name) in names.iter().enumerate() {
+        let c = colour(i);
+        let line: Vec<(f64, f64)> = sweep
+            .points
+            .iter()
+            .filter_map(|p| {
+                p.report
+                    .results
+                    .iter()
+                    .find(|r| r.strategy == *name)
+                    .map(|r| (p.load, r.ttft_ms.p90))
+            })
+            .collect();
+        chart
+            .draw_series(LineSeries::new(line.clone(), c.stroke_width(2)))
+            .map_err(plot_err)?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        chart
+            .draw_series(line.into_iter().map(|pt| Circle::new(pt, 4, c.filled())))
+            .map_err(plot_err)?;
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)
+}
