@@ -244,6 +244,8 @@ struct Candidate {
     expected_s: f64,
     /// What the whole prompt's prefill costs there (the scale of a meaningful difference).
     full_prefill_s: f64,
+    /// Blocks it probably holds (cache pressure).
+    footprint: u32,
 }
 
 impl State {
@@ -303,6 +305,7 @@ impl Strategy for CacheAware {
                 matched_units,
                 expected_s: cost.ttft(prefill, f64::from(load.decoding)),
                 full_prefill_s: cost.per_unit_s * f64::from(req.prompt_units),
+                footprint: slot.map_or(0, |s| st.slots.footprint(s)),
             });
         }
         let Some(best) = cands
@@ -333,8 +336,18 @@ impl Strategy for CacheAware {
             .copied()
             .or(req.key.map(|k| k.0))
             .unwrap_or(0);
+        // A prefix nobody tied holds adds to a cache: not to one already well above the tied
+        // candidates' mean (rendezvous alone leaves some instances with twice the prefixes of
+        // others, and the fullest then evicts what it was sent).
+        let (n, sum) = tied()
+            .filter(|c| c.matched_blocks == held)
+            .fold((0u64, 0u64), |(n, sum), c| {
+                (n + 1, sum + u64::from(c.footprint))
+            });
+        let roomy = |c: &&Candidate| held > 0 || u64::from(c.footprint) * 10 * n <= sum * 11;
         let chosen = tied()
             .filter(|c| c.matched_blocks == held)
+            .filter(roomy)
             .max_by_key(|c| rendezvous_mix(KeyHash(tie_key), fleet.instances()[c.index].id_hash()))
             .copied()
             .ok_or_else(|| no_instance(req.model))?;

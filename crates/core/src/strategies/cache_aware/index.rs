@@ -92,6 +92,12 @@ impl Slots {
         let d = self.distance(slot, stamp);
         d < cap && d < since_forgotten
     }
+    /// Blocks the instance probably holds: those sent since it was last forgotten, at most its
+    /// estimated capacity.
+    pub fn footprint(&self, slot: usize) -> u32 {
+        let since = self.distance(slot, self.forgotten_at.get(slot).copied().unwrap_or(0));
+        since.min(self.capacity.get(slot).copied().unwrap_or(0))
+    }
     /// Makes every block the instance was sent look evicted (it lost or may have lost its cache).
     pub fn forget(&mut self, slot: usize) {
         if let (Some(c), Some(f)) = (self.counter.get_mut(slot), self.forgotten_at.get_mut(slot)) {
