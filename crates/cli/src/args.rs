@@ -223,7 +223,8 @@ pub fn strategies_help() -> String {
     for e in prefix_router_core::REGISTRY {
         out.push_str(&format!("  {:<18} {}\n", e.name, e.about));
         for p in e.params {
-            out.push_str(&format!("      {}={:<10} {}\n", p.name, p.default, p.help));
+            let setting = format!("{}={}", p.name, p.default);
+            out.push_str(&format!("      {setting:<30} {}\n", p.help));
         }
     }
     out

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use prefix_router_core::extract::chat_route;
 use prefix_router_core::{
-    dispatch, Chain, End, InstanceId, KeyHash, KeyOptions, RouteRequest, RouteRng, Strategy,
-    Ticket, Usage,
+    dispatch, Chain, End, ExtractError, InstanceId, KeyHash, KeyOptions, RequestInfo, RouteRequest,
+    RouteRng, Strategy, Ticket, Usage,
 };
 use prefix_router_engine_model::{EngineConfig, EngineEvent, EngineRequest};
 use prefix_router_workload::Request;
@@ -87,6 +87,17 @@ struct Loop<'a> {
     finished: u64,
     next_unsent: usize,
     scratch: Vec<EngineEvent>,
+}
+
+/// What routing reads from `req`, by the server's own extraction of its chat body: rendered
+/// only as far as `opts` reads (the key's prefix, or the chain's bound), which gives the same
+/// key and chain as the full body a client sends.
+pub fn route_info(req: &Request, opts: &KeyOptions) -> Result<RequestInfo, ExtractError> {
+    let reads = opts
+        .chain
+        .map_or(0, |c| c.max_units as usize)
+        .max(opts.prefix_length.get());
+    chat_route(req.chat_body(false, Some(reads)).as_bytes(), opts)
 }
 
 /// Replays the workload through `strategy` on a fresh fleet; `progress(finished)` is called every
@@ -183,17 +194,14 @@ impl Loop<'_> {
         let req = &inputs.requests[request];
         let mut key = inputs.keys[request];
         if let Some(spec) = self.strategy.chain_spec() {
-            // The same extraction the server runs, reading as far as the chain goes.
-            let body = req.chat_body(false, Some(spec.max_units as usize));
             let opts = KeyOptions {
                 prefix_length: inputs.config.prefix_length,
                 chain: Some(spec),
             };
-            let info =
-                chat_route(body.as_bytes(), &opts).map_err(|e| SimError::InvalidRequest {
-                    request,
-                    why: format!("routing key: {e}"),
-                })?;
+            let info = route_info(req, &opts).map_err(|e| SimError::InvalidRequest {
+                request,
+                why: format!("routing key: {e}"),
+            })?;
             key = info.key;
             self.chain = info.chain;
         }

@@ -1,7 +1,7 @@
 //! The entry point: every strategy over the same workload, each on a fresh fleet.
 
 use prefix_router_core::strategy::OverflowPolicy;
-use prefix_router_core::{extract, KeyHash, StrategyConfig};
+use prefix_router_core::{KeyHash, KeyOptions, StrategyConfig};
 use prefix_router_engine_model::{EngineConfig, PRESETS};
 use prefix_router_workload::Request;
 
@@ -77,8 +77,7 @@ pub fn routing_keys(requests: &[Request], config: &SimConfig) -> Result<Vec<KeyH
             if req.output_tokens == 0 {
                 return Err(bad("output_tokens must be at least 1".into()));
             }
-            let body = req.chat_body(false, Some(len.get()));
-            extract::chat_request(body.as_bytes(), len)
+            crate::run::route_info(req, &KeyOptions::key_only(len))
                 .map(|info| info.key)
                 .map_err(|e| bad(format!("routing key: {e}")))
         })

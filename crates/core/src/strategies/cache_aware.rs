@@ -90,7 +90,7 @@ const PARAMS: &[ParamSpec] = &[
     ParamSpec {
         name: "tie-tolerance",
         default: "0.1",
-        help: "candidates within this fraction of the best expected TTFT count as tied",
+        help: "candidates within this fraction of the whole prompt's prefill cost of the best expected TTFT count as tied",
     },
     ParamSpec {
         name: "cache-chars",
