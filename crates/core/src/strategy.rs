@@ -73,6 +73,11 @@ pub enum Feedback {
     Cancelled,
 }
 
+/// Words a strategy keeps on a ticket ([`Strategy::dispatched`]).
+pub const NOTE_WORDS: usize = 3;
+/// What a strategy keeps on a ticket: opaque to everyone else.
+pub type Note = [u64; NOTE_WORDS];
+
 /// What a strategy remembers about one dispatched request, handed back with each feedback.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TicketInfo {
@@ -86,7 +91,7 @@ pub struct TicketInfo {
     /// predict).
     pub predicted_cached_units: u32,
     /// Opaque words the strategy stored at dispatch ([`Strategy::dispatched`]).
-    pub note: [u64; 2],
+    pub note: Note,
     /// When it was sent.
     pub sent_at: f64,
     /// When its first token came (set by the ticket before [`Feedback::FirstToken`] is told).
@@ -149,14 +154,9 @@ pub trait Strategy: Send + Sync + std::fmt::Debug {
     }
     /// The request of `decision` was sent to `instance`: learn from it. Returns opaque words the
     /// ticket keeps and hands back with each feedback ([`TicketInfo::note`]).
-    fn dispatched(
-        &self,
-        req: &RouteRequest<'_>,
-        decision: &Decision,
-        instance: &Instance,
-    ) -> [u64; 2] {
+    fn dispatched(&self, req: &RouteRequest<'_>, decision: &Decision, instance: &Instance) -> Note {
         let _ = (req, decision, instance);
-        [0; 2]
+        [0; NOTE_WORDS]
     }
     /// Something happened to a dispatched request. Called by the ticket: `FirstToken` at most
     /// once and before the one terminal event.

@@ -40,10 +40,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use self::index::{BlockIndex, Slots};
-use self::load::{Cost, InstanceLoad};
+use self::load::{Cost, InstanceLoad, Pool};
 use super::common::no_instance;
 use super::prefix_aware::rendezvous_mix;
-use crate::strategy::{Feedback, MembershipChange, ParamSpec, StrategyEntry, StrategyStats};
+use crate::strategy::{Feedback, MembershipChange, Note, ParamSpec, StrategyEntry, StrategyStats};
 use crate::{
     ChainSpec, ConfigError, Decision, FleetSnapshot, Instance, InstanceId, KeyHash, Reason,
     RouteError, RouteRequest, RouteRng, Strategy, StrategyConfig, TicketInfo,
@@ -93,6 +93,11 @@ const PARAMS: &[ParamSpec] = &[
         help: "candidates within this fraction of the whole prompt's prefill cost of the best expected TTFT count as tied",
     },
     ParamSpec {
+        name: "max-share",
+        default: "1.2",
+        help: "an instance whose share of recent requests would exceed this multiple of the mean takes no more until others catch up, so a hot prefix gains homes (0: off)",
+    },
+    ParamSpec {
         name: "cache-chars",
         default: "0",
         help: "each instance's prefix cache in characters (0: learned from cached_tokens)",
@@ -112,6 +117,8 @@ pub struct CacheAwareConfig {
     pub tie_tolerance: f64,
     /// Starting estimate of each instance's cache, in blocks (`u32::MAX`: unknown).
     pub cache_blocks: u32,
+    /// Bound on an instance's share of recent requests, as a multiple of the mean (0: none).
+    pub max_share: f64,
 }
 
 impl CacheAwareConfig {
@@ -146,6 +153,10 @@ impl CacheAwareConfig {
         if !(0.0..=1.0).contains(&tie_tolerance) {
             return Err(bad("tie-tolerance", "must be within 0..=1"));
         }
+        let max_share: f64 = c.param("max-share")?;
+        if !(max_share == 0.0 || (1.0..=100.0).contains(&max_share)) {
+            return Err(bad("max-share", "must be 0 (off) or within 1..=100"));
+        }
         let cache_chars: u64 = c.param("cache-chars")?;
         let cache_blocks = if cache_chars == 0 {
             u32::MAX
@@ -165,6 +176,7 @@ impl CacheAwareConfig {
             },
             tie_tolerance,
             cache_blocks,
+            max_share,
         })
     }
 }
@@ -176,12 +188,20 @@ struct State {
     slots: Slots,
     slot_of: HashMap<u64, u16>,
     loads: Vec<InstanceLoad>,
+    /// The fleet's cost fit, which each instance's is blended with.
+    pool: Pool,
     /// Per slot, the insertion counter at which each request still waiting for its first
     /// token started: blocks stamped after one of these may not be computed yet.
     pending: Vec<VecDeque<u32>>,
     matched: Vec<u32>,
+    /// Per slot, requests sent there recently (exponentially decayed over about
+    /// [`SHARE_WINDOW`] requests per instance).
+    recent: Vec<f64>,
     stats: StrategyStats,
 }
+
+/// Requests per instance over which the share bound looks (the decay of `recent`).
+const SHARE_WINDOW: f64 = 256.0;
 
 /// The strategy; see the module documentation.
 #[derive(Debug)]
@@ -209,8 +229,10 @@ impl CacheAware {
             slots: Slots::default(),
             slot_of: HashMap::new(),
             loads: Vec::new(),
+            pool: Pool::new(config.prior),
             pending: Vec::new(),
             matched: Vec::new(),
+            recent: Vec::new(),
             stats: StrategyStats {
                 index_budget_blocks: config.index_blocks as u64,
                 match_blocks_histogram: vec![0; MATCH_BUCKETS],
@@ -246,6 +268,8 @@ struct Candidate {
     full_prefill_s: f64,
     /// Blocks it probably holds (cache pressure).
     footprint: u32,
+    /// Requests sent there recently.
+    recent: f64,
 }
 
 impl State {
@@ -259,6 +283,7 @@ impl State {
         self.pending.push(VecDeque::new());
         self.slots.ensure(s, config.cache_blocks);
         self.matched.push(0);
+        self.recent.push(0.0);
         s
     }
 }
@@ -289,6 +314,7 @@ impl Strategy for CacheAware {
         st.index
             .longest_matches(req.chain, &st.slots, &mut st.matched);
         let idle = InstanceLoad::new(cfg.prior);
+        let instances = st.loads.len();
         let block = cfg.chain.block_units;
         let mut cands: Vec<Candidate> = Vec::with_capacity(fleet.len());
         for (index, inst) in fleet.eligible(req.model) {
@@ -297,7 +323,7 @@ impl Strategy for CacheAware {
             let load = slot.map_or(&idle, |s| &st.loads[s]);
             let matched_units = matched_blocks.saturating_mul(block).min(req.prompt_units);
             let uncached = f64::from(req.prompt_units - matched_units);
-            let cost = load.cost();
+            let cost = load.cost(&st.pool, instances);
             let prefill = load.queued_units as f64 + uncached;
             cands.push(Candidate {
                 index,
@@ -306,8 +332,23 @@ impl Strategy for CacheAware {
                 expected_s: cost.ttft(prefill, f64::from(load.decoding)),
                 full_prefill_s: cost.per_unit_s * f64::from(req.prompt_units),
                 footprint: slot.map_or(0, |s| st.slots.footprint(s)),
+                recent: slot.map_or(0.0, |s| st.recent[s]),
             });
         }
+        // Bounded load: an instance that would take more than `max_share` times the mean of the
+        // recent requests is out of this decision (its holders' prefix then gains a home
+        // elsewhere). Plus one request of slack, as bounded-load hashing rounds up, so that a
+        // quiet fleet is not bound at all. The least loaded always stays in.
+        // The longest match among all, for the reasons, before the bound takes any out.
+        let longest = cands.iter().max_by_key(|c| c.matched_blocks).copied();
+        let bound = cfg.max_share * (cands.iter().map(|c| c.recent).sum::<f64>() + 1.0)
+            / cands.len().max(1) as f64
+            + 1.0;
+        let all = cands.len();
+        if cfg.max_share > 0.0 {
+            cands.retain(|c| c.recent + 1.0 <= bound);
+        }
+        debug_assert!(all == 0 || !cands.is_empty());
         let Some(best) = cands
             .iter()
             .min_by(|a, b| a.expected_s.total_cmp(&b.expected_s))
@@ -315,7 +356,6 @@ impl Strategy for CacheAware {
         else {
             return Err(no_instance(req.model));
         };
-        let longest = cands.iter().max_by_key(|c| c.matched_blocks).copied();
         let max_blocks = longest.map_or(0, |c| c.matched_blocks);
         // Tied: within `tie_tolerance` of the whole prompt's prefill of the best. Measured
         // against that rather than against the best's own (maybe tiny) cost, so that noise in
@@ -323,12 +363,22 @@ impl Strategy for CacheAware {
         // them on every request.
         let limit = best.expected_s + cfg.tie_tolerance * best.full_prefill_s;
         let tied = || cands.iter().filter(|c| c.expected_s <= limit);
-        // The tied candidates that hold most compete by a rendezvous score of a block that
-        // names the prefix they compete for: the last block they hold (so a cooled hot prefix
-        // goes back to one home, the same one every time), or, when none of them holds any, the
-        // first block nobody holds (so new documents behind a shared opening spread out).
+        let max_units = longest.map_or(0, |c| c.matched_units);
+        // Among the tied, a match counts by what it saves: those within the same tolerance of
+        // the longest match compete (a shared opening that is a small part of the prompt does
+        // not make its holders the only candidates for every new document behind it).
         let held = tied().map(|c| c.matched_blocks).max().unwrap_or(0);
-        let at = if held > 0 { held - 1 } else { max_blocks };
+        let held_units = held.saturating_mul(block).min(req.prompt_units);
+        let slack = (cfg.tie_tolerance * f64::from(req.prompt_units)) as u32;
+        let floor = held_units.saturating_sub(slack);
+        let competing = || tied().filter(|c| c.matched_units >= floor);
+        // They compete by a rendezvous score of a block that names what the choice is about.
+        // When the held prefix is most of the prompt, its last block (so a cooled hot prefix
+        // goes back to one home, the same one every time). Otherwise the new content after it:
+        // the first block past the longest match (so new documents behind a shared opening,
+        // or on an idle fleet, spread out deterministically and router replicas agree).
+        let new_content = 2 * u64::from(held_units) < u64::from(req.prompt_units) || held == 0;
+        let at = if new_content { held } else { held - 1 };
         let tie_key = req
             .chain
             .get(at as usize)
@@ -336,17 +386,14 @@ impl Strategy for CacheAware {
             .copied()
             .or(req.key.map(|k| k.0))
             .unwrap_or(0);
-        // A prefix nobody tied holds adds to a cache: not to one already well above the tied
+        // New content adds to a cache: not to one already well above the competing
         // candidates' mean (rendezvous alone leaves some instances with twice the prefixes of
         // others, and the fullest then evicts what it was sent).
-        let (n, sum) = tied()
-            .filter(|c| c.matched_blocks == held)
-            .fold((0u64, 0u64), |(n, sum), c| {
-                (n + 1, sum + u64::from(c.footprint))
-            });
-        let roomy = |c: &&Candidate| held > 0 || u64::from(c.footprint) * 10 * n <= sum * 11;
-        let chosen = tied()
-            .filter(|c| c.matched_blocks == held)
+        let (n, sum) = competing().fold((0u64, 0u64), |(n, sum), c| {
+            (n + 1, sum + u64::from(c.footprint))
+        });
+        let roomy = |c: &&Candidate| !new_content || u64::from(c.footprint) * 10 * n <= sum * 11;
+        let chosen = competing()
             .filter(roomy)
             .max_by_key(|c| rendezvous_mix(KeyHash(tie_key), fleet.instances()[c.index].id_hash()))
             .copied()
@@ -356,9 +403,10 @@ impl Strategy for CacheAware {
                 .map(|c| fleet.instances()[c.index].id().clone())
                 .unwrap_or_else(|| fleet.instances()[chosen.index].id().clone())
         };
-        let reason = if max_blocks == 0 {
+        // Reasons by the same measure: a match within the tolerance of nothing is no holder.
+        let reason = if max_blocks == 0 || max_units <= slack {
             Reason::Cold
-        } else if chosen.matched_blocks == max_blocks {
+        } else if chosen.matched_units + slack >= max_units {
             Reason::CacheHit
         } else if chosen.matched_blocks > 0 {
             Reason::HotReplica { from: from() }
@@ -372,12 +420,7 @@ impl Strategy for CacheAware {
         })
     }
 
-    fn dispatched(
-        &self,
-        req: &RouteRequest<'_>,
-        decision: &Decision,
-        instance: &Instance,
-    ) -> [u64; 2] {
+    fn dispatched(&self, req: &RouteRequest<'_>, decision: &Decision, instance: &Instance) -> Note {
         let cfg = &self.config;
         let mut st = self.lock();
         let st = &mut *st;
@@ -400,8 +443,16 @@ impl Strategy for CacheAware {
                     .all(|&p| d >= slots.distance(slot, p))
             })
             .unwrap_or(u32::MAX);
+        // Blocks past the prediction that the index has sent there but takes for evicted: if
+        // the engine reports them cached, the cache is at least as large as their distance.
+        let (beyond, beyond_distance) =
+            st.index
+                .stamped_from(req.chain, predicted_blocks, slot, &st.slots);
         let start = st.slots.counter[slot];
         st.index.touch(req.chain, slot, &mut st.slots);
+        let keep = 1.0 - 1.0 / (SHARE_WINDOW * st.recent.len() as f64);
+        st.recent.iter_mut().for_each(|r| *r *= keep);
+        st.recent[slot] += 1.0;
         st.pending[slot].push_back(start);
         let load = &mut st.loads[slot];
         // What it waits behind, the two variables its time to first token is learned on: the
@@ -411,7 +462,11 @@ impl Strategy for CacheAware {
             u64::from(req.prompt_units - decision.predicted_cached_units.min(req.prompt_units));
         load.waiting += 1;
         st.stats.match_blocks_histogram[bucket(predicted_blocks as u32)] += 1;
-        [ahead, (u64::from(distance) << 32) | u64::from(start)]
+        [
+            ahead,
+            (u64::from(distance) << 32) | u64::from(start),
+            (u64::from(beyond) << 32) | u64::from(beyond_distance),
+        ]
     }
 
     fn feedback(&self, t: &TicketInfo, event: &Feedback, now: f64) {
@@ -440,7 +495,12 @@ impl Strategy for CacheAware {
                 load.decoding += 1;
                 let queued = t.note[0] & ((1 << 40) - 1);
                 let decoding = t.note[0] >> 40;
-                load.observe((queued + uncached) as f64, decoding as f64, now - t.sent_at);
+                load.observe(
+                    &mut st.pool,
+                    (queued + uncached) as f64,
+                    decoding as f64,
+                    now - t.sent_at,
+                );
             }
             Feedback::Finished { usage } => {
                 load.decoding = load.decoding.saturating_sub(1);
@@ -522,11 +582,18 @@ impl CacheAware {
                 };
             }
         } else if reported_units > predicted_units + block && *cap != u32::MAX {
-            // The engine held more than we thought resident: the estimate was too small by at
-            // least the blocks it held beyond the prediction.
-            let missed = (reported_units - predicted_units) / block;
-            let grown = (f64::from(*cap) * 1.25).max(f64::from(*cap) + missed);
-            *cap = grown.min(f64::from(u32::MAX - 1)) as u32;
+            // The engine held more than we thought resident. If it held every block the index
+            // had sent there past the prediction, its cache is at least their oldest distance.
+            // (A surplus the index never sent there, a prefix with more holders than the index
+            // keeps or sent by another router, says nothing about its size.)
+            let beyond_units = f64::from((t.note[2] >> 32) as u32) * block;
+            let beyond_distance = t.note[2] as u32;
+            let all_beyond = (predicted_units + beyond_units).min(f64::from(t.prompt_units));
+            if beyond_units > 0.0 && reported_units + block >= all_beyond {
+                *cap = (*cap)
+                    .max(beyond_distance.saturating_add(1))
+                    .min(u32::MAX - 1);
+            }
         }
     }
 }

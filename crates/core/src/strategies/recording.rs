@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use crate::strategy::{Feedback, MembershipChange, TicketInfo};
+use crate::strategy::{Feedback, MembershipChange, Note, TicketInfo};
 use crate::{
     Decision, FleetSnapshot, Instance, InstanceId, Reason, RouteError, RouteRequest, RouteRng,
     Strategy,
@@ -30,7 +30,7 @@ pub enum Call {
         event: Feedback,
         now: f64,
         sent_at: f64,
-        note: [u64; 2],
+        note: Note,
     },
     /// [`Strategy::membership`].
     Membership {
@@ -48,7 +48,7 @@ pub struct Recording {
 
 impl Recording {
     /// The note every dispatch returns, so a test can check that tickets hand it back.
-    pub const NOTE: [u64; 2] = [7, 0];
+    pub const NOTE: Note = [7, 0, 0];
 
     /// A recorder that sends everything to the `pick` eligible instance.
     pub fn new(pick: Pick) -> Self {
@@ -97,7 +97,7 @@ impl Strategy for Recording {
         true
     }
 
-    fn dispatched(&self, req: &RouteRequest<'_>, _d: &Decision, instance: &Instance) -> [u64; 2] {
+    fn dispatched(&self, req: &RouteRequest<'_>, _d: &Decision, instance: &Instance) -> Note {
         self.push(Call::Dispatched {
             instance: instance.id().clone(),
             now: req.now,

@@ -85,6 +85,12 @@ impl Slots {
             .get(slot)
             .map_or(u32::MAX, |c| c.wrapping_sub(stamp))
     }
+    /// Whether a block stamped at `stamp` was sent since the instance was last forgotten
+    /// (resident or not).
+    pub fn known(&self, slot: usize, stamp: u32) -> bool {
+        self.distance(slot, stamp)
+            < self.distance(slot, self.forgotten_at.get(slot).copied().unwrap_or(0))
+    }
     fn resident(&self, slot: usize, stamp: u32) -> bool {
         let cap = self.capacity.get(slot).copied().unwrap_or(0);
         let since_forgotten =
@@ -116,6 +122,10 @@ pub struct BlockIndex {
     head: u32,
     tail: u32,
     budget: usize,
+    /// One bit per entry: the block was sent to more instances than it lists, and a listed
+    /// one that still held it was displaced. The walk then lets every instance that reached it
+    /// through it (see [`BlockIndex::longest_matches`]).
+    crowded: Vec<u64>,
 }
 
 impl BlockIndex {
@@ -128,6 +138,7 @@ impl BlockIndex {
             head: NIL,
             tail: NIL,
             budget: budget.max(1),
+            crowded: Vec::new(),
         }
     }
 
@@ -148,30 +159,63 @@ impl BlockIndex {
         self.entries.capacity() * std::mem::size_of::<Entry>()
             + self.table.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
             + self.free.capacity() * 4
+            + self.crowded.capacity() * 8
+    }
+
+    fn is_crowded(&self, e: u32) -> bool {
+        self.crowded
+            .get(e as usize / 64)
+            .is_some_and(|w| w & (1 << (e % 64)) != 0)
+    }
+    fn set_crowded(&mut self, e: u32, on: bool) {
+        let word = e as usize / 64;
+        if self.crowded.len() <= word {
+            self.crowded.resize(word + 1, 0);
+        }
+        if on {
+            self.crowded[word] |= 1 << (e % 64);
+        } else {
+            self.crowded[word] &= !(1 << (e % 64));
+        }
     }
 
     /// For each block of `chain` in order, the slots that still (probably) hold it and held every
     /// block before it: `matched[slot]` is set to the number of leading blocks that slot holds.
     /// Stops at the first block no slot continues: O(matched blocks x [`HOLDERS`]).
     /// `matched` must be zeroed for the slots of interest and long enough for every slot.
+    ///
+    /// A crowded block (more holders than it lists: a shared opening on a large fleet) lets
+    /// through every slot that reached it, unlisted or not, without counting for them: a slot
+    /// listed on a later block is taken to hold the crowded ones before it (that later block's
+    /// hash covers them, and an engine keeps a prefix's head longer than its tail), and one that
+    /// is not keeps the match it had before them.
     pub fn longest_matches(&self, chain: &[u64], slots: &Slots, matched: &mut [u32]) {
+        // Where the current run of crowded blocks started.
+        let mut crowd_from: Option<u32> = None;
         for (i, h) in chain.iter().enumerate() {
             let Some(&e) = self.table.get(h) else {
                 return;
             };
+            let i = i as u32;
             let entry = &self.entries[e as usize];
+            let crowded = self.is_crowded(e);
+            let reached = |m: u32| m == i || crowd_from.is_some_and(|from| m >= from);
             let mut advanced = false;
             for holder in entry.holders.iter().filter(|h| h.slot != 0) {
                 let slot = usize::from(holder.slot - 1);
                 if let Some(m) = matched.get_mut(slot) {
-                    if *m as usize == i && slots.resident(slot, holder.stamp) {
-                        *m += 1;
+                    if reached(*m) && slots.resident(slot, holder.stamp) {
+                        *m = i + 1;
                         advanced = true;
                     }
                 }
             }
-            if !advanced {
+            if crowded {
+                crowd_from = crowd_from.or(Some(i));
+            } else if !advanced {
                 return;
+            } else {
+                crowd_from = None;
             }
         }
     }
@@ -195,25 +239,28 @@ impl BlockIndex {
                 None => self.insert(h),
             };
             self.push_front(e);
+            let crowded = self.is_crowded(e);
             let entry = &mut self.entries[e as usize];
-            let had = entry
-                .holders
-                .iter()
-                .position(|x| x.slot == tag)
-                .filter(|&p| slots.resident(slot, entry.holders[p].stamp));
-            if had.is_none() {
+            let listed = entry.holders.iter().position(|x| x.slot == tag);
+            // An unlisted instance sent a crowded block most likely holds it already.
+            let had = listed.map_or(crowded, |p| slots.resident(slot, entry.holders[p].stamp));
+            if !had {
                 if let Some(c) = slots.counter.get_mut(slot) {
                     *c = c.wrapping_add(1);
                 }
             }
             let stamp = slots.counter.get(slot).copied().unwrap_or(0);
-            let at = entry
-                .holders
-                .iter()
-                .position(|x| x.slot == tag)
+            let at = listed
                 .or_else(|| entry.holders.iter().position(|x| x.slot == 0))
                 .unwrap_or_else(|| oldest(&entry.holders, slots));
+            let displaced = entry.holders[at];
             entry.holders[at] = Holder { slot: tag, stamp };
+            if displaced.slot != 0
+                && displaced.slot != tag
+                && slots.resident(usize::from(displaced.slot - 1), displaced.stamp)
+            {
+                self.set_crowded(e, true);
+            }
         }
     }
 
@@ -226,6 +273,30 @@ impl BlockIndex {
             .iter()
             .find(|x| x.slot == tag)
             .map(|x| x.stamp)
+    }
+
+    /// How far past block `from` the index has `chain` stamped for `slot` (since it was last
+    /// forgotten, resident or not), and the largest distance of those stamps: what the engine
+    /// must have kept for it still to hold them all.
+    pub fn stamped_from(
+        &self,
+        chain: &[u64],
+        from: usize,
+        slot: usize,
+        slots: &Slots,
+    ) -> (u32, u32) {
+        let mut blocks = 0u32;
+        let mut oldest = 0u32;
+        for h in chain.iter().skip(from) {
+            match self.stamp(*h, slot).filter(|&s| slots.known(slot, s)) {
+                Some(stamp) => {
+                    blocks += 1;
+                    oldest = oldest.max(slots.distance(slot, stamp));
+                }
+                None => break,
+            }
+        }
+        (blocks, oldest)
     }
 
     /// Drops `slot` from every block of `chain` (the engine said it does not hold them).
@@ -267,6 +338,7 @@ impl BlockIndex {
             }
         };
         self.table.insert(hash, e);
+        self.set_crowded(e, false);
         e
     }
 

@@ -13,9 +13,39 @@
 //! time: cache hits alone say nothing about a prefill's cost, and fitting their noise would make
 //! an instance look free, so that it draws every new prefix). Slopes are clamped to a tenth and
 //! ten times their prior; the base is what is left of the mean time.
+//!
+//! Each instance's fit is blended with the fleet's ([`Pool`]: every instance's samples), its own
+//! weight fading while others are observed and it is not. An instance that drew a few slow
+//! first tokens early would otherwise keep that estimate forever: it would never be chosen, so
+//! never observed again, and its share of new prefixes would go to the others. Fading, it is
+//! tried again; if it really is slower, its fresh samples say so.
 
 /// Weight of each new sample in the fit (about the last 50 requests of an instance count).
 const DECAY: f64 = 0.02;
+
+/// Samples' worth of weight the fleet's fit has in an instance's estimate.
+const POOL_WEIGHT: f64 = 8.0;
+
+/// The fleet's fit: every instance's first tokens.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    fit: CostFit,
+    samples: u64,
+}
+
+impl Pool {
+    /// An empty pool starting at the prior.
+    pub fn new(prior: Cost) -> Self {
+        Self {
+            fit: CostFit::new(prior),
+            samples: 0,
+        }
+    }
+    /// The fleet's cost, for an instance with no samples of its own.
+    pub fn cost(&self) -> Cost {
+        self.fit.cost()
+    }
+}
 
 /// One instance's load and learned cost.
 #[derive(Debug, Clone)]
@@ -27,6 +57,8 @@ pub struct InstanceLoad {
     /// Requests past their first token, not finished.
     pub decoding: u32,
     fit: CostFit,
+    /// The pool's sample count at this instance's last sample.
+    seen_at: u64,
 }
 
 impl InstanceLoad {
@@ -37,18 +69,40 @@ impl InstanceLoad {
             waiting: 0,
             decoding: 0,
             fit: CostFit::new(prior),
+            seen_at: 0,
         }
     }
-    /// The current cost estimate.
-    pub fn cost(&self) -> Cost {
-        self.fit.cost()
+    /// The current cost estimate: its own fit blended with the pool's, its own weight fading by
+    /// one decay step for every `instances` samples the pool took since its last.
+    pub fn cost(&self, pool: &Pool, instances: usize) -> Cost {
+        let own = self.fit.cost();
+        if self.fit.n < MIN_SAMPLES {
+            return pool.cost();
+        }
+        let missed = pool.samples.saturating_sub(self.seen_at) as f64 / instances.max(1) as f64;
+        let n = self.fit.n * (1.0 - DECAY).powf(missed);
+        let w = n / (n + POOL_WEIGHT);
+        let p = pool.cost();
+        let mix = |a: f64, b: f64| w * a + (1.0 - w) * b;
+        Cost {
+            base_s: mix(own.base_s, p.base_s),
+            per_unit_s: mix(own.per_unit_s, p.per_unit_s),
+            per_decoding_s: mix(own.per_decoding_s, p.per_decoding_s),
+        }
     }
     /// Learns from one first token: it waited behind and computed `prefill` units, with
     /// `decoding` requests decoding beside it, and took `ttft_s` seconds.
-    pub fn observe(&mut self, prefill: f64, decoding: f64, ttft_s: f64) {
-        self.fit.observe(prefill, decoding, ttft_s)
+    pub fn observe(&mut self, pool: &mut Pool, prefill: f64, decoding: f64, ttft_s: f64) {
+        if self.fit.observe(prefill, decoding, ttft_s) {
+            pool.fit.observe(prefill, decoding, ttft_s);
+            pool.samples += 1;
+            self.seen_at = pool.samples;
+        }
     }
 }
+
+/// Samples before a fit replaces its prior.
+const MIN_SAMPLES: f64 = 8.0;
 
 /// The learned cost of an instance.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -99,10 +153,11 @@ impl CostFit {
         }
     }
 
-    fn observe(&mut self, x: f64, y: f64, t: f64) {
+    /// Adds a sample; false (and nothing changes) for nonsense.
+    fn observe(&mut self, x: f64, y: f64, t: f64) -> bool {
         let ok = |v: f64| v.is_finite() && v >= 0.0;
         if !(ok(x) && ok(y) && ok(t)) {
-            return;
+            return false;
         }
         let k = 1.0 - DECAY;
         self.n = self.n * k + 1.0;
@@ -114,11 +169,12 @@ impl CostFit {
         self.sxy = self.sxy * k + x * y;
         self.sxt = self.sxt * k + x * t;
         self.syt = self.syt * k + y * t;
+        true
     }
 
     fn cost(&self) -> Cost {
         let p = self.prior;
-        if self.n < 8.0 {
+        if self.n < MIN_SAMPLES {
             return p;
         }
         let n = self.n;
@@ -164,14 +220,14 @@ mod tests {
 
     #[test]
     fn learns_base_and_both_slopes() {
-        let mut l = InstanceLoad::new(PRIOR);
-        assert_eq!(l.cost(), PRIOR);
+        let (mut l, mut pool) = (InstanceLoad::new(PRIOR), Pool::new(PRIOR));
+        assert_eq!(l.cost(&pool, 1), PRIOR);
         for i in 0..500 {
             let x = 1000.0 + (i % 10) as f64 * 4000.0;
             let y = ((i * 7) % 13) as f64;
-            l.observe(x, y, 0.05 + 2e-6 * x + 4e-3 * y);
+            l.observe(&mut pool, x, y, 0.05 + 2e-6 * x + 4e-3 * y);
         }
-        let c = l.cost();
+        let c = l.cost(&pool, 1);
         assert!((c.per_unit_s - 2e-6).abs() < 1e-8, "{c:?}");
         assert!((c.per_decoding_s - 4e-3).abs() < 1e-5, "{c:?}");
         assert!((c.base_s - 0.05).abs() < 1e-3, "{c:?}");
@@ -179,26 +235,59 @@ mod tests {
 
     #[test]
     fn similar_work_keeps_the_prior_slope_and_nonsense_is_ignored() {
-        let mut l = InstanceLoad::new(PRIOR);
+        let (mut l, mut pool) = (InstanceLoad::new(PRIOR), Pool::new(PRIOR));
         for i in 0..100 {
             // Cache hits only, nothing decoding: small work, time set by the fixed part.
-            l.observe(150.0 + (i % 7) as f64 * 10.0, 0.0, 0.02);
-            l.observe(f64::NAN, 0.0, 1.0);
-            l.observe(1000.0, 0.0, -1.0);
+            l.observe(&mut pool, 150.0 + (i % 7) as f64 * 10.0, 0.0, 0.02);
+            l.observe(&mut pool, f64::NAN, 0.0, 1.0);
+            l.observe(&mut pool, 1000.0, 0.0, -1.0);
         }
-        let c = l.cost();
+        let c = l.cost(&pool, 1);
         assert_eq!(c.per_unit_s, PRIOR.per_unit_s, "{c:?}");
         assert_eq!(c.per_decoding_s, PRIOR.per_decoding_s, "{c:?}");
         assert!((c.base_s - (0.02 - 180.0 * 1e-5)).abs() < 1e-3, "{c:?}");
         // Clamped: an instance cannot look free.
-        let mut l = InstanceLoad::new(PRIOR);
+        let (mut l, mut pool) = (InstanceLoad::new(PRIOR), Pool::new(PRIOR));
         for i in 0..100 {
             l.observe(
+                &mut pool,
                 10_000.0 * (1 + i % 5) as f64,
                 0.0,
                 0.5 - 1e-6 * (i % 5) as f64,
             );
         }
-        assert!(l.cost().per_unit_s >= PRIOR.per_unit_s / 10.0);
+        assert!(l.cost(&pool, 1).per_unit_s >= PRIOR.per_unit_s / 10.0);
+    }
+
+    #[test]
+    fn an_instance_not_observed_fades_to_the_fleet_and_its_own_samples_bring_it_back() {
+        let mut pool = Pool::new(PRIOR);
+        let (mut slow, mut fast) = (InstanceLoad::new(PRIOR), InstanceLoad::new(PRIOR));
+        let t = |base: f64, x: f64| base + 1e-5 * x;
+        // A few unlucky first tokens early on.
+        for i in 0..20 {
+            let x = 1000.0 + (i % 10) as f64 * 4000.0;
+            slow.observe(&mut pool, x, 0.0, t(0.3, x));
+        }
+        let early = slow.cost(&pool, 2).base_s;
+        assert!(early > 0.25, "{early}");
+        // Then only the other instance is observed: the first no longer looks slow forever.
+        for i in 0..2000 {
+            let x = 1000.0 + (i % 10) as f64 * 4000.0;
+            fast.observe(&mut pool, x, 0.0, t(0.02, x));
+        }
+        let faded = slow.cost(&pool, 2).base_s;
+        assert!(faded < 0.05, "{faded}");
+        assert!((fast.cost(&pool, 2).base_s - 0.02).abs() < 0.01);
+        // Tried again and still slow: its own samples count again.
+        for i in 0..50 {
+            let x = 1000.0 + (i % 10) as f64 * 4000.0;
+            slow.observe(&mut pool, x, 0.0, t(0.3, x));
+        }
+        assert!(
+            slow.cost(&pool, 2).base_s > 0.2,
+            "{:?}",
+            slow.cost(&pool, 2)
+        );
     }
 }

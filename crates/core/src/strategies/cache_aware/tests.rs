@@ -50,6 +50,10 @@ fn prompt(opening: &str, doc: u64, q: u64) -> Chain {
     Chain::of_chars(None, &body, SPEC)
 }
 
+/// No share bound: for tests of other mechanisms on a fleet that sees one or two prefixes only
+/// (where the bound alone would spread them).
+const UNBOUND: &[(&str, &str)] = &[("max-share", "0")];
+
 struct Router {
     strategy: Arc<dyn Strategy>,
     fleet: Fleet,
@@ -145,7 +149,7 @@ fn cold_placement_is_a_spread_deterministic_function_of_the_prefix() {
 
 #[test]
 fn a_hot_prefix_gains_a_home_under_load_and_returns_when_it_cools() {
-    let mut r = Router::new(3, &[]);
+    let mut r = Router::new(3, UNBOUND);
     let hot = |q| prompt("", 1, q);
     let (home, _) = r.serve(&hot(0), None);
     // Ever more requests for it decode at once: each slows its home's steps, until recomputing
@@ -189,7 +193,7 @@ fn a_hot_prefix_gains_a_home_under_load_and_returns_when_it_cools() {
 
 #[test]
 fn one_overloaded_instance_does_not_switch_cache_routing_off() {
-    let mut r = Router::new(3, &[]);
+    let mut r = Router::new(3, UNBOUND);
     let homes: Vec<usize> = (0..9).map(|d| r.serve(&prompt("", d, d), None).0).collect();
     let busy = homes[0];
     // Its own document keeps it full of decoding requests.
@@ -225,7 +229,7 @@ fn an_ejected_instance_is_forgotten() {
 
 #[test]
 fn a_miss_behind_an_unfinished_prefill_is_not_taken_for_an_eviction() {
-    let mut r = Router::new(2, &[]);
+    let mut r = Router::new(2, UNBOUND);
     let doc = |q| prompt("", 4, q);
     // The first request is still prefilling when the second, predicted a hit, is sent; the
     // engine reports no cached tokens for it (it does not share unfinished blocks).
@@ -270,4 +274,91 @@ fn a_miss_on_settled_blocks_shrinks_the_cache_estimate() {
     }
     let (_, reason) = r.serve(&prompt("", 5, 3), None);
     assert_eq!(reason, Reason::Cold, "the estimate did not shrink");
+}
+
+#[test]
+fn a_prefix_that_draws_most_traffic_gains_homes_within_the_share_bound() {
+    let mut r = Router::new(7, &[]);
+    let mut per = [0usize; 7];
+    let mut reasons = std::collections::BTreeMap::<&'static str, usize>::new();
+    // Two thirds of the requests for one document, the rest for 30 others, each completing
+    // at once (an idle fleet: cost alone would keep the hot one on one instance).
+    for q in 0..1_400u64 {
+        let doc = if q % 3 == 2 { 1 + q % 30 } else { 0 };
+        let (i, reason) = r.serve(&prompt("", doc, q), None);
+        per[i] += 1;
+        *reasons.entry(reason.label()).or_default() += 1;
+    }
+    let mean = 1_400.0 / 7.0;
+    assert!(
+        per.iter().all(|&n| n as f64 <= 1.25 * mean),
+        "{per:?} (mean {mean})"
+    );
+    // Homes are kept: nearly every request after the first touches hits.
+    assert!(
+        reasons.get("cache_hit").copied().unwrap_or(0) >= 1_250,
+        "{reasons:?}"
+    );
+    // Off, the hot document stays on one instance.
+    let mut r = Router::new(7, UNBOUND);
+    let mut per = [0usize; 7];
+    for q in 0..1_400u64 {
+        let doc = if q % 3 == 2 { 1 + q % 30 } else { 0 };
+        per[r.serve(&prompt("", doc, q), None).0] += 1;
+    }
+    assert!(per.iter().any(|&n| n as f64 > 2.0 * mean), "{per:?}");
+}
+
+#[test]
+fn new_documents_behind_a_shared_opening_spread_on_an_idle_fleet() {
+    // One at a time, each finished before the next: no queue to push them apart, so the
+    // shared opening must not pull every new document to the instance that holds it. A short
+    // opening (under the tie tolerance of the prompt) does not count for the choice at all; a
+    // long one makes its holders the cheapest, and the share bound spreads the documents.
+    for (len, bound) in [(700, UNBOUND), (3_000, &[][..])] {
+        let opening = text(9, len);
+        let mut r = Router::new(7, bound);
+        let mut per = [0usize; 7];
+        for doc in 0..70 {
+            let (i, reason) = r.serve(&prompt(&opening, doc, doc), None);
+            if len < 1_000 {
+                assert_eq!(reason, Reason::Cold, "doc {doc}");
+            }
+            per[i] += 1;
+        }
+        assert!(per.iter().all(|&n| (5..=15).contains(&n)), "{len}: {per:?}");
+    }
+}
+
+#[test]
+fn a_crowded_opening_does_not_hide_the_documents_behind_it() {
+    // More instances than the index lists per block: every one of them is sent the opening, and
+    // each still matches its own documents past it.
+    let opening = text(11, 3_000);
+    let mut r = Router::new(12, &[]);
+    let homes: Vec<usize> = (0..48)
+        .map(|doc| r.serve(&prompt(&opening, doc, doc), None).0)
+        .collect();
+    let distinct: std::collections::BTreeSet<usize> = homes.iter().copied().collect();
+    assert!(distinct.len() > super::index::HOLDERS, "{distinct:?}");
+    // Each revisit knows its home holds the document (it goes there, or the share bound sends
+    // it on and names the home it came from).
+    let ids: Vec<_> = r
+        .fleet
+        .snapshot()
+        .instances()
+        .iter()
+        .map(|i| i.id().clone())
+        .collect();
+    let mut at_home = 0;
+    for (doc, home) in homes.iter().enumerate() {
+        match r.serve(&prompt(&opening, doc as u64, 900 + doc as u64), None) {
+            (i, Reason::CacheHit) if i == *home => at_home += 1,
+            (_, Reason::HotReplica { from } | Reason::Load { from }) => {
+                assert_eq!(from, ids[*home], "doc {doc}")
+            }
+            other => panic!("doc {doc}: {other:?}, home {home}"),
+        }
+    }
+    assert!(at_home >= 40, "{at_home} of 48 at home");
 }
