@@ -318,6 +318,7 @@ pub fn strategy_result(outcome: &BenchOutcome, label: &str) -> StrategyResult {
         makespan_s: outcome.makespan_s(),
         ttft_percentiles_ms: outcome.ttft_percentiles_ms(),
         hit_rate_over_time: hit_rate_series(samples.into_iter(), horizon, HIT_RATE_BUCKETS),
+        strategy_stats: None,
     }
 }
 

@@ -114,7 +114,7 @@ pub enum MembershipChange {
 }
 
 /// Figures a strategy exports about its learned state (for `/metrics` and reports).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StrategyStats {
     /// Tracked blocks in the index.
     pub index_blocks: u64,

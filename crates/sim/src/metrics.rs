@@ -91,5 +91,6 @@ pub fn summarize(
         makespan_s: makespan,
         ttft_percentiles_ms: percentile_curve(&ttft),
         hit_rate_over_time: series,
+        strategy_stats: outcome.strategy_stats.clone(),
     }
 }

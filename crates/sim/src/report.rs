@@ -117,4 +117,8 @@ pub struct StrategyResult {
     pub ttft_percentiles_ms: Vec<f64>,
     /// Hit rate of requests by the time of their first token.
     pub hit_rate_over_time: Vec<HitRateBucket>,
+    /// The strategy's learned state at the end, for strategies that keep one (`cache-aware`:
+    /// index size and bytes against its budget, predicted and engine-reported cached tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy_stats: Option<prefix_router_core::StrategyStats>,
 }

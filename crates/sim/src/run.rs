@@ -56,6 +56,8 @@ pub struct RunOutcome {
     pub decisions: BTreeMap<String, u64>,
     /// Decisions that overflowed.
     pub overflows: u64,
+    /// What the strategy reports of its learned state at the end (index size, predictions).
+    pub strategy_stats: Option<prefix_router_core::StrategyStats>,
 }
 
 /// Inputs shared by every strategy's run.
@@ -173,6 +175,7 @@ pub fn run_strategy(
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
         overflows: lp.overflows,
+        strategy_stats: strategy.stats(),
     })
 }
 

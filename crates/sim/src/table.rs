@@ -64,6 +64,15 @@ pub fn render(report: &Report) -> String {
     if let Some(line) = comparison(report) {
         let _ = writeln!(out, "{line}");
     }
+    for r in &report.results {
+        if let Some(line) = r
+            .strategy_stats
+            .as_ref()
+            .and_then(|s| learned(&r.strategy, s))
+        {
+            let _ = writeln!(out, "{line}");
+        }
+    }
     out.push('\n');
     out.push_str(
         "hit rate: prompt tokens served from the engines' prefix caches over all prompt tokens.\n\
@@ -71,6 +80,27 @@ pub fn render(report: &Report) -> String {
          share min-max: smallest and largest fraction of requests one instance received.\n",
     );
     out
+}
+
+/// What a learning strategy's index holds at the end, and how its predictions fared.
+fn learned(strategy: &str, s: &prefix_router_core::StrategyStats) -> Option<String> {
+    if s.index_budget_blocks == 0 {
+        return None;
+    }
+    let mut line = format!(
+        "{strategy} index at the end: {} of {} blocks, {:.1} MiB",
+        s.index_blocks,
+        s.index_budget_blocks,
+        s.index_bytes as f64 / f64::from(1 << 20)
+    );
+    if s.reported_cached_tokens > 0 {
+        let _ = write!(
+            line,
+            "; predicted cached tokens / engine-reported: {:.3}",
+            s.predicted_cached_tokens as f64 / s.reported_cached_tokens as f64
+        );
+    }
+    Some(line)
 }
 
 fn row(r: &StrategyResult) -> Vec<String> {

@@ -23,6 +23,7 @@ fn workload(seed: u64) -> Vec<Request> {
 
 fn run(requests: &[Request], strategy: &str, seed: u64) -> RunOutcome {
     let kind = StrategyKind::named(strategy).expect("registered");
+
     let config = SimConfig {
         preset: "small".into(),
         instances: 7,

@@ -203,6 +203,9 @@ struct State {
 /// Requests per instance over which the share bound looks (the decay of `recent`).
 const SHARE_WINDOW: f64 = 256.0;
 
+/// Requests above the mean the share bound always allows.
+const SHARE_SLACK: f64 = 8.0;
+
 /// The strategy; see the module documentation.
 #[derive(Debug)]
 pub struct CacheAware {
@@ -335,15 +338,15 @@ impl Strategy for CacheAware {
                 recent: slot.map_or(0.0, |s| st.recent[s]),
             });
         }
-        // Bounded load: an instance that would take more than `max_share` times the mean of the
-        // recent requests is out of this decision (its holders' prefix then gains a home
-        // elsewhere). Plus one request of slack, as bounded-load hashing rounds up, so that a
-        // quiet fleet is not bound at all. The least loaded always stays in.
         // The longest match among all, for the reasons, before the bound takes any out.
         let longest = cands.iter().max_by_key(|c| c.matched_blocks).copied();
-        let bound = cfg.max_share * (cands.iter().map(|c| c.recent).sum::<f64>() + 1.0)
-            / cands.len().max(1) as f64
-            + 1.0;
+        // Bounded load: an instance that would take more than `max_share` times the mean of the
+        // recent requests is out of this decision (its holders' prefix then gains a home
+        // elsewhere). At least `SHARE_SLACK` requests above the mean are always allowed, so that
+        // while few requests have been seen (a cold start) chance does not scatter prefixes.
+        // The least loaded always stays in.
+        let mean = (cands.iter().map(|c| c.recent).sum::<f64>() + 1.0) / cands.len().max(1) as f64;
+        let bound = (cfg.max_share * mean).max(mean + SHARE_SLACK);
         let all = cands.len();
         if cfg.max_share > 0.0 {
             cands.retain(|c| c.recent + 1.0 <= bound);
