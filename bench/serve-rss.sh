@@ -12,7 +12,7 @@
 #   RSS_PARAMS=""         strategy parameters, e.g. "index-blocks=65536" (space-separated)
 #   RSS_TIME_SCALE=0.01   mock engines' wall seconds per engine second
 #   RSS_SAMPLE=2          seconds between samples; RSS_WARMUP=0.2 share of samples that is warm-up
-#   RSS_PORT=18300        router port; engines on the next 7, admin on RSS_PORT+99
+#   RSS_PORT=18300        router port; engines on the next 7
 # Everything listens on 127.0.0.1 and is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,12 +39,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_ready() { # url what
+wait_ready() { # url what log
     for _ in $(seq 1 200); do
         if curl -fsS -o /dev/null "$1" 2>/dev/null; then return 0; fi
         sleep 0.05
     done
-    echo "serve-rss: $2 did not become ready at $1" >&2
+    echo "serve-rss: $2 did not become ready at $1; the end of $3:" >&2
+    tail -n 5 "$3" >&2
     exit 1
 }
 
@@ -55,15 +56,15 @@ for i in 1 2 3 4 5 6 7; do
     pids+=($!)
     instances+=(--instance "http://127.0.0.1:$port")
 done
-for i in 1 2 3 4 5 6 7; do wait_ready "http://127.0.0.1:$((PORT + i))/v1/models" "mock engine $i"; done
+for i in 1 2 3 4 5 6 7; do wait_ready "http://127.0.0.1:$((PORT + i))/v1/models" "mock engine $i" "$OUT/engine-$i.log"; done
 
 params=()
 for p in $PARAMS; do params+=(--strategy-param "$p"); done
-"$BIN" serve --listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$((PORT + 99))" \
+"$BIN" serve --listen "127.0.0.1:$PORT" \
     --strategy "$STRATEGY" "${params[@]}" "${instances[@]}" >"$OUT/serve.log" 2>&1 &
 serve=$!
 pids+=($serve)
-wait_ready "http://127.0.0.1:$PORT/ready" "serve"
+wait_ready "http://127.0.0.1:$PORT/ready" "serve" "$OUT/serve.log"
 
 samples="$OUT/samples.csv"
 echo "t_s,rss_kib,fds" >"$samples"

@@ -49,7 +49,7 @@ pub struct ServeArgs {
     )]
     pub instances: Vec<String>,
 
-    /// Routing strategy (the list below) [default: prefix-aware].
+    /// Routing strategy (the list below) [default: cache-aware].
     #[arg(long, value_name = "S", env = "PREFIX_ROUTER_STRATEGY")]
     pub strategy: Option<String>,
 

@@ -215,6 +215,9 @@ pub struct Settings {
 
 /// Default data-plane address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// The strategy `serve` runs when none is configured: no prefix length to tune, and no collapse
+/// onto one instance when every request opens with the same long text.
+pub const DEFAULT_STRATEGY: &str = "cache-aware";
 /// Default admin address (loopback only).
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
 
@@ -294,7 +297,7 @@ impl Settings {
         let kind: StrategyKind = r
             .strategy
             .as_deref()
-            .unwrap_or("prefix-aware")
+            .unwrap_or(DEFAULT_STRATEGY)
             .parse()
             .map_err(|e| invalid("routing.strategy", format!("{e}")))?;
         let mut strategy = StrategyConfig::new(kind);

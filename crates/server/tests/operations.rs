@@ -361,8 +361,8 @@ async fn metrics_are_exported_with_the_prefix() {
         ),
         "prefix_router_requests_total{instance=\"none\",api=\"chat\",outcome=\"client_error\"} 1"
             .to_string(),
-        "prefix_router_decisions_total{strategy=\"prefix-aware\",reason=\"preferred\"} 1"
-            .to_string(),
+        // The default strategy; the first request of a prefix is a cold placement.
+        "prefix_router_decisions_total{strategy=\"cache-aware\",reason=\"cold\"} 1".to_string(),
         format!("prefix_router_in_flight{{instance=\"{inst}\"}} 0"),
         format!("prefix_router_instance_healthy{{instance=\"{inst}\"}} 1"),
         format!("prefix_router_ttft_seconds_count{{instance=\"{inst}\"}} 1"),

@@ -5,8 +5,16 @@ mod support;
 use std::collections::HashSet;
 
 use http::{Method, StatusCode};
-use prefix_router_core::ConcurrencyThreshold;
+use prefix_router_core::{ConcurrencyThreshold, StrategyConfig, StrategyKind};
+use prefix_router_server::settings::Settings;
 use support::*;
+
+/// These tests are about prefix-aware's placement; `serve`'s default is cache-aware.
+fn settings(urls: &[String]) -> Settings {
+    let mut s = support::settings(urls);
+    s.strategy = StrategyConfig::new(StrategyKind::named("prefix-aware").expect("registered"));
+    s
+}
 
 async fn fleet(n: usize) -> Vec<Upstream> {
     let mut ups = Vec::new();

@@ -134,18 +134,25 @@ fn row(r: &StrategyResult) -> Vec<String> {
     ]
 }
 
-/// `prefix-aware vs random: ...` when both strategies ran.
+/// `prefix-aware vs random: ...` and `cache-aware vs random: ...` for those that ran beside random.
 fn comparison(report: &Report) -> Option<String> {
     let find = |name: &str| report.results.iter().find(|r| r.strategy == name);
-    let (pa, rnd) = (find("prefix-aware")?, find("random")?);
-    Some(format!(
-        "prefix-aware vs random: TTFT P50 {}, TTFT P90 {}, hit rate {} -> {}, throughput {}",
-        change(rnd.ttft_ms.p50, pa.ttft_ms.p50),
-        change(rnd.ttft_ms.p90, pa.ttft_ms.p90),
-        pct(rnd.kv_hit_rate),
-        pct(pa.kv_hit_rate),
-        change(rnd.throughput_rps, pa.throughput_rps),
-    ))
+    let rnd = find("random")?;
+    let lines: Vec<String> = ["prefix-aware", "cache-aware"]
+        .iter()
+        .filter_map(|name| {
+            let r = find(name)?;
+            Some(format!(
+                "{name} vs random: TTFT P50 {}, TTFT P90 {}, hit rate {} -> {}, throughput {}",
+                change(rnd.ttft_ms.p50, r.ttft_ms.p50),
+                change(rnd.ttft_ms.p90, r.ttft_ms.p90),
+                pct(rnd.kv_hit_rate),
+                pct(r.kv_hit_rate),
+                change(rnd.throughput_rps, r.throughput_rps),
+            ))
+        })
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
 /// Relative change from `before` to `after` as a signed percentage.

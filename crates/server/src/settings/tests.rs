@@ -34,7 +34,7 @@ fn defaults() {
     assert!(s.admin.is_none());
     assert_eq!(
         s.strategy.kind,
-        StrategyKind::named("prefix-aware").expect("registered")
+        StrategyKind::named("cache-aware").expect("registered")
     );
     assert_eq!(s.prefix_length.get(), 1024);
     assert_eq!(s.limits.max_body_bytes, 32 * 1024 * 1024);
@@ -48,7 +48,10 @@ fn errors_name_the_field() {
     assert!(err("[routing]\nconcurrency_threshold = 0").contains("routing.concurrency_threshold"));
     assert!(err("[routing]\nconcurrency_threshold = 1025").contains("1..=1024"));
     assert!(err("[routing]\nstrategy = \"fastest\"").contains("routing.strategy"));
-    assert!(err("[routing]\nbalance_factor = 0.5").contains("routing.balance_factor"));
+    assert!(
+        err("[routing]\nstrategy = \"prefix-aware\"\nbalance_factor = 0.5")
+            .contains("routing.balance_factor")
+    );
     assert!(err("listen = \"nowhere\"").contains("`listen`"));
     assert!(err("[admin]\nlisten = \"127.0.0.1:1\"").contains("admin.token"));
     assert!(err("[timeouts]\nconnect_ms = 0").contains("timeouts.connect_ms"));
