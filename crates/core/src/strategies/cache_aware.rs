@@ -33,6 +33,7 @@
 
 pub mod index;
 pub mod load;
+pub mod table;
 #[cfg(test)]
 mod tests;
 
@@ -65,7 +66,7 @@ const PARAMS: &[ParamSpec] = &[
     ParamSpec {
         name: "index-blocks",
         default: "1048576",
-        help: "blocks the index tracks for the whole fleet (about 66 bytes each)",
+        help: "blocks the index tracks for the whole fleet (56-64 bytes each, fixed at start)",
     },
     ParamSpec {
         name: "block-chars",
@@ -130,8 +131,8 @@ impl CacheAwareConfig {
             why: why.to_string(),
         };
         let index_blocks: usize = c.param("index-blocks")?;
-        if index_blocks == 0 {
-            return Err(bad("index-blocks", "must be at least 1"));
+        if !(1..=1 << 28).contains(&index_blocks) {
+            return Err(bad("index-blocks", "must be within 1..=268435456"));
         }
         let block_units: u32 = c.param("block-chars")?;
         if !(16..=65536).contains(&block_units) {

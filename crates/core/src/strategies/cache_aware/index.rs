@@ -12,37 +12,16 @@
 //! an instance (ejected, removed) records its counter: every stamp up to it looks evicted,
 //! however often it is forgotten, without walking the index.
 //!
-//! Bytes per tracked block: one [`Entry`] (48 B) plus one table slot (a `u64` key and a `u32`
-//! value, 16 B with padding, plus a control byte, at a load factor of 7/8): about 66 B, so the
-//! default budget of 1 Mi blocks is about 66 MiB once full. See [`BlockIndex::bytes`].
+//! Bytes per tracked block: one [`Entry`] (48 B) plus 2-4 slots of the [table](super::table)
+//! (4 B each: a power of two of at least twice the budget, fixed at creation), so 56 B at the
+//! default budget of 1 Mi blocks: 56 MiB once full, and never more. See [`BlockIndex::bytes`].
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use super::table::BlockTable;
 
 /// Instances tracked per block. A block held by more instances keeps the most recent ones.
 pub const HOLDERS: usize = 4;
 
 const NIL: u32 = u32::MAX;
-
-/// Keys are already xxh3 hashes: use them as they are.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type Table = HashMap<u64, u32, BuildHasherDefault<IdentityHasher>>;
 
 /// One holder: instance slot + 1 (0 = empty) and its stamp.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -116,9 +95,8 @@ impl Slots {
 /// The index.
 #[derive(Debug, Clone)]
 pub struct BlockIndex {
-    table: Table,
+    table: BlockTable,
     entries: Vec<Entry>,
-    free: Vec<u32>,
     head: u32,
     tail: u32,
     budget: usize,
@@ -131,13 +109,13 @@ pub struct BlockIndex {
 impl BlockIndex {
     /// An empty index that tracks at most `budget` blocks (at least 1).
     pub fn new(budget: usize) -> Self {
+        let budget = budget.max(1);
         Self {
-            table: Table::default(),
+            table: BlockTable::new(budget),
             entries: Vec::new(),
-            free: Vec::new(),
             head: NIL,
             tail: NIL,
-            budget: budget.max(1),
+            budget,
             crowded: Vec::new(),
         }
     }
@@ -157,9 +135,13 @@ impl BlockIndex {
     /// Bytes held by entries and table (capacity, not just use).
     pub fn bytes(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<Entry>()
-            + self.table.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
-            + self.free.capacity() * 4
+            + self.table.bytes()
             + self.crowded.capacity() * 8
+    }
+
+    /// The entry of block `hash`.
+    fn lookup(&self, hash: u64) -> Option<u32> {
+        self.table.get(hash, |e| self.entries[e as usize].hash)
     }
 
     fn is_crowded(&self, e: u32) -> bool {
@@ -193,7 +175,7 @@ impl BlockIndex {
         // Where the current run of crowded blocks started.
         let mut crowd_from: Option<u32> = None;
         for (i, h) in chain.iter().enumerate() {
-            let Some(&e) = self.table.get(h) else {
+            let Some(e) = self.lookup(*h) else {
                 return;
             };
             let i = i as u32;
@@ -231,8 +213,8 @@ impl BlockIndex {
         // otherwise a long prompt's first blocks would be forgotten while its later ones, now
         // unreachable by a walk from the start, stayed.
         for &h in chain.iter().rev() {
-            let e = match self.table.get(&h) {
-                Some(&e) => {
+            let e = match self.lookup(h) {
+                Some(e) => {
                     self.unlink(e);
                     e
                 }
@@ -267,7 +249,7 @@ impl BlockIndex {
     /// The stamp `slot` has on block `hash`, if it is listed as a holder.
     pub fn stamp(&self, hash: u64, slot: usize) -> Option<u32> {
         let tag = slot as u16 + 1;
-        let e = *self.table.get(&hash)?;
+        let e = self.lookup(hash)?;
         self.entries[e as usize]
             .holders
             .iter()
@@ -303,7 +285,7 @@ impl BlockIndex {
     pub fn remove_holder(&mut self, chain: &[u64], slot: usize) {
         let tag = slot as u16 + 1;
         for h in chain {
-            if let Some(&e) = self.table.get(h) {
+            if let Some(e) = self.lookup(*h) {
                 for x in self.entries[e as usize].holders.iter_mut() {
                     if x.slot == tag {
                         *x = Holder::default();
@@ -314,12 +296,15 @@ impl BlockIndex {
     }
 
     fn insert(&mut self, hash: u64) -> u32 {
+        // Full: the least recently used entry is forgotten and its place reused.
+        let mut reuse = None;
         if self.table.len() >= self.budget && self.tail != NIL {
             let victim = self.tail;
             self.unlink(victim);
             let old = self.entries[victim as usize].hash;
-            self.table.remove(&old);
-            self.free.push(victim);
+            let entries = &self.entries;
+            self.table.remove(old, |e| entries[e as usize].hash);
+            reuse = Some(victim);
         }
         let entry = Entry {
             hash,
@@ -327,12 +312,22 @@ impl BlockIndex {
             next: NIL,
             holders: [Holder::default(); HOLDERS],
         };
-        let e = match self.free.pop() {
+        let e = match reuse {
             Some(e) => {
                 self.entries[e as usize] = entry;
                 e
             }
             None => {
+                // Grow in steps that never pass the budget (doubling would reserve up to twice).
+                if self.entries.len() == self.entries.capacity() {
+                    let room = self.budget.saturating_sub(self.entries.len());
+                    self.entries.reserve_exact(
+                        self.entries
+                            .capacity()
+                            .clamp(1024, 1 << 20)
+                            .min(room.max(1)),
+                    );
+                }
                 self.entries.push(entry);
                 (self.entries.len() - 1) as u32
             }
@@ -402,6 +397,29 @@ mod tests {
         let mut s = Slots::default();
         s.ensure(n - 1, u32::MAX);
         s
+    }
+
+    #[test]
+    fn bytes_stay_fixed_once_full_however_much_churns_through() {
+        let mut ix = BlockIndex::new(5_000);
+        let mut s = slots(4);
+        let mut next = 0u64;
+        let mut fill = |ix: &mut BlockIndex, s: &mut Slots, chains: usize| {
+            for c in 0..chains {
+                let chain: Vec<u64> = (next..next + 50).collect();
+                next += 50;
+                ix.touch(&chain, c % 4, s);
+            }
+        };
+        fill(&mut ix, &mut s, 100);
+        assert_eq!(ix.len(), 5_000);
+        let full = ix.bytes();
+        // 48 B per entry and 2-4 table slots of 4 B per block.
+        assert!(full <= 5_000 * 64 + 4096, "{full}");
+        // Twenty times the budget evicted and replaced (a swiss table doubled here).
+        fill(&mut ix, &mut s, 2_000);
+        assert_eq!(ix.len(), 5_000);
+        assert_eq!(ix.bytes(), full);
     }
 
     fn matches(ix: &BlockIndex, chain: &[u64], s: &Slots, n: usize) -> Vec<u32> {
@@ -512,7 +530,7 @@ mod tests {
                 let mut at = ix.head;
                 while at != NIL {
                     let e = &ix.entries[at as usize];
-                    prop_assert_eq!(ix.table.get(&e.hash), Some(&at));
+                    prop_assert_eq!(ix.lookup(e.hash), Some(at));
                     n += 1;
                     at = e.next;
                 }
