@@ -1,0 +1,115 @@
+//! The choice among scored candidates: the share bound, ties, the rendezvous that names what a
+//! tie is about, the footprint rule for new content, and the reason (see the module
+//! documentation of [`super`]).
+
+use super::super::common::no_instance;
+use super::super::prefix_aware::rendezvous_mix;
+use super::CacheAwareConfig;
+use crate::{FleetSnapshot, KeyHash, Reason, RouteError, RouteRequest};
+
+/// Requests above the mean the share bound always allows.
+const SHARE_SLACK: f64 = 8.0;
+
+/// One candidate during a decision.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Candidate {
+    pub(super) index: usize,
+    pub(super) matched_blocks: u32,
+    pub(super) matched_units: u32,
+    pub(super) expected_s: f64,
+    /// What the whole prompt's prefill costs there (the scale of a meaningful difference).
+    pub(super) full_prefill_s: f64,
+    /// Blocks it probably holds (cache pressure).
+    pub(super) footprint: u32,
+    /// Requests sent there recently.
+    pub(super) recent: f64,
+}
+
+/// Picks among `cands` (every eligible instance, scored) and says why.
+pub(super) fn choose(
+    mut cands: Vec<Candidate>,
+    cfg: &CacheAwareConfig,
+    req: &RouteRequest<'_>,
+    fleet: &FleetSnapshot,
+) -> Result<(Candidate, Reason), RouteError> {
+    let block = cfg.chain.block_units;
+    // The longest match among all, for the reasons, before the bound takes any out.
+    let longest = cands.iter().max_by_key(|c| c.matched_blocks).copied();
+    // Bounded load: an instance that would take more than `max_share` times the mean of the
+    // recent requests is out of this decision (its holders' prefix then gains a home
+    // elsewhere). At least `SHARE_SLACK` requests above the mean are always allowed, so that
+    // while few requests have been seen (a cold start) chance does not scatter prefixes.
+    // The least loaded always stays in.
+    let mean = (cands.iter().map(|c| c.recent).sum::<f64>() + 1.0) / cands.len().max(1) as f64;
+    let bound = (cfg.max_share * mean).max(mean + SHARE_SLACK);
+    let all = cands.len();
+    if cfg.max_share > 0.0 {
+        cands.retain(|c| c.recent + 1.0 <= bound);
+    }
+    debug_assert!(all == 0 || !cands.is_empty());
+    let Some(best) = cands
+        .iter()
+        .min_by(|a, b| a.expected_s.total_cmp(&b.expected_s))
+        .copied()
+    else {
+        return Err(no_instance(req.model));
+    };
+    let max_blocks = longest.map_or(0, |c| c.matched_blocks);
+    // Tied: within `tie_tolerance` of the whole prompt's prefill of the best. Measured
+    // against that rather than against the best's own (maybe tiny) cost, so that noise in
+    // the learned costs of two instances that both hold a prefix does not flip it between
+    // them on every request.
+    let limit = best.expected_s + cfg.tie_tolerance * best.full_prefill_s;
+    let tied = || cands.iter().filter(|c| c.expected_s <= limit);
+    let max_units = longest.map_or(0, |c| c.matched_units);
+    // Among the tied, a match counts by what it saves: those within the same tolerance of
+    // the longest match compete (a shared opening that is a small part of the prompt does
+    // not make its holders the only candidates for every new document behind it).
+    let held = tied().map(|c| c.matched_blocks).max().unwrap_or(0);
+    let held_units = held.saturating_mul(block).min(req.prompt_units);
+    let slack = (cfg.tie_tolerance * f64::from(req.prompt_units)) as u32;
+    let floor = held_units.saturating_sub(slack);
+    let competing = || tied().filter(|c| c.matched_units >= floor);
+    // They compete by a rendezvous score of a block that names what the choice is about.
+    // When the held prefix is most of the prompt, its last block (so a cooled hot prefix
+    // goes back to one home, the same one every time). Otherwise the new content after it:
+    // the first block past the longest match (so new documents behind a shared opening,
+    // or on an idle fleet, spread out deterministically and router replicas agree).
+    let new_content = 2 * u64::from(held_units) < u64::from(req.prompt_units) || held == 0;
+    let at = if new_content { held } else { held - 1 };
+    let tie_key = req
+        .chain
+        .get(at as usize)
+        .or(req.chain.last())
+        .copied()
+        .or(req.key.map(|k| k.0))
+        .unwrap_or(0);
+    // New content adds to a cache: not to one already well above the competing
+    // candidates' mean (rendezvous alone leaves some instances with twice the prefixes of
+    // others, and the fullest then evicts what it was sent).
+    let (n, sum) = competing().fold((0u64, 0u64), |(n, sum), c| {
+        (n + 1, sum + u64::from(c.footprint))
+    });
+    let roomy = |c: &&Candidate| !new_content || u64::from(c.footprint) * 10 * n <= sum * 11;
+    let chosen = competing()
+        .filter(roomy)
+        .max_by_key(|c| rendezvous_mix(KeyHash(tie_key), fleet.instances()[c.index].id_hash()))
+        .copied()
+        .ok_or_else(|| no_instance(req.model))?;
+    let from = || {
+        longest
+            .map(|c| fleet.instances()[c.index].id().clone())
+            .unwrap_or_else(|| fleet.instances()[chosen.index].id().clone())
+    };
+    // Reasons by the same measure: a match within the tolerance of nothing is no holder.
+    let reason = if max_blocks == 0 || max_units <= slack {
+        Reason::Cold
+    } else if chosen.matched_units + slack >= max_units {
+        Reason::CacheHit
+    } else if chosen.matched_blocks > 0 {
+        Reason::HotReplica { from: from() }
+    } else {
+        Reason::Load { from: from() }
+    };
+    Ok((chosen, reason))
+}
