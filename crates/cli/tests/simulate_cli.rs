@@ -39,6 +39,15 @@ fn small_run(extra: &[&str], json: &Path) -> Output {
     run(&args)
 }
 
+/// The run exited 0 (else its stderr is the failure message).
+fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn read_json(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).expect("json written");
     serde_json::from_str(&text).expect("valid json")
@@ -48,11 +57,7 @@ fn read_json(path: &Path) -> serde_json::Value {
 fn json_has_the_contract_fields() {
     let json = tmp("fields.json");
     let out = small_run(&["--workload", "long-context"], &json);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v = read_json(&json);
     assert!(v["workload"].is_object());
     assert!(v["fleet"].is_object());
@@ -197,11 +202,7 @@ fn mooncake_trace_runs() {
         "--json",
         json.to_str().expect("utf-8 path"),
     ]);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v = read_json(&json);
     assert_eq!(v["results"][0]["requests"].as_u64(), Some(200));
     assert!(v["oracle_hit_rate"].as_f64().unwrap_or(0.0) > 0.0);
@@ -222,11 +223,7 @@ fn plot_is_an_svg_and_scale_events_show() {
         ],
         &json,
     );
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let svg = std::fs::read_to_string(&plot).expect("svg written");
     assert!(
         svg.starts_with("<svg") || svg.contains("<svg"),
@@ -254,11 +251,7 @@ fn presets_lists_presets_and_workloads() {
 fn param_overrides_reach_the_workload_and_the_report() {
     let json = tmp("param.json");
     let out = small_run(&["--param", "documents=7", "--groups", "2"], &json);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v = read_json(&json);
     let spec = &v["workload"];
     let text = spec.to_string();
@@ -281,11 +274,7 @@ fn load_sweep_measures_capacity_and_runs_each_load() {
         ],
         &json,
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("Capacity:"), "{text}");
     let v = read_json(&json);

@@ -130,6 +130,15 @@ pub struct StrategyStats {
     pub match_blocks_histogram: Vec<u64>,
 }
 
+impl StrategyStats {
+    /// Engine-reported over predicted cached tokens: near 1 the index agrees with the engines,
+    /// far below 1 it predicts hits they do not have. `None` until something was predicted.
+    pub fn prediction_ratio(&self) -> Option<f64> {
+        (self.predicted_cached_tokens > 0)
+            .then(|| self.reported_cached_tokens as f64 / self.predicted_cached_tokens as f64)
+    }
+}
+
 /// A routing strategy: picks an eligible, healthy instance of a snapshot for a request.
 pub trait Strategy: Send + Sync + std::fmt::Debug {
     /// Name as given in configuration (`random`, `prefix-aware`, ...).

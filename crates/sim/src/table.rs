@@ -93,11 +93,10 @@ fn learned(strategy: &str, s: &prefix_router_core::StrategyStats) -> Option<Stri
         s.index_budget_blocks,
         s.index_bytes as f64 / f64::from(1 << 20)
     );
-    if s.reported_cached_tokens > 0 {
+    if let Some(ratio) = s.prediction_ratio() {
         let _ = write!(
             line,
-            "; predicted cached tokens / engine-reported: {:.3}",
-            s.predicted_cached_tokens as f64 / s.reported_cached_tokens as f64
+            "; engine-reported / predicted cached tokens: {ratio:.3}"
         );
     }
     Some(line)

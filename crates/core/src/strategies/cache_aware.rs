@@ -198,6 +198,8 @@ struct State {
     /// Per slot, requests sent there recently (exponentially decayed over about
     /// [`SHARE_WINDOW`] requests per instance).
     recent: Vec<f64>,
+    /// Scratch for the candidates of a decision.
+    cands: Vec<Candidate>,
     stats: StrategyStats,
 }
 
@@ -234,6 +236,7 @@ impl CacheAware {
             pending: Vec::new(),
             matched: Vec::new(),
             recent: Vec::new(),
+            cands: Vec::new(),
             stats: StrategyStats {
                 index_budget_blocks: config.index_blocks as u64,
                 match_blocks_histogram: vec![0; MATCH_BUCKETS],
@@ -302,7 +305,9 @@ impl Strategy for CacheAware {
         let idle = InstanceLoad::new(cfg.prior);
         let instances = st.loads.len();
         let block = cfg.chain.block_units;
-        let mut cands: Vec<Candidate> = Vec::with_capacity(fleet.len());
+        // The previous decision's buffer: no allocation per decision.
+        let mut cands = std::mem::take(&mut st.cands);
+        cands.clear();
         for (index, inst) in fleet.eligible(req.model) {
             let slot = st.slot_of.get(&inst.id_hash()).map(|&s| usize::from(s));
             let matched_blocks = slot.map_or(0, |s| st.matched[s]);
@@ -321,7 +326,9 @@ impl Strategy for CacheAware {
                 recent: slot.map_or(0.0, |s| st.recent[s]),
             });
         }
-        let (chosen, reason) = choose::choose(cands, cfg, req, fleet)?;
+        let chosen = choose::choose(&mut cands, cfg, req, fleet);
+        st.cands = cands;
+        let (chosen, reason) = chosen?;
         Ok(Decision {
             index: chosen.index,
             reason,

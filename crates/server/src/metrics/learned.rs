@@ -163,10 +163,8 @@ impl Learned {
         self.reported
             .get_or_create(&l)
             .set(s.reported_cached_tokens);
-        if s.predicted_cached_tokens > 0 {
-            self.ratio
-                .get_or_create(&l)
-                .set(s.reported_cached_tokens as f64 / s.predicted_cached_tokens as f64);
+        if let Some(ratio) = s.prediction_ratio() {
+            self.ratio.get_or_create(&l).set(ratio);
         }
         let n = s.match_blocks_histogram.len();
         for (i, &count) in s.match_blocks_histogram.iter().enumerate() {

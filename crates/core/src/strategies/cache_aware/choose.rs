@@ -27,7 +27,7 @@ pub(super) struct Candidate {
 
 /// Picks among `cands` (every eligible instance, scored) and says why.
 pub(super) fn choose(
-    mut cands: Vec<Candidate>,
+    cands: &mut Vec<Candidate>,
     cfg: &CacheAwareConfig,
     req: &RouteRequest<'_>,
     fleet: &FleetSnapshot,
@@ -42,11 +42,9 @@ pub(super) fn choose(
     // The least loaded always stays in.
     let mean = (cands.iter().map(|c| c.recent).sum::<f64>() + 1.0) / cands.len().max(1) as f64;
     let bound = (cfg.max_share * mean).max(mean + SHARE_SLACK);
-    let all = cands.len();
     if cfg.max_share > 0.0 {
         cands.retain(|c| c.recent + 1.0 <= bound);
     }
-    debug_assert!(all == 0 || !cands.is_empty());
     let Some(best) = cands
         .iter()
         .min_by(|a, b| a.expected_s.total_cmp(&b.expected_s))

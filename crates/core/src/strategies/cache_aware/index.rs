@@ -72,10 +72,7 @@ impl Slots {
     }
     fn resident(&self, slot: usize, stamp: u32) -> bool {
         let cap = self.capacity.get(slot).copied().unwrap_or(0);
-        let since_forgotten =
-            self.distance(slot, self.forgotten_at.get(slot).copied().unwrap_or(0));
-        let d = self.distance(slot, stamp);
-        d < cap && d < since_forgotten
+        self.distance(slot, stamp) < cap && self.known(slot, stamp)
     }
     /// Blocks the instance probably holds: those sent since it was last forgotten, at most its
     /// estimated capacity.

@@ -31,6 +31,9 @@ const POOL_WEIGHT: f64 = 8.0;
 pub struct Pool {
     fit: CostFit,
     samples: u64,
+    /// `fit.cost()` as of the last sample: decisions read it for every candidate, samples
+    /// change it.
+    cost: Cost,
 }
 
 impl Pool {
@@ -39,11 +42,12 @@ impl Pool {
         Self {
             fit: CostFit::new(prior),
             samples: 0,
+            cost: prior,
         }
     }
     /// The fleet's cost, for an instance with no samples of its own.
     pub fn cost(&self) -> Cost {
-        self.fit.cost()
+        self.cost
     }
 }
 
@@ -57,6 +61,8 @@ pub struct InstanceLoad {
     /// Requests past their first token, not finished.
     pub decoding: u32,
     fit: CostFit,
+    /// `fit.cost()` as of its last sample (see [`Pool::cost`]).
+    own: Cost,
     /// The pool's sample count at this instance's last sample.
     seen_at: u64,
 }
@@ -69,16 +75,17 @@ impl InstanceLoad {
             waiting: 0,
             decoding: 0,
             fit: CostFit::new(prior),
+            own: prior,
             seen_at: 0,
         }
     }
     /// The current cost estimate: its own fit blended with the pool's, its own weight fading by
     /// one decay step for every `instances` samples the pool took since its last.
     pub fn cost(&self, pool: &Pool, instances: usize) -> Cost {
-        let own = self.fit.cost();
         if self.fit.n < MIN_SAMPLES {
             return pool.cost();
         }
+        let own = self.own;
         let missed = pool.samples.saturating_sub(self.seen_at) as f64 / instances.max(1) as f64;
         let n = self.fit.n * (1.0 - DECAY).powf(missed);
         let w = n / (n + POOL_WEIGHT);
@@ -96,6 +103,8 @@ impl InstanceLoad {
         if self.fit.observe(prefill, decoding, ttft_s) {
             pool.fit.observe(prefill, decoding, ttft_s);
             pool.samples += 1;
+            pool.cost = pool.fit.cost();
+            self.own = self.fit.cost();
             self.seen_at = pool.samples;
         }
     }
