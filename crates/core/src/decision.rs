@@ -85,10 +85,14 @@ impl Decision {
 /// No instance can take the request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
-    /// No healthy instance serves the requested model.
-    #[error("no healthy instance serves model '{0}'")]
+    /// No instance of the fleet serves the requested model, in any state: a client error.
+    #[error("no instance serves model '{0}'")]
     ModelNotServed(String),
-    /// No healthy instance at all.
+    /// Instances serve the requested model, but none of them takes requests right now
+    /// (ejected, draining, or not yet checked): an outage, worth retrying later.
+    #[error("no healthy instance serves model '{0}' right now")]
+    ModelUnavailable(String),
+    /// No healthy instance at all (or an empty fleet).
     #[error("no healthy instance available")]
     NoHealthyInstance,
     /// The strategy named a position outside the snapshot (a bug of the strategy).

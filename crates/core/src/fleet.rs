@@ -42,6 +42,9 @@ pub enum InstanceState {
     Draining = 1,
     /// Failing health checks; gets nothing new until it recovers.
     Ejected = 2,
+    /// Not yet checked: a new member gets nothing until its first passed health check, so a
+    /// router started before its engines does not route to instances that are not up.
+    Unknown = 3,
 }
 
 impl InstanceState {
@@ -49,6 +52,7 @@ impl InstanceState {
         match v {
             0 => InstanceState::Healthy,
             1 => InstanceState::Draining,
+            3 => InstanceState::Unknown,
             _ => InstanceState::Ejected,
         }
     }
@@ -96,9 +100,14 @@ pub struct Instance {
 impl Instance {
     /// Builds a healthy instance with nothing in flight.
     pub fn new(spec: InstanceSpec) -> Self {
+        Self::in_state(spec, InstanceState::Healthy)
+    }
+
+    /// Builds an instance in `state` with nothing in flight.
+    pub fn in_state(spec: InstanceSpec, state: InstanceState) -> Self {
         Self::with_counters(
             spec,
-            Arc::new(AtomicU8::new(InstanceState::Healthy as u8)),
+            Arc::new(AtomicU8::new(state as u8)),
             Arc::new(AtomicU32::new(0)),
         )
     }
@@ -245,15 +254,34 @@ impl FleetSnapshot {
 }
 
 /// The live fleet: a swappable snapshot, so membership changes never block routing.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Fleet {
     current: arc_swap::ArcSwap<FleetSnapshot>,
+    /// The state a new member starts in.
+    joins_as: InstanceState,
+}
+
+impl Default for Fleet {
+    fn default() -> Self {
+        Self {
+            current: Default::default(),
+            joins_as: InstanceState::Healthy,
+        }
+    }
 }
 
 impl Fleet {
     /// Builds a fleet from specs. A repeated id keeps its first spec (ids are identities).
     pub fn new(specs: Vec<InstanceSpec>) -> Self {
-        let fleet = Fleet::default();
+        Self::joining_as(specs, InstanceState::Healthy)
+    }
+    /// A fleet whose members, these and every later one, start in `state` (`Unknown` when
+    /// health checks must pass before an instance takes requests).
+    pub fn joining_as(specs: Vec<InstanceSpec>, state: InstanceState) -> Self {
+        let fleet = Fleet {
+            joins_as: state,
+            ..Fleet::default()
+        };
         fleet.set_members(specs);
         fleet
     }
@@ -282,7 +310,7 @@ impl Fleet {
                         Arc::clone(&existing.state),
                         Arc::clone(&existing.in_flight),
                     )),
-                    None => Arc::new(Instance::new(spec.clone())),
+                    None => Arc::new(Instance::in_state(spec.clone(), self.joins_as)),
                 };
                 instances.push(inst);
             }
@@ -312,6 +340,29 @@ mod tests {
             weight: 1,
             models: models.iter().map(|m| m.to_string()).collect(),
         }
+    }
+
+    #[test]
+    fn a_fleet_joining_as_unknown_routes_to_no_member_until_it_is_checked() {
+        let fleet = Fleet::joining_as(vec![spec("a", &[])], InstanceState::Unknown);
+        fleet.set_members(vec![spec("a", &[]), spec("b", &[])]);
+        let snap = fleet.snapshot();
+        assert!(snap
+            .instances()
+            .iter()
+            .all(|i| i.state() == InstanceState::Unknown));
+        assert_eq!(snap.eligible(None).count(), 0);
+        assert!(snap.instances()[1].transition(&[InstanceState::Unknown], InstanceState::Healthy));
+        assert_eq!(snap.eligible(None).map(|(i, _)| i).collect::<Vec<_>>(), [1]);
+        // A member that stays keeps its state; the next newcomer starts unknown again.
+        fleet.set_members(vec![spec("b", &[]), spec("c", &[])]);
+        let states: Vec<_> = fleet
+            .snapshot()
+            .instances()
+            .iter()
+            .map(|i| i.state())
+            .collect();
+        assert_eq!(states, [InstanceState::Healthy, InstanceState::Unknown]);
     }
 
     #[test]

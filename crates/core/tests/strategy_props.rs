@@ -149,7 +149,15 @@ proptest! {
                         prop_assert!(inst.is_healthy() && inst.serves(Some("m")), "{} chose {}", kind.name(), inst.id());
                     }
                     Err(e) => {
-                        prop_assert_eq!(e, RouteError::ModelNotServed("m".into()));
+                        // Some member serves "m" (every instance with no model list does): it is
+                        // unavailable, not unknown.
+                        let listed = snap.instances().iter().any(|i| i.serves(Some("m")));
+                        let expected = if listed {
+                            RouteError::ModelUnavailable("m".into())
+                        } else {
+                            RouteError::ModelNotServed("m".into())
+                        };
+                        prop_assert_eq!(e, expected);
                         prop_assert!(snap.eligible(Some("m")).next().is_none());
                     }
                 }

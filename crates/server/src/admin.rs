@@ -60,23 +60,42 @@ fn same_token(given: &[u8], expected: &[u8]) -> bool {
     diff == 0
 }
 
-fn authorized(admin: &Admin, headers: &HeaderMap) -> Result<(), ApiError> {
-    let given = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    if same_token(given.as_bytes(), admin.token.as_bytes()) {
-        Ok(())
-    } else {
-        Err(ApiError {
-            status: http::StatusCode::UNAUTHORIZED,
-            kind: "authentication_error",
-            message: "missing or wrong bearer token".into(),
-            param: None,
-            code: "unauthorized",
-        })
+/// The token of an `Authorization: Bearer <token>` header. The scheme is case-insensitive
+/// (RFC 9110 section 11.1) and may be followed by more than one space.
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let v = headers.get(axum::http::header::AUTHORIZATION)?.as_bytes();
+    let (scheme, rest) = v.split_at(v.iter().position(|&b| b == b' ')?);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
     }
+    let start = rest.iter().position(|&b| b != b' ')?;
+    Some(&rest[start..])
+}
+
+/// The one authentication layer in front of every admin route (and unknown paths: nothing is
+/// told to a caller without the token, not even which routes exist).
+async fn authenticate(
+    State(admin): State<Admin>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let given = bearer(req.headers()).unwrap_or_default();
+    if same_token(given, admin.token.as_bytes()) {
+        return next.run(req).await;
+    }
+    let mut resp = error(ApiError {
+        status: http::StatusCode::UNAUTHORIZED,
+        kind: "authentication_error",
+        message: "missing or wrong bearer token (send Authorization: Bearer <admin.token>)".into(),
+        param: None,
+        code: "unauthorized",
+        retry_after: None,
+    });
+    resp.headers_mut().insert(
+        axum::http::header::WWW_AUTHENTICATE,
+        axum::http::HeaderValue::from_static("Bearer"),
+    );
+    resp
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
@@ -90,13 +109,11 @@ fn state_name(s: InstanceState) -> &'static str {
         InstanceState::Healthy => "healthy",
         InstanceState::Draining => "draining",
         InstanceState::Ejected => "ejected",
+        InstanceState::Unknown => "unknown",
     }
 }
 
-async fn list(State(admin): State<Admin>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&admin, &headers) {
-        return error(r);
-    }
+async fn list(State(admin): State<Admin>) -> Response {
     let snapshot = admin.state.fleet.snapshot();
     let instances: Vec<Value> = snapshot
         .instances()
@@ -118,10 +135,7 @@ async fn list(State(admin): State<Admin>, headers: HeaderMap) -> Response {
     reply(StatusCode::OK, json!({ "instances": instances }))
 }
 
-async fn add(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(r) = authorized(&admin, &headers) {
-        return error(r);
-    }
+async fn add(State(admin): State<Admin>, body: Bytes) -> Response {
     let entry: InstanceFile = match parse(&body) {
         Ok(e) => e,
         Err(r) => return error(r),
@@ -184,13 +198,11 @@ fn unknown(id: &str) -> Response {
         message: format!("no instance '{id}'"),
         param: Some("url".into()),
         code: "instance_not_found",
+        retry_after: None,
     })
 }
 
-async fn drain(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(r) = authorized(&admin, &headers) {
-        return error(r);
-    }
+async fn drain(State(admin): State<Admin>, body: Bytes) -> Response {
     let id = match target_id(&body) {
         Ok(id) => id,
         Err(r) => return error(r),
@@ -203,7 +215,11 @@ async fn drain(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> R
     membership::transition(
         &admin.state,
         inst,
-        &[InstanceState::Healthy, InstanceState::Ejected],
+        &[
+            InstanceState::Healthy,
+            InstanceState::Ejected,
+            InstanceState::Unknown,
+        ],
         InstanceState::Draining,
     );
     tracing::info!(instance = %id, "instance draining");
@@ -214,10 +230,7 @@ async fn drain(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> R
     )
 }
 
-async fn activate(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(r) = authorized(&admin, &headers) {
-        return error(r);
-    }
+async fn activate(State(admin): State<Admin>, body: Bytes) -> Response {
     let id = match target_id(&body) {
         Ok(id) => id,
         Err(r) => return error(r),
@@ -241,16 +254,14 @@ async fn activate(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -
             ),
             param: Some("url".into()),
             code: "not_draining",
+            retry_after: None,
         });
     }
     tracing::info!(instance = %id, "drain ended through the admin API");
     reply(StatusCode::OK, json!({ "activated": id }))
 }
 
-async fn remove(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(r) = authorized(&admin, &headers) {
-        return error(r);
-    }
+async fn remove(State(admin): State<Admin>, body: Bytes) -> Response {
     let id = match target_id(&body) {
         Ok(id) => id,
         Err(r) => return error(r),
@@ -280,10 +291,7 @@ fn routing_json(state: &AppState) -> Value {
     })
 }
 
-async fn get_routing(State(admin): State<Admin>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&admin, &headers) {
-        return error(r);
-    }
+async fn get_routing(State(admin): State<Admin>) -> Response {
     reply(StatusCode::OK, routing_json(&admin.state))
 }
 
@@ -355,10 +363,7 @@ fn apply_change(state: &AppState, c: RoutingChange) -> Result<(), ApiError> {
     })
 }
 
-async fn put_routing(State(admin): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(r) = authorized(&admin, &headers) {
-        return error(r);
-    }
+async fn put_routing(State(admin): State<Admin>, body: Bytes) -> Response {
     let change: RoutingChange = match parse(&body) {
         Ok(c) => c,
         Err(r) => return error(r),
@@ -372,10 +377,7 @@ async fn put_routing(State(admin): State<Admin>, headers: HeaderMap, body: Bytes
     }
 }
 
-async fn reload_config(State(admin): State<Admin>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&admin, &headers) {
-        return error(r);
-    }
+async fn reload_config(State(admin): State<Admin>) -> Response {
     match reload::reload(&admin.state).await {
         Ok(s) => reply(
             StatusCode::OK,
@@ -398,5 +400,37 @@ pub fn router(state: Arc<AppState>, token: &str) -> axum::Router {
         .route("/admin/instances/remove", post(remove))
         .route("/admin/routing", get(get_routing).put(put_routing))
         .route("/admin/reload", post(reload_config))
+        .fallback(|uri: axum::http::Uri| async move { error(ApiError::unknown_route(uri.path())) })
+        .layer(axum::middleware::from_fn_with_state(
+            admin.clone(),
+            authenticate,
+        ))
         .with_state(admin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            axum::http::header::AUTHORIZATION,
+            axum::http::HeaderValue::from_str(v).unwrap_or_else(|e| panic!("{e}")),
+        );
+        h
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_nothing_else_passes() {
+        for ok in ["Bearer t0k", "bearer t0k", "BEARER   t0k"] {
+            assert_eq!(bearer(&auth(ok)), Some(&b"t0k"[..]), "{ok}");
+        }
+        for bad in ["Basic t0k", "Bearert0k", "Bearer ", "t0k", "Bear t0k"] {
+            assert_ne!(bearer(&auth(bad)), Some(&b"t0k"[..]), "{bad}");
+        }
+        assert_eq!(bearer(&HeaderMap::new()), None);
+        assert!(same_token(b"t0k", b"t0k"));
+        assert!(!same_token(b"t0", b"t0k") && !same_token(b"t0kk", b"t0k"));
+    }
 }

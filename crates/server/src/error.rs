@@ -6,6 +6,10 @@ use prefix_router_core::{ExtractError, RouteError};
 
 use crate::body::{full, ProxyBody};
 
+/// `Retry-After` of an outage answer (no healthy instance): about the time an ejected instance
+/// needs to be checked again and come back.
+pub const RETRY_AFTER_S: u64 = 5;
+
 /// An error answered to a client as `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -19,6 +23,8 @@ pub struct ApiError {
     pub param: Option<String>,
     /// Machine-readable code (`invalid_json`, `body_too_large`, ...).
     pub code: &'static str,
+    /// Seconds after which the client may try again (`Retry-After`), on 429 and 503.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -34,6 +40,7 @@ impl ApiError {
             message: message.into(),
             param: param.map(str::to_string),
             code,
+            retry_after: None,
         }
     }
 
@@ -45,6 +52,7 @@ impl ApiError {
             message: format!("unknown route '{path}'"),
             param: None,
             code: "unknown_route",
+            retry_after: None,
         }
     }
 
@@ -56,6 +64,7 @@ impl ApiError {
             message: format!("method {method} is not allowed on '{path}' (allowed: {allowed})"),
             param: None,
             code: "method_not_allowed",
+            retry_after: None,
         }
     }
 
@@ -67,6 +76,7 @@ impl ApiError {
             message: format!("request body exceeds the limit of {limit} bytes"),
             param: None,
             code: "body_too_large",
+            retry_after: None,
         }
     }
 
@@ -78,6 +88,7 @@ impl ApiError {
             message: "timed out reading the request body".into(),
             param: None,
             code: "body_timeout",
+            retry_after: None,
         }
     }
 
@@ -98,6 +109,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code,
+            retry_after: None,
         }
     }
 
@@ -109,6 +121,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: "upstream_timeout",
+            retry_after: None,
         }
     }
 
@@ -120,7 +133,14 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: "internal_error",
+            retry_after: None,
         }
+    }
+
+    /// The same error, telling the client when to try again.
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds.max(1));
+        self
     }
 
     /// The JSON body.
@@ -144,6 +164,10 @@ impl ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let Some(s) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
         resp
     }
 }
@@ -166,18 +190,33 @@ impl From<RouteError> for ApiError {
             RouteError::ModelNotServed(ref model) => ApiError {
                 status: StatusCode::NOT_FOUND,
                 kind: "not_found_error",
-                message: format!("the model '{model}' is not served by any healthy instance"),
+                message: format!(
+                    "the model '{model}' is not served by any instance of this fleet (GET /v1/models lists those served)"
+                ),
                 param: Some("model".into()),
                 code: "model_not_found",
+                retry_after: None,
+            },
+            // An outage, not a client error: OpenAI SDKs retry a 503, never a 404.
+            RouteError::ModelUnavailable(ref model) => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: "service_unavailable",
+                message: format!(
+                    "the model '{model}' is served by this fleet, but no instance serving it is healthy right now; try again shortly"
+                ),
+                param: Some("model".into()),
+                code: "model_unavailable",
+                retry_after: Some(RETRY_AFTER_S),
             },
             // A strategy bug, not the client's fault nor the fleet's.
             RouteError::OutOfRange(_) => ApiError::internal(e.to_string()),
             RouteError::NoHealthyInstance => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 kind: "service_unavailable",
-                message: e.to_string(),
+                message: format!("{e}; try again shortly"),
                 param: None,
                 code: "no_healthy_instance",
+                retry_after: Some(RETRY_AFTER_S),
             },
         }
     }

@@ -5,9 +5,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use prefix_router_core::{End, Instance, Ticket, Usage};
+use prefix_router_core::{Instance, Ticket, Usage};
 
 use crate::metrics::{ApiLabels, InstanceLabels, RequestLabels};
+use crate::outcome::Outcome;
 use crate::state::AppState;
 
 /// Holds one dispatched request's ticket. Moved into the response body stream once the answer
@@ -20,7 +21,7 @@ pub struct InFlightGuard {
     instance: Arc<Instance>,
     api: &'static str,
     received: Instant,
-    outcome: &'static str,
+    outcome: Outcome,
     completed: bool,
     usage: Option<Usage>,
     first_byte_seen: bool,
@@ -37,7 +38,7 @@ impl InFlightGuard {
             api,
             received,
             // Until told otherwise, a guard dropped early was cancelled.
-            outcome: "cancelled",
+            outcome: Outcome::Cancelled,
             completed: false,
             usage: None,
             first_byte_seen: false,
@@ -61,8 +62,8 @@ impl InFlightGuard {
         &self.instance
     }
 
-    /// The outcome recorded if the response completes (`ok`, `upstream_4xx`, `upstream_5xx`).
-    pub fn set_outcome(&mut self, outcome: &'static str) {
+    /// The outcome recorded if the response completes (ok, upstream 4xx or 5xx).
+    pub fn set_outcome(&mut self, outcome: Outcome) {
         self.outcome = outcome;
     }
 
@@ -73,7 +74,7 @@ impl InFlightGuard {
     }
 
     /// The response failed part way; `outcome` says how.
-    pub fn fail(&mut self, outcome: &'static str) {
+    pub fn fail(&mut self, outcome: Outcome) {
         self.outcome = outcome;
         self.completed = true;
     }
@@ -93,7 +94,7 @@ impl InFlightGuard {
                 instance: self.instance.id().to_string(),
             })
             .observe(self.received.elapsed().as_secs_f64());
-        if self.outcome == "ok" {
+        if self.outcome == Outcome::Ok {
             if let Some(t) = self.ticket.as_mut() {
                 t.first_token(self.state.now_s());
             }
@@ -106,25 +107,19 @@ impl Drop for InFlightGuard {
         let outcome = if self.completed {
             self.outcome
         } else {
-            "cancelled"
+            Outcome::Cancelled
         };
         if let Some(ticket) = self.ticket.take() {
-            let end = match outcome {
-                "ok" => End::Finished { usage: self.usage },
-                "cancelled" => End::Cancelled,
-                // Error statuses, broken or idle streams, timeouts, retried answers.
-                _ => End::Failed,
-            };
             // Finished explicitly rather than by the ticket's own drop, so that the strategy
             // hears the time the request really ended.
-            ticket.finish(end, self.state.now_s());
+            ticket.finish(outcome.end(self.usage), self.state.now_s());
         }
         let m = &self.state.metrics;
         m.requests
             .get_or_create(&RequestLabels {
                 instance: self.instance.id().to_string(),
                 api: self.api,
-                outcome,
+                outcome: outcome.label(),
             })
             .inc();
         m.duration

@@ -75,7 +75,19 @@ fn record_probe(state: &AppState, inst: &Instance, ok: bool) {
     let h = &state.settings.health;
     let stats = state.stats.get(inst.id().as_str());
     let mut rec = stats.health();
-    if ok {
+    if ok && inst.state() == InstanceState::Unknown {
+        // A new member's first passed probe: it takes requests from now on.
+        rec.probe_failures = 0;
+        rec.probe_successes = 1;
+        if membership::transition(
+            state,
+            inst,
+            &[InstanceState::Unknown],
+            InstanceState::Healthy,
+        ) {
+            tracing::info!(instance = %inst.id(), "instance passed its first health check");
+        }
+    } else if ok {
         rec.probe_failures = 0;
         rec.probe_successes = rec.probe_successes.saturating_add(1);
         let backoff_over = rec.ejected_until.map_or(true, |t| Instant::now() >= t);
@@ -108,6 +120,9 @@ fn record_probe(state: &AppState, inst: &Instance, ok: bool) {
             )
         {
             tracing::warn!(instance = %inst.id(), failures = rec.probe_failures, "instance ejected by health checks");
+        }
+        if inst.state() == InstanceState::Unknown && rec.probe_failures == h.unhealthy_threshold {
+            tracing::warn!(instance = %inst.id(), failures = rec.probe_failures, path = %h.path, "instance has not passed a health check yet; it gets no requests until it does");
         }
     }
 }
@@ -161,6 +176,8 @@ pub async fn check_once(state: &Arc<AppState>) {
 pub async fn run(state: Arc<AppState>) {
     let mut tick = tokio::time::interval(state.settings.health.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is now: `Router::start` has just checked every instance.
+    tick.tick().await;
     loop {
         tick.tick().await;
         check_once(&state).await;

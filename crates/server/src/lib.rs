@@ -19,6 +19,7 @@ pub mod health;
 pub mod membership;
 pub mod metrics;
 pub mod models;
+pub mod outcome;
 pub mod proxy;
 pub mod reload;
 pub mod routing;

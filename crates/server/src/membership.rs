@@ -40,7 +40,8 @@ pub fn transition(
     let change = match to {
         InstanceState::Healthy => MembershipChange::Healthy,
         InstanceState::Draining => MembershipChange::Draining,
-        InstanceState::Ejected => MembershipChange::Ejected,
+        // Back to unchecked: like an ejection, it takes nothing until a check passes.
+        InstanceState::Ejected | InstanceState::Unknown => MembershipChange::Ejected,
     };
     announce(state, inst.id(), change);
     true
@@ -94,8 +95,10 @@ mod tests {
             "http://127.0.0.1:2",
             "http://127.0.0.1:3",
         );
-        let settings =
+        let mut settings =
             crate::settings::Settings::with_instances([a, b]).unwrap_or_else(|e| panic!("{e}"));
+        // No probes here: members start healthy.
+        settings.health.active = false;
         let state = AppState::new(settings, None).unwrap_or_else(|e| panic!("{e}"));
         let recorder = Arc::new(Recording::new(Pick::First));
         let current = state.routing.load_full();

@@ -56,8 +56,9 @@ pub struct ApiLabels {
 
 /// `reason`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RetryLabels {
-    /// `connect`, `status_503`, `status_429`.
+pub struct ReasonLabels {
+    /// Retries: `connect`, `status_503`, `status_429`. Connections closed by the router:
+    /// `header_timeout`, `idle`, `per_client_limit`. Requests refused: `in_flight_cap`.
     pub reason: &'static str,
 }
 
@@ -92,7 +93,13 @@ pub struct Metrics {
     /// Upstream errors by instance and kind.
     pub upstream_errors: Family<ErrorLabels, Counter>,
     /// Retries by reason.
-    pub retries: Family<RetryLabels, Counter>,
+    pub retries: Family<ReasonLabels, Counter>,
+    /// Streams whose upstream failed part way, ended with an SSE `error` event.
+    pub stream_error_events: Counter,
+    /// Client connections the router closed or refused, by reason.
+    pub connections_closed: Family<ReasonLabels, Counter>,
+    /// Requests refused before routing by admission control, by reason.
+    pub shed: Family<ReasonLabels, Counter>,
     /// Engines' prefix-cache hit ratio over the last scrape interval (scraped).
     pub engine_hit_ratio: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
     /// Requests the engine runs (scraped).
@@ -130,7 +137,10 @@ impl Metrics {
         );
         let decision_latency = decision_histogram();
         let upstream_errors = Family::<ErrorLabels, Counter>::default();
-        let retries = Family::<RetryLabels, Counter>::default();
+        let retries = Family::<ReasonLabels, Counter>::default();
+        let stream_error_events = Counter::default();
+        let connections_closed = Family::<ReasonLabels, Counter>::default();
+        let shed = Family::<ReasonLabels, Counter>::default();
         let engine_hit_ratio = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
         let engine_running = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
         let engine_waiting = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
@@ -181,6 +191,21 @@ impl Metrics {
             retries.clone(),
         );
         registry.register(
+            "stream_error_events",
+            "Streams whose upstream failed part way, ended with an SSE error event",
+            stream_error_events.clone(),
+        );
+        registry.register(
+            "client_connections_closed",
+            "Client connections the router closed or refused, by reason",
+            connections_closed.clone(),
+        );
+        registry.register(
+            "requests_shed",
+            "Requests refused with 429 by admission control, by reason",
+            shed.clone(),
+        );
+        registry.register(
             "engine_prefix_cache_hit_ratio",
             "Engine prefix-cache hit ratio over the last scrape interval (engine metrics)",
             engine_hit_ratio.clone(),
@@ -218,6 +243,9 @@ impl Metrics {
             decision_latency,
             upstream_errors,
             retries,
+            stream_error_events,
+            connections_closed,
+            shed,
         }
     }
 

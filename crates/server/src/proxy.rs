@@ -1,6 +1,7 @@
 //! Proxying a routed request: read the body once, derive the key (and the block chain when the
-//! strategy reads one), dispatch it to an instance, forward, retry on another instance while
-//! nothing has gone to the client yet, relay the answer.
+//! strategy reads one), then per attempt [`route`] it to an instance and send it
+//! ([`attempt`]), retrying on another instance while nothing has gone to the client yet, and
+//! [`relay`] the answer.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,7 +21,8 @@ use crate::body::{read_body, ProxyBody};
 use crate::error::ApiError;
 use crate::guard::InFlightGuard;
 use crate::health;
-use crate::metrics::{DecisionLabels, RequestLabels, RetryLabels};
+use crate::metrics::{DecisionLabels, ReasonLabels, RequestLabels};
+use crate::outcome::{retryable_status, Failure, Outcome};
 use crate::routing::with_rng;
 use crate::state::AppState;
 use crate::stats::InstanceStats;
@@ -179,6 +181,93 @@ fn without(snapshot: &FleetSnapshot, tried: &[Arc<Instance>]) -> FleetSnapshot {
     )
 }
 
+/// One dispatched attempt: the instance chosen, why, and the guard holding its slot.
+struct Routed {
+    instance: Arc<Instance>,
+    id: String,
+    reason: &'static str,
+    guard: InFlightGuard,
+}
+
+/// Chooses an instance in `fleet` for `route_req`, counting the decision, and takes a slot on
+/// it.
+fn route(
+    state: &Arc<AppState>,
+    strategy: &Arc<dyn Strategy>,
+    route_req: &mut RouteRequest<'_>,
+    fleet: &FleetSnapshot,
+    api: Api,
+    received: Instant,
+) -> Result<Routed, ApiError> {
+    // Each attempt is sent at its own time (the strategy learns time to first token from it).
+    route_req.now = state.now_s();
+    let started = Instant::now();
+    let dispatched = with_rng(|rng| dispatch(strategy, route_req, fleet, rng));
+    state
+        .metrics
+        .decision_latency
+        .observe(started.elapsed().as_secs_f64());
+    let Dispatched { reason, ticket, .. } = dispatched?;
+    let instance = Arc::clone(ticket.instance());
+    state
+        .metrics
+        .decisions
+        .get_or_create(&DecisionLabels {
+            strategy: strategy.name(),
+            reason: reason.label(),
+        })
+        .inc();
+    let stats = state.stats.get(instance.id().as_str());
+    InstanceStats::bump(&stats.requests);
+    if reason.is_overflow() {
+        InstanceStats::bump(&stats.overflow);
+    }
+    Ok(Routed {
+        id: instance.id().to_string(),
+        instance,
+        reason: reason.label(),
+        guard: InFlightGuard::new(Arc::clone(state), ticket, api.label(), received),
+    })
+}
+
+/// Sends the request to the routed instance and waits for its response head, recording a
+/// failure against the instance (metrics, errors, passive health).
+async fn attempt(
+    state: &Arc<AppState>,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    routed: &mut Routed,
+) -> Result<Result<Response<Incoming>, Failure>, ApiError> {
+    let settings = &state.settings;
+    let upstream_req = build_request(parts, &routed.instance.spec().url, body.clone())?;
+    let sent = tokio::time::timeout(
+        settings.timeouts.first_byte,
+        state.client.request(upstream_req),
+    )
+    .await;
+    let failure = match sent {
+        Ok(Ok(resp)) => {
+            if resp.status().is_server_error() {
+                state.metrics.upstream_error(&routed.id, "status_5xx");
+                routed.guard.count_error();
+                health::passive_failure(state, &routed.instance);
+            } else {
+                health::passive_success(state, &routed.instance);
+            }
+            return Ok(Ok(resp));
+        }
+        Ok(Err(e)) => Failure::of(&e),
+        Err(_) => Failure::Timeout,
+    };
+    state.metrics.upstream_error(&routed.id, failure.label());
+    routed.guard.count_error();
+    routed.guard.fail(failure.outcome());
+    if failure.ejects() {
+        health::passive_failure(state, &routed.instance);
+    }
+    Ok(Err(failure))
+}
+
 async fn forward(
     state: &Arc<AppState>,
     api: Api,
@@ -213,152 +302,69 @@ async fn forward(
 
     let snapshot = state.fleet.snapshot();
     let mut tried: Vec<Arc<Instance>> = Vec::new();
-    let mut attempt = 0u32;
+    let mut attempt_no = 0u32;
     loop {
-        let view = if tried.is_empty() {
-            None
-        } else {
-            Some(without(&snapshot, &tried))
-        };
+        let view = (!tried.is_empty()).then(|| without(&snapshot, &tried));
         let fleet = view.as_ref().unwrap_or(&snapshot);
-        // Each attempt is sent at its own time (the strategy learns time to first token from it).
-        route_req.now = state.now_s();
-        let started = Instant::now();
-        let dispatched = with_rng(|rng| dispatch(strategy, &route_req, fleet, rng));
-        state
-            .metrics
-            .decision_latency
-            .observe(started.elapsed().as_secs_f64());
-        let Dispatched { reason, ticket, .. } = dispatched?;
-        let instance = Arc::clone(ticket.instance());
-        state
-            .metrics
-            .decisions
-            .get_or_create(&DecisionLabels {
-                strategy: strategy.name(),
-                reason: reason.label(),
-            })
-            .inc();
-        let stats = state.stats.get(instance.id().as_str());
-        InstanceStats::bump(&stats.requests);
-        if reason.is_overflow() {
-            InstanceStats::bump(&stats.overflow);
-        }
-        let id = instance.id().to_string();
-        let mut guard = InFlightGuard::new(Arc::clone(state), ticket, api.label(), received);
-        let upstream_req = build_request(&parts, &instance.spec().url, body.clone())?;
+        let mut routed = route(state, strategy, &mut route_req, fleet, api, received)?;
         // Another attempt is possible when retries remain and another instance could take it
         // (only computed on a failure: the common path allocates nothing for it).
-        let can_retry = || {
-            attempt < settings.max_retries && {
-                let mut rest = tried.clone();
-                rest.push(Arc::clone(&instance));
+        let can_retry = |tried: &[Arc<Instance>], instance: &Arc<Instance>| {
+            attempt_no < settings.max_retries && {
+                let mut rest = tried.to_vec();
+                rest.push(Arc::clone(instance));
                 without(&snapshot, &rest)
                     .eligible(model.as_deref())
                     .next()
                     .is_some()
             }
         };
-        let sent = tokio::time::timeout(
-            settings.timeouts.first_byte,
-            state.client.request(upstream_req),
-        )
-        .await;
-        let retry_reason = match sent {
-            Err(_) => {
-                state.metrics.upstream_error(&id, "timeout");
-                guard.count_error();
-                guard.fail("timeout");
-                return Err(ApiError::gateway_timeout(format!(
-                    "instance {id} sent no response within {:?}",
-                    settings.timeouts.first_byte
-                )));
-            }
-            Ok(Err(e)) if e.is_connect() => {
-                state.metrics.upstream_error(&id, "connect");
-                guard.count_error();
-                guard.fail("connect_error");
-                health::passive_failure(state, &instance);
-                if !can_retry() {
-                    return Err(ApiError::bad_gateway(
-                        "upstream_connect_error",
-                        format!("cannot connect to instance {id}"),
-                    ));
+        let retry_reason = match attempt(state, &parts, &body, &mut routed).await? {
+            Err(failure) => {
+                if !(failure.retryable() && can_retry(&tried, &routed.instance)) {
+                    return Err(failure.answer(&routed.id, settings.timeouts.first_byte));
                 }
-                "connect"
+                failure.label()
             }
-            Ok(Err(e)) => {
-                state.metrics.upstream_error(&id, "other");
-                guard.count_error();
-                guard.fail("upstream_error");
-                return Err(ApiError::bad_gateway(
-                    "upstream_error",
-                    format!("instance {id} failed: {e}"),
-                ));
-            }
-            Ok(Ok(resp)) => {
-                let status = resp.status();
-                let retryable = match status {
-                    StatusCode::SERVICE_UNAVAILABLE => Some("status_503"),
-                    StatusCode::TOO_MANY_REQUESTS => Some("status_429"),
-                    _ => None,
-                };
-                if status.is_server_error() {
-                    state.metrics.upstream_error(&id, "status_5xx");
-                    guard.count_error();
-                    health::passive_failure(state, &instance);
-                } else {
-                    health::passive_success(state, &instance);
+            Ok(resp) => match retryable_status(resp.status()) {
+                Some(r) if can_retry(&tried, &routed.instance) => {
+                    routed.guard.fail(Outcome::Retried);
+                    // Nothing of this answer reached the client. Dropping it closes that
+                    // connection rather than waiting for a body that may never end.
+                    drop(resp);
+                    r
                 }
-                match retryable {
-                    Some(r) if can_retry() => {
-                        guard.fail("retried");
-                        // Nothing of this answer reached the client. Dropping it closes that
-                        // connection rather than waiting for a body that may never end.
-                        drop(resp);
-                        r
-                    }
-                    _ => {
-                        guard.set_outcome(if status.is_server_error() {
-                            "upstream_5xx"
-                        } else if status.is_client_error() {
-                            "upstream_4xx"
-                        } else {
-                            "ok"
-                        });
-                        tracing::debug!(
-                            api = api.label(),
-                            instance = %id,
-                            decision = reason.label(),
-                            status = status.as_u16(),
-                            attempt,
-                            "relaying"
-                        );
-                        // Only a strategy that learns from usage is worth the scan.
-                        let scan_usage = status.is_success() && strategy.reads_usage();
-                        return Ok(relay(
-                            resp,
-                            guard,
-                            &id,
-                            reason.label(),
-                            settings,
-                            scan_usage,
-                        ));
-                    }
+                _ => {
+                    let status = resp.status();
+                    routed.guard.set_outcome(Outcome::of_status(status));
+                    tracing::debug!(
+                        api = api.label(),
+                        instance = %routed.id,
+                        decision = routed.reason,
+                        status = status.as_u16(),
+                        attempt = attempt_no,
+                        "relaying"
+                    );
+                    // Only a strategy that learns from usage is worth the scan.
+                    let scan_usage = status.is_success() && strategy.reads_usage();
+                    return Ok(relay(resp, routed, settings, scan_usage));
                 }
-            }
+            },
         };
         state
             .metrics
             .retries
-            .get_or_create(&RetryLabels {
+            .get_or_create(&ReasonLabels {
                 reason: retry_reason,
             })
             .inc();
-        tracing::debug!(instance = %id, reason = retry_reason, "retrying on another instance");
+        tracing::debug!(instance = %routed.id, reason = retry_reason, "retrying on another instance");
+        let Routed {
+            instance, guard, ..
+        } = routed;
         drop(guard);
         tried.push(instance);
-        attempt += 1;
+        attempt_no += 1;
     }
 }
 
@@ -366,22 +372,34 @@ async fn forward(
 /// headers) and its body streamed through.
 fn relay(
     resp: Response<Incoming>,
-    guard: InFlightGuard,
-    instance: &str,
-    reason: &'static str,
+    routed: Routed,
     settings: &crate::settings::Settings,
     scan_usage: bool,
 ) -> Response<ProxyBody> {
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.version = Version::default();
-    if let Ok(v) = HeaderValue::from_str(instance) {
+    if let Ok(v) = HeaderValue::from_str(&routed.id) {
         parts.headers.insert(INSTANCE_HEADER, v);
     }
     parts
         .headers
-        .insert(DECISION_HEADER, HeaderValue::from_static(reason));
-    let body =
-        RelayBody::new(incoming, guard, settings.timeouts.idle_stream, scan_usage).boxed_unsync();
+        .insert(DECISION_HEADER, HeaderValue::from_static(routed.reason));
+    let sse = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.get(..17)
+                .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
+        });
+    let body = RelayBody::new(
+        incoming,
+        routed.guard,
+        settings.timeouts.idle_stream,
+        scan_usage,
+        sse,
+    )
+    .boxed_unsync();
     Response::from_parts(parts, body)
 }

@@ -56,6 +56,11 @@ impl Router {
         for target in &state.settings.discovery.dns {
             discovery::refresh_dns(&state, target).await;
         }
+        // And check them once (concurrently, within the probe timeout): the instances already
+        // up take requests from the first one, the others once they pass a later check.
+        if state.settings.health.active {
+            health::check_once(&state).await;
+        }
         let addr = listener.local_addr().map_err(|source| ServerError::Bind {
             addr: state.settings.listen,
             source,

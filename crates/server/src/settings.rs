@@ -139,11 +139,26 @@ pub struct Timeouts {
     pub shutdown_grace: Duration,
 }
 
+impl HealthSettings {
+    /// The state a new instance starts in: unknown until its first passed probe when probes
+    /// run and must pass first, else healthy (nothing would ever check it).
+    pub fn joins_as(&self) -> prefix_router_core::InstanceState {
+        if self.active && self.wait_for_first_check {
+            prefix_router_core::InstanceState::Unknown
+        } else {
+            prefix_router_core::InstanceState::Healthy
+        }
+    }
+}
+
 /// Health checking.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HealthSettings {
     /// Probe actively.
     pub active: bool,
+    /// With active probes, new instances start unknown and take requests only after their
+    /// first passed probe.
+    pub wait_for_first_check: bool,
     /// Probed path.
     pub path: String,
     /// Between probes (also the tick that ends passive ejections).
@@ -363,6 +378,7 @@ impl Settings {
         }
         let health = HealthSettings {
             active: h.active.unwrap_or(true),
+            wait_for_first_check: h.wait_for_first_check.unwrap_or(true),
             path,
             interval: ms("health.interval_ms", h.interval_ms, 5_000)?,
             timeout: ms("health.timeout_ms", h.timeout_ms, 2_000)?,

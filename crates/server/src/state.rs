@@ -53,7 +53,7 @@ impl AppState {
             ..Membership::default()
         };
         Ok(Arc::new(Self {
-            fleet: Fleet::new(settings.instances.clone()),
+            fleet: Fleet::joining_as(settings.instances.clone(), settings.health.joins_as()),
             routing: ArcSwap::from_pointee(routing),
             fallback: Arc::new(LeastOutstanding),
             client: upstream::client(&settings.timeouts),

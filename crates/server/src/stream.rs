@@ -1,6 +1,12 @@
 //! The response body sent to the client: the instance's body passed through frame by frame (no
 //! buffering), holding the in-flight guard, enforcing the idle-stream timeout, and reading the
 //! engine's usage report as it goes by ([`crate::usage`]).
+//!
+//! When the instance's stream fails part way (its connection broke, or it went quiet past the
+//! idle timeout), a server-sent-events answer ends with an `error` event in the OpenAI error
+//! shape and then closes cleanly: OpenAI SDKs raise it, and a client that does not check for
+//! `[DONE]` does not take a truncated answer for a complete one. Any other answer is cut, so
+//! that its framing (length or chunks) shows it incomplete.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,7 +19,9 @@ use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::body::BoxError;
+use crate::error::ApiError;
 use crate::guard::InFlightGuard;
+use crate::outcome::Outcome;
 use crate::usage::UsageScanner;
 
 /// The instance sent nothing for longer than the idle-stream timeout.
@@ -35,13 +43,24 @@ pub struct RelayBody {
     timer: Option<Pin<Box<Sleep>>>,
     /// Looks for `usage` in a successful answer (`None` for an error answer: nothing to learn).
     usage: Option<UsageScanner>,
+    /// A server-sent-events answer (ends with an `error` event when the upstream fails).
+    sse: bool,
+    /// The last two bytes relayed, to end a half-sent event before the error event.
+    last_two: [u8; 2],
     done: bool,
 }
 
 impl RelayBody {
     /// Relays `inner`, holding `guard` until the end; `scan_usage` looks for the engine's
     /// usage report on the way.
-    pub fn new(inner: Incoming, guard: InFlightGuard, idle: Duration, scan_usage: bool) -> Self {
+    /// `sse` says the answer is a server-sent-events stream.
+    pub fn new(
+        inner: Incoming,
+        guard: InFlightGuard,
+        idle: Duration,
+        scan_usage: bool,
+        sse: bool,
+    ) -> Self {
         Self {
             inner,
             guard,
@@ -49,6 +68,8 @@ impl RelayBody {
             last: Instant::now(),
             timer: None,
             usage: scan_usage.then(UsageScanner::new),
+            sse,
+            last_two: *b"\n\n",
             done: false,
         }
     }
@@ -59,13 +80,43 @@ impl RelayBody {
         self.guard.complete(usage);
     }
 
-    fn error(&mut self, kind: &'static str) {
+    /// The upstream failed part way: records it, and returns what goes to the client, the
+    /// closing `error` event of a stream or the error that cuts any other answer.
+    fn error(
+        &mut self,
+        outcome: Outcome,
+        err: BoxError,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.done = true;
         let id = self.guard.instance().id().to_string();
-        self.guard.fail(kind);
-        self.guard.metrics().upstream_error(&id, kind);
+        self.guard.fail(outcome);
+        self.guard.metrics().upstream_error(&id, outcome.label());
         self.guard.count_error();
+        if !self.sse {
+            return Poll::Ready(Some(Err(err)));
+        }
+        self.guard.metrics().stream_error_events.inc();
+        let api = if outcome == Outcome::IdleTimeout {
+            ApiError::gateway_timeout(format!("instance {id}: {err}; the answer is incomplete"))
+        } else {
+            ApiError::bad_gateway(
+                "upstream_stream_error",
+                format!("instance {id} broke off the stream ({err}); the answer is incomplete"),
+            )
+        };
+        Poll::Ready(Some(Ok(Frame::data(error_event(self.last_two, &api)))))
     }
+}
+
+/// An SSE `error` event carrying `api` in the OpenAI error shape, preceded by what ends the
+/// event the upstream left half sent (after `last_two`, the last bytes relayed).
+fn error_event(last_two: [u8; 2], api: &ApiError) -> Bytes {
+    let close = match last_two {
+        [_, b'\n'] if last_two[0] == b'\n' => "",
+        [_, b'\n'] => "\n",
+        _ => "\n\n",
+    };
+    Bytes::from(format!("{close}event: error\ndata: {}\n\n", api.to_json()))
 }
 
 impl Body for RelayBody {
@@ -87,16 +138,18 @@ impl Body for RelayBody {
                     if let Some(scanner) = this.usage.as_mut() {
                         scanner.feed(data);
                     }
+                    match data.len() {
+                        0 => {}
+                        1 => this.last_two = [this.last_two[1], data[0]],
+                        n => this.last_two = [data[n - 2], data[n - 1]],
+                    }
                 }
                 if this.timer.is_some() {
                     this.last = Instant::now();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => {
-                this.error("stream");
-                Poll::Ready(Some(Err(Box::new(e))))
-            }
+            Poll::Ready(Some(Err(e))) => this.error(Outcome::StreamBroken, Box::new(e)),
             Poll::Ready(None) => {
                 this.done = true;
                 this.complete();
@@ -121,8 +174,8 @@ impl Body for RelayBody {
                         timer.as_mut().reset(deadline);
                     }
                 }
-                this.error("idle_timeout");
-                Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle)))))
+                let idle = this.idle;
+                this.error(Outcome::IdleTimeout, Box::new(IdleTimeout(idle)))
             }
         }
     }
@@ -142,5 +195,25 @@ impl Drop for RelayBody {
         if !self.done && self.inner.is_end_stream() {
             self.complete();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_event_ends_a_half_sent_event_first() {
+        let api = ApiError::bad_gateway("upstream_stream_error", "gone");
+        let event = |last: &[u8; 2]| String::from_utf8_lossy(&error_event(*last, &api)).to_string();
+        let whole = event(b"\n\n");
+        assert!(whole.starts_with("event: error\ndata: {"), "{whole}");
+        assert!(whole.ends_with("}\n\n"), "{whole}");
+        assert!(
+            whole.contains("\"code\":\"upstream_stream_error\""),
+            "{whole}"
+        );
+        assert_eq!(event(b"}\n"), format!("\n{whole}"));
+        assert_eq!(event(b"ab"), format!("\n\n{whole}"));
     }
 }

@@ -28,6 +28,6 @@ impl Strategy for LeastOutstanding {
     ) -> Result<Decision, RouteError> {
         least_outstanding(fleet, req.model, rng, |_| true)
             .map(|index| Decision::new(index, Reason::LeastOutstanding))
-            .ok_or_else(|| no_instance(req.model))
+            .ok_or_else(|| no_instance(fleet, req.model))
     }
 }

@@ -225,7 +225,7 @@ impl Strategy for PrefixAware {
         let Some(key) = req.key else {
             return least_outstanding(fleet, model, rng, |_| true)
                 .map(|index| Decision::new(index, Reason::NoKey))
-                .ok_or_else(|| no_instance(model));
+                .ok_or_else(|| no_instance(fleet, model));
         };
 
         // Pass 1: preferred instance, number of eligible instances and their total load.
@@ -243,7 +243,7 @@ impl Strategy for PrefixAware {
             }
         }
         let Some((pref, _, pref_load)) = best else {
-            return Err(no_instance(model));
+            return Err(no_instance(fleet, model));
         };
         let cap = self.capacity(n, total);
         if pref_load < cap {
@@ -264,6 +264,6 @@ impl Strategy for PrefixAware {
         }
         least_outstanding(fleet, model, rng, |_| true)
             .map(|index| Decision::new(index, Reason::AllBusy { from }))
-            .ok_or_else(|| no_instance(model))
+            .ok_or_else(|| no_instance(fleet, model))
     }
 }

@@ -29,11 +29,11 @@ impl Strategy for Random {
     ) -> Result<Decision, RouteError> {
         let n = count_eligible(fleet, req.model);
         if n == 0 {
-            return Err(no_instance(req.model));
+            return Err(no_instance(fleet, req.model));
         }
         let k = rng.gen_range(0..n);
         nth_eligible(fleet, req.model, k)
             .map(|index| Decision::new(index, Reason::Random))
-            .ok_or_else(|| no_instance(req.model))
+            .ok_or_else(|| no_instance(fleet, req.model))
     }
 }

@@ -32,11 +32,11 @@ impl Strategy for RoundRobin {
     ) -> Result<Decision, RouteError> {
         let n = count_eligible(fleet, req.model);
         if n == 0 {
-            return Err(no_instance(req.model));
+            return Err(no_instance(fleet, req.model));
         }
         let k = self.next.fetch_add(1, Ordering::Relaxed) % n;
         nth_eligible(fleet, req.model, k)
             .map(|index| Decision::new(index, Reason::RoundRobin))
-            .ok_or_else(|| no_instance(req.model))
+            .ok_or_else(|| no_instance(fleet, req.model))
     }
 }

@@ -145,6 +145,9 @@ pub struct RetriesFile {
 pub struct HealthFile {
     /// Whether to probe instances actively.
     pub active: Option<bool>,
+    /// With active probes, whether a new instance waits for its first passed probe before it
+    /// takes requests (default true; false routes to it at once).
+    pub wait_for_first_check: Option<bool>,
     /// Path probed with GET.
     pub path: Option<String>,
     /// Time between probes.

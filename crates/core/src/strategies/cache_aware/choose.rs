@@ -50,7 +50,7 @@ pub(super) fn choose(
         .min_by(|a, b| a.expected_s.total_cmp(&b.expected_s))
         .copied()
     else {
-        return Err(no_instance(req.model));
+        return Err(no_instance(fleet, req.model));
     };
     let max_blocks = longest.map_or(0, |c| c.matched_blocks);
     // Tied: within `tie_tolerance` of the whole prompt's prefill of the best. Measured
@@ -93,7 +93,7 @@ pub(super) fn choose(
         .filter(roomy)
         .max_by_key(|c| rendezvous_mix(KeyHash(tie_key), fleet.instances()[c.index].id_hash()))
         .copied()
-        .ok_or_else(|| no_instance(req.model))?;
+        .ok_or_else(|| no_instance(fleet, req.model))?;
     let from = || {
         longest
             .map(|c| fleet.instances()[c.index].id().clone())
