@@ -68,6 +68,34 @@ impl ApiError {
         }
     }
 
+    /// 429 for a connection over the per-address limit.
+    pub fn too_many_connections(limit: usize) -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            kind: "rate_limit_error",
+            message: format!(
+                "too many connections from your address (limit {limit}, limits.max_connections_per_client); reuse connections or close some"
+            ),
+            param: None,
+            code: "too_many_connections",
+            retry_after: Some(1),
+        }
+    }
+
+    /// 429 when every instance that could take the request is at its in-flight cap.
+    pub fn at_capacity(cap: u32) -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            kind: "rate_limit_error",
+            message: format!(
+                "every instance that serves this request has {cap} requests in flight (limits.max_in_flight_per_instance); try again shortly"
+            ),
+            param: None,
+            code: "instances_at_capacity",
+            retry_after: Some(1),
+        }
+    }
+
     /// 413 for a body over the limit.
     pub fn too_large(limit: u64) -> Self {
         Self {

@@ -39,6 +39,55 @@ fn ready(state: &AppState) -> Response<ProxyBody> {
     )
 }
 
+/// 405 with the `Allow` header RFC 9110 requires.
+fn not_allowed(method: &Method, path: &str, allow: &'static str) -> Response<ProxyBody> {
+    let mut resp = ApiError::method_not_allowed(method, path, allow).into_response();
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    resp
+}
+
+/// Refuses a path that could mean another one once an engine normalizes it: dot segments,
+/// raw or percent-encoded (`/v1/../admin`, `/v1/%2e%2e/admin`), and encoded slashes,
+/// backslashes and NULs (`/v1/..%2fadmin`). Forwarded as they are, they would escape the
+/// `/v1/` routes the router lets through.
+pub fn check_path(path: &str) -> Result<(), ApiError> {
+    let bytes = path.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => return Err(bad_path(path, "a backslash")),
+            b'%' => {
+                let code = bytes.get(i + 1..i + 3).map(|h| h.to_ascii_lowercase());
+                match code.as_deref() {
+                    Some(b"2f") => return Err(bad_path(path, "an encoded slash (%2F)")),
+                    Some(b"5c") => return Err(bad_path(path, "an encoded backslash (%5C)")),
+                    Some(b"00") => return Err(bad_path(path, "an encoded NUL (%00)")),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    for segment in path.split('/') {
+        let decoded = segment.replace("%2e", ".").replace("%2E", ".");
+        if decoded == "." || decoded == ".." {
+            return Err(bad_path(path, "a dot segment"));
+        }
+    }
+    Ok(())
+}
+
+fn bad_path(path: &str, what: &str) -> ApiError {
+    let shown: String = path.chars().take(200).collect();
+    ApiError::bad_request(
+        "invalid_path",
+        format!("the path '{shown}' contains {what}; send the normalized path"),
+        None,
+    )
+}
+
 /// Handles one data-plane request. Never fails: errors are answered in the OpenAI shape.
 pub async fn handle(
     state: Arc<AppState>,
@@ -48,6 +97,9 @@ pub async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let get_only = |m: &Method| *m == Method::GET || *m == Method::HEAD;
+    if let Err(e) = check_path(&path) {
+        return Ok(e.into_response());
+    }
     let resp = match path.as_str() {
         "/health" if get_only(&method) => json_response(StatusCode::OK, json!({"status": "ok"})),
         "/ready" | "/ping" if get_only(&method) => ready(&state),
@@ -63,12 +115,12 @@ pub async fn handle(
             );
             resp
         }
-        "/v1/models" if method == Method::GET => models::list(&state).await,
+        "/v1/models" if get_only(&method) => models::list(&state).await,
         "/health" | "/ready" | "/ping" | "/metrics" | "/v1/models" => {
-            ApiError::method_not_allowed(&method, &path, "GET").into_response()
+            not_allowed(&method, &path, "GET, HEAD")
         }
         "/v1/chat/completions" | "/v1/completions" | "/invocations" if method != Method::POST => {
-            ApiError::method_not_allowed(&method, &path, "POST").into_response()
+            not_allowed(&method, &path, "POST")
         }
         "/v1/chat/completions" => proxy(state, Api::Chat, req, received).await,
         "/v1/completions" => proxy(state, Api::Completions, req, received).await,
@@ -77,4 +129,42 @@ pub async fn handle(
         _ => ApiError::unknown_route(&path).into_response(),
     };
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_path;
+
+    #[test]
+    fn paths_that_normalize_to_another_are_refused() {
+        for bad in [
+            "/v1/../admin/instances",
+            "/v1/./models",
+            "/v1/%2e%2e/admin",
+            "/v1/%2E%2e/admin",
+            "/v1/.%2e/admin",
+            "/v1/..%2fadmin",
+            "/v1/..%2Fadmin",
+            "/v1/%5c..",
+            "/v1\\..\\admin",
+            "/v1/models%00",
+            "/v1/..",
+        ] {
+            let e = check_path(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad} passed"));
+            assert_eq!((e.status.as_u16(), e.code), (400, "invalid_path"), "{bad}");
+        }
+        for ok in [
+            "/v1/chat/completions",
+            "/v1/models/my.model",
+            "/v1/files/a..b",
+            "/v1/x/...",
+            "/v1/%41bc",
+            "/health",
+            "/",
+        ] {
+            assert!(check_path(ok).is_ok(), "{ok}");
+        }
+    }
 }

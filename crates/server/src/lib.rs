@@ -10,6 +10,8 @@
 
 pub mod admin;
 pub mod body;
+pub mod canned;
+pub mod conn;
 pub mod discovery;
 pub mod engine_metrics;
 pub mod error;

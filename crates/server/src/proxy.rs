@@ -76,18 +76,20 @@ pub async fn proxy(
         Err(e) => {
             // Failures after an instance was chosen are counted by the in-flight guard; these
             // are the router's own refusals.
-            if e.status.is_client_error() || e.status == StatusCode::SERVICE_UNAVAILABLE {
+            let outcome = match e.status {
+                StatusCode::TOO_MANY_REQUESTS => Some("shed"),
+                StatusCode::SERVICE_UNAVAILABLE => Some("unavailable"),
+                s if s.is_client_error() => Some("client_error"),
+                _ => None,
+            };
+            if let Some(outcome) = outcome {
                 state
                     .metrics
                     .requests
                     .get_or_create(&RequestLabels {
                         instance: "none".into(),
                         api: api.label(),
-                        outcome: if e.status.is_client_error() {
-                            "client_error"
-                        } else {
-                            "unavailable"
-                        },
+                        outcome,
                     })
                     .inc();
             }
@@ -96,15 +98,28 @@ pub async fn proxy(
     }
 }
 
-fn group_header(headers: &HeaderMap) -> Option<(&'static str, &[u8])> {
-    headers
-        .get(GROUP_HEADER)
-        .map(|v| (GROUP_HEADER, v.as_bytes()))
-        .or_else(|| {
-            headers
-                .get(GROUP_HEADER_COMPAT)
-                .map(|v| (GROUP_HEADER_COMPAT, v.as_bytes()))
-        })
+/// The native API's group id header, under either name. More than one value (the same header
+/// twice, or both names) is refused: which of them the client meant is a guess, and the one not
+/// taken would go unchecked.
+fn group_header(headers: &HeaderMap) -> Result<Option<(&'static str, &[u8])>, ApiError> {
+    let mut found = None;
+    let mut count = 0;
+    for name in [GROUP_HEADER, GROUP_HEADER_COMPAT] {
+        for v in headers.get_all(name) {
+            count += 1;
+            found.get_or_insert((name, v.as_bytes()));
+        }
+    }
+    if count > 1 {
+        return Err(ApiError::bad_request(
+            "invalid_group_id",
+            format!(
+                "the group id was sent {count} times (headers '{GROUP_HEADER}' and '{GROUP_HEADER_COMPAT}'); send it once"
+            ),
+            Some(GROUP_HEADER),
+        ));
+    }
+    Ok(found)
 }
 
 /// What routing reads from a request body.
@@ -136,7 +151,7 @@ fn extract(
             }
         }
         Api::Invocations => {
-            let group = group_header(headers);
+            let group = group_header(headers)?;
             let (key, chain) =
                 native_route(body, group.map(|g| g.1), opts).map_err(|e| match e {
                     ExtractError::Group(g) => ApiError::bad_request(
@@ -179,6 +194,47 @@ fn without(snapshot: &FleetSnapshot, tried: &[Arc<Instance>]) -> FleetSnapshot {
             .cloned()
             .collect(),
     )
+}
+
+/// The instances an attempt may go to, when not the whole snapshot (None: all of it, the
+/// common case, which allocates nothing): without those already tried and, under admission
+/// control, without those at their in-flight cap. When the cap alone leaves no instance for
+/// the request, it is shed with 429: the fleet is full, not broken, and the client's retry
+/// later costs less than a queue without bound in the engines. The cap is checked, not
+/// reserved, so concurrent requests may pass it by a few.
+fn candidates(
+    state: &AppState,
+    snapshot: &FleetSnapshot,
+    tried: &[Arc<Instance>],
+    model: Option<&str>,
+) -> Result<Option<FleetSnapshot>, ApiError> {
+    let cap = state.settings.limits.max_in_flight_per_instance;
+    let full = |i: &Instance| cap.is_some_and(|c| i.in_flight() >= c);
+    if tried.is_empty() && !snapshot.instances().iter().any(|i| full(i)) {
+        return Ok(None);
+    }
+    let view = without(snapshot, tried);
+    if !view.instances().iter().any(|i| full(i)) {
+        return Ok(Some(view));
+    }
+    let open = FleetSnapshot::new(
+        view.instances()
+            .iter()
+            .filter(|i| !full(i))
+            .cloned()
+            .collect(),
+    );
+    if open.eligible(model).next().is_none() && view.eligible(model).next().is_some() {
+        state
+            .metrics
+            .shed
+            .get_or_create(&ReasonLabels {
+                reason: "in_flight_cap",
+            })
+            .inc();
+        return Err(ApiError::at_capacity(cap.unwrap_or(0)));
+    }
+    Ok(Some(open))
 }
 
 /// One dispatched attempt: the instance chosen, why, and the guard holding its slot.
@@ -304,7 +360,7 @@ async fn forward(
     let mut tried: Vec<Arc<Instance>> = Vec::new();
     let mut attempt_no = 0u32;
     loop {
-        let view = (!tried.is_empty()).then(|| without(&snapshot, &tried));
+        let view = candidates(state, &snapshot, &tried, model.as_deref())?;
         let fleet = view.as_ref().unwrap_or(&snapshot);
         let mut routed = route(state, strategy, &mut route_req, fleet, api, received)?;
         // Another attempt is possible when retries remain and another instance could take it

@@ -7,15 +7,18 @@ use std::sync::Arc;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
+use std::convert::Infallible;
+
+use crate::conn::{Activity, PerClient, Tracked, TrackedIo, Verdict};
 use crate::discovery;
-use crate::error::ServerError;
+use crate::error::{ApiError, ServerError};
 use crate::handler;
 use crate::health;
+use crate::metrics::ReasonLabels;
 use crate::settings::{ConfigSource, Settings, SettingsError};
 use crate::state::AppState;
 
@@ -148,10 +151,11 @@ impl RunningRouter {
     }
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+async fn accept_loop(listener: TcpListener, state: Arc<AppState>, stop: watch::Receiver<bool>) {
     let limits = &state.settings.limits;
-    let graceful = GracefulShutdown::new();
-    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let max = limits.max_connections;
+    let connections = Arc::new(Semaphore::new(max));
+    let per_client = PerClient::new(limits.max_connections_per_client);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -160,6 +164,8 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, mut stop: watc
     builder
         .http2()
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    let builder = Arc::new(builder);
+    let mut stop_accepting = stop.clone();
     loop {
         // At the connection limit, wait for one to close before accepting more.
         let permit = tokio::select! {
@@ -167,11 +173,11 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, mut stop: watc
                 Ok(p) => p,
                 Err(_) => break,
             },
-            _ = stop.changed() => break,
+            _ = stop_accepting.changed() => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -179,26 +185,116 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, mut stop: watc
                     continue;
                 }
             },
-            _ = stop.changed() => break,
+            _ = stop_accepting.changed() => break,
         };
         let _ = stream.set_nodelay(true);
-        let conn_state = Arc::clone(&state);
-        let svc = service_fn(move |req| handler::handle(Arc::clone(&conn_state), req));
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), svc)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "client connection ended with an error");
+        let state = Arc::clone(&state);
+        let stop = stop.clone();
+        match per_client.admit(peer.ip()) {
+            Ok(slot) => {
+                let builder = Arc::clone(&builder);
+                tokio::spawn(async move {
+                    serve_connection(&builder, stream, state, stop).await;
+                    drop((slot, permit));
+                });
             }
-            drop(permit);
-        });
+            Err(limit) => {
+                tokio::spawn(async move {
+                    refuse_connection(stream, &state, limit).await;
+                    drop(permit);
+                });
+            }
+        }
     }
     drop(listener);
     let grace = state.settings.timeouts.shutdown_grace;
+    // Every connection holds a permit until it ends: all of them back means all finished.
+    let all = connections.acquire_many(u32::try_from(max).unwrap_or(u32::MAX));
     tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all connections finished"),
+        _ = all => tracing::info!("all connections finished"),
         _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "shutdown grace over; closing remaining connections"),
     }
+}
+
+/// Serves one client connection until it ends, the watchdog closes it ([`crate::conn`]), or
+/// shutdown asks it to finish (then it ends once its requests are answered).
+async fn serve_connection(
+    builder: &auto::Builder<TokioExecutor>,
+    stream: TcpStream,
+    state: Arc<AppState>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let activity = Activity::new();
+    let io = TokioIo::new(TrackedIo::new(
+        stream,
+        Arc::clone(&activity),
+        state.settings.limits.max_header_bytes,
+    ));
+    let svc_state = Arc::clone(&state);
+    let svc_activity = Arc::clone(&activity);
+    let svc = service_fn(move |req| {
+        let open = svc_activity.request();
+        let state = Arc::clone(&svc_state);
+        async move {
+            let resp = handler::handle(state, req).await?;
+            Ok::<_, Infallible>(resp.map(|b| Tracked::new(b, open)))
+        }
+    });
+    let conn = builder.serve_connection(io, svc);
+    tokio::pin!(conn);
+    let timeouts = &state.settings.timeouts;
+    let mut closing = false;
+    loop {
+        let wait = match activity.verdict(timeouts.client_header, timeouts.client_idle) {
+            _ if closing => timeouts.client_idle,
+            Verdict::Wait(d) => d,
+            Verdict::HeaderTimeout => {
+                count_close(&state, "header_timeout");
+                tracing::debug!("client too slow sending a request head; connection closed");
+                return;
+            }
+            Verdict::Idle => {
+                count_close(&state, "idle");
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+                continue;
+            }
+        };
+        tokio::select! {
+            done = conn.as_mut() => {
+                if let Err(e) = done {
+                    tracing::debug!(error = %e, "client connection ended with an error");
+                }
+                return;
+            }
+            _ = tokio::time::sleep(wait) => {}
+            changed = stop.changed(), if !closing => {
+                let _ = changed;
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
+}
+
+/// Answers a connection over the per-address limit with 429 and closes it.
+async fn refuse_connection(stream: TcpStream, state: &AppState, limit: usize) {
+    count_close(state, "per_client_limit");
+    let svc = service_fn(move |_req| async move {
+        let e = ApiError::too_many_connections(limit);
+        Ok::<_, Infallible>(e.into_response())
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().keep_alive(false);
+    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+    // A client that sends no request is not waited for.
+    let _ = tokio::time::timeout(state.settings.timeouts.client_header, conn).await;
+}
+
+fn count_close(state: &AppState, reason: &'static str) {
+    state
+        .metrics
+        .connections_closed
+        .get_or_create(&ReasonLabels { reason })
+        .inc();
 }

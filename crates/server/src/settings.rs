@@ -122,6 +122,10 @@ pub struct Limits {
     pub max_header_bytes: usize,
     /// Most client connections at once.
     pub max_connections: usize,
+    /// Most connections at once from one client address (None: no per-address limit).
+    pub max_connections_per_client: Option<usize>,
+    /// Most requests in flight on one instance; past it, 429 (None: no cap).
+    pub max_in_flight_per_instance: Option<u32>,
 }
 
 /// Timeouts.
@@ -135,6 +139,10 @@ pub struct Timeouts {
     pub idle_stream: Duration,
     /// Reading the client's body.
     pub client_body: Duration,
+    /// Receiving a request head, from its first byte (slow clients are cut after it).
+    pub client_header: Duration,
+    /// A client connection idle (no request open, no traffic) for this long is closed.
+    pub client_idle: Duration,
     /// Shutdown's wait for in-flight requests.
     pub shutdown_grace: Duration,
 }
@@ -353,12 +361,28 @@ impl Settings {
                 format!("must be within 1..=1000000, got {max_connections}"),
             ));
         }
+        let per_client = l.max_connections_per_client.unwrap_or(1024);
+        if per_client > 1_000_000 {
+            return Err(invalid(
+                "limits.max_connections_per_client",
+                format!("must be within 0..=1000000 (0: no limit), got {per_client}"),
+            ));
+        }
+        let in_flight_cap = l.max_in_flight_per_instance.unwrap_or(0);
+        if in_flight_cap > 1_000_000 {
+            return Err(invalid(
+                "limits.max_in_flight_per_instance",
+                format!("must be within 0..=1000000 (0: no cap), got {in_flight_cap}"),
+            ));
+        }
         let t = &f.timeouts;
         let timeouts = Timeouts {
             connect: ms("timeouts.connect_ms", t.connect_ms, 2_000)?,
             first_byte: ms("timeouts.first_byte_ms", t.first_byte_ms, 600_000)?,
             idle_stream: ms("timeouts.idle_stream_ms", t.idle_stream_ms, 300_000)?,
             client_body: ms("timeouts.client_body_ms", t.client_body_ms, 30_000)?,
+            client_header: ms("timeouts.client_header_ms", t.client_header_ms, 10_000)?,
+            client_idle: ms("timeouts.client_idle_ms", t.client_idle_ms, 60_000)?,
             shutdown_grace: ms("timeouts.shutdown_grace_ms", t.shutdown_grace_ms, 30_000)?,
         };
         let max_retries = f.retries.max_retries.unwrap_or(2);
@@ -432,6 +456,8 @@ impl Settings {
                 max_body_bytes,
                 max_header_bytes: max_header_bytes as usize,
                 max_connections: max_connections as usize,
+                max_connections_per_client: (per_client > 0).then_some(per_client as usize),
+                max_in_flight_per_instance: (in_flight_cap > 0).then_some(in_flight_cap as u32),
             },
             timeouts,
             max_retries,

@@ -496,11 +496,6 @@ async fn shutdown_lets_in_flight_requests_finish() {
         .expect("join");
 }
 
-async fn metrics_text(addr: std::net::SocketAddr) -> String {
-    let m = send(addr, request(Method::GET, "/metrics", &[], "")).await;
-    String::from_utf8_lossy(&m.body).to_string()
-}
-
 #[tokio::test]
 async fn engine_metrics_are_scraped() {
     let a = Upstream::start("a", Mode::Echo, &[]).await;

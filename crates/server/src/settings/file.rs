@@ -113,6 +113,10 @@ pub struct LimitsFile {
     pub max_header_bytes: Option<u64>,
     /// Most client connections open at once.
     pub max_connections: Option<u64>,
+    /// Most connections open at once from one client address (0: no per-address limit).
+    pub max_connections_per_client: Option<u64>,
+    /// Most requests in flight on one instance before the router answers 429 (0: no cap).
+    pub max_in_flight_per_instance: Option<u64>,
 }
 
 /// `[timeouts]`, all in milliseconds.
@@ -127,6 +131,10 @@ pub struct TimeoutsFile {
     pub idle_stream_ms: Option<u64>,
     /// Reading the client's request body.
     pub client_body_ms: Option<u64>,
+    /// Receiving a request head, from its first byte.
+    pub client_header_ms: Option<u64>,
+    /// A client connection with no request open and no traffic is closed after this.
+    pub client_idle_ms: Option<u64>,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace_ms: Option<u64>,
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -38,6 +39,7 @@ pub enum Mode {
 /// - `x-test-hold: 1`: wait until the test releases it ([`Upstream::release`]);
 /// - `x-test-stream: 1`: stream SSE chunks: one at once, the rest after [`Upstream::open_gate`],
 ///   then every 10 ms until `x-test-chunks` chunks went out (or the reader is gone);
+/// - `x-test-abort: 1`: stream one and a half SSE events, then break the connection;
 /// - `x-test-usage: P,C`: report usage (`prompt_tokens` P, `cached_tokens` C, which may be
 ///   `null`): the whole answer when not streaming, an SSE chunk and `[DONE]` after the others
 ///   when streaming.
@@ -95,10 +97,33 @@ impl Body for ChannelBody {
     }
 }
 
-type UpBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+type UpBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
 fn boxed<B: Body<Data = Bytes, Error = Infallible> + Send + Sync + 'static>(b: B) -> UpBody {
-    b.boxed()
+    b.map_err(|never| match never {}).boxed()
+}
+
+/// One SSE chunk, a pause (so that it goes out), then a broken body (the engine died
+/// mid-stream): hyper aborts the connection.
+struct AbortBody(bool, Pin<Box<tokio::time::Sleep>>);
+
+impl Body for AbortBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        if self.0 {
+            std::task::ready!(self.1.as_mut().poll(cx));
+            return Poll::Ready(Some(Err(std::io::Error::other("engine died"))));
+        }
+        self.0 = true;
+        // Half an event: the router must end it before its error event.
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
+            b"data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choi",
+        )))))
+    }
 }
 
 /// An OpenAI-style usage object for `x-test-usage: P,C`.
@@ -187,7 +212,20 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
         );
         return r;
     }
-    let mut resp = if stream {
+    let mut resp = if headers.contains_key("x-test-abort") {
+        let mut r = Response::new(
+            AbortBody(
+                false,
+                Box::pin(tokio::time::sleep(Duration::from_millis(50))),
+            )
+            .boxed(),
+        );
+        r.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("text/event-stream"),
+        );
+        r
+    } else if stream {
         let chunks: usize = headers
             .get("x-test-chunks")
             .and_then(|v| v.to_str().ok())
@@ -522,4 +560,60 @@ pub fn total_in_flight(router: &RunningRouter) -> u32 {
 /// Keeps the executor type referenced for HTTP/2 tests.
 pub fn executor() -> TokioExecutor {
     TokioExecutor::new()
+}
+
+/// The router's `/metrics` page.
+pub async fn metrics_text(addr: SocketAddr) -> String {
+    let m = send(addr, request(Method::GET, "/metrics", &[], "")).await;
+    String::from_utf8_lossy(&m.body).to_string()
+}
+
+/// Writes `bytes` on a fresh connection and reads until the peer closes, `done` holds for what
+/// was read, or [`WAIT`] passes; returns what was read and whether the peer closed.
+pub async fn raw(addr: SocketAddr, bytes: &[u8], done: impl Fn(&str) -> bool) -> (String, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(bytes).await.expect("write");
+    let mut got = Vec::new();
+    let mut closed = false;
+    let _ = tokio::time::timeout(WAIT, async {
+        let mut buf = [0u8; 8192];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    if done(&String::from_utf8_lossy(&got)) {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    (String::from_utf8_lossy(&got).to_string(), closed)
+}
+
+/// Whether a raw HTTP/1.1 answer is complete: a head, and a body as long as its
+/// `content-length`.
+pub fn complete_answer(text: &str) -> bool {
+    let Some(end) = text.find("\r\n\r\n") else {
+        return false;
+    };
+    let head = text[..end].to_ascii_lowercase();
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    text.len() >= end + 4 + len
+}
+
+/// The JSON body of a raw HTTP/1.1 answer.
+pub fn raw_json(text: &str) -> serde_json::Value {
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
 }
