@@ -23,6 +23,15 @@ pub const DECISION_HEADER: &str = "x-prefix-router-decision";
 /// Largest non-streamed response body read.
 const MAX_JSON_BODY: usize = 64 << 20;
 
+/// Largest error body read for a failed request's detail.
+const MAX_ERROR_BODY: usize = 4096;
+
+/// Largest `/v1/models` answer read.
+const MAX_MODELS_BODY: usize = 1 << 20;
+
+/// How long the target may take to list its models.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Idle pooled connections are closed after this long.
 const POOL_IDLE: Duration = Duration::from_secs(30);
 
@@ -31,6 +40,7 @@ const POOL_IDLE: Duration = Duration::from_secs(30);
 pub struct ChatClient {
     client: Client<HttpConnector, Full<Bytes>>,
     endpoint: Uri,
+    models: Uri,
     timeout: Duration,
 }
 
@@ -56,8 +66,40 @@ impl ChatClient {
         ChatClient {
             client,
             endpoint: target.endpoint.clone(),
+            models: target.models.clone(),
             timeout,
         }
+    }
+
+    /// The model ids the target lists at `/v1/models`, or None when it lists none it can say
+    /// (no such route, an error, not the OpenAI list shape, no answer within 5 s).
+    pub async fn served_models(&self) -> Option<Vec<String>> {
+        let req = http::Request::get(self.models.clone())
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let answer = async {
+            let resp = self.client.request(req).await.ok()?;
+            if !resp.status().is_success() {
+                return None;
+            }
+            let body = http_body_util::Limited::new(resp.into_body(), MAX_MODELS_BODY)
+                .collect()
+                .await
+                .ok()?
+                .to_bytes();
+            let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+            let ids: Vec<String> = v
+                .get("data")?
+                .as_array()?
+                .iter()
+                .filter_map(|m| m.get("id")?.as_str().map(str::to_string))
+                .collect();
+            (!ids.is_empty()).then_some(ids)
+        };
+        tokio::time::timeout(MODELS_TIMEOUT, answer)
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Sends `body` now and reads the whole answer; `clock` is the run's start. Never fails:
@@ -125,10 +167,12 @@ impl ChatClient {
         rec.instance = header(resp.headers(), INSTANCE_HEADER);
         rec.decision = header(resp.headers(), DECISION_HEADER);
         if !status.is_success() {
-            return Err(failure(
-                FailureKind::from_status(status.as_u16()),
-                format!("HTTP {status}"),
-            ));
+            let said = error_text(resp.into_body()).await;
+            let detail = match said {
+                Some(text) => format!("HTTP {status}: {text}"),
+                None => format!("HTTP {status}"),
+            };
+            return Err(failure(FailureKind::from_status(status.as_u16()), detail));
         }
         let streamed = resp
             .headers()
@@ -251,6 +295,29 @@ async fn read_whole(
             Ok(())
         }
     }
+}
+
+/// What a failed answer's body says: the `error.message` of an OpenAI-shaped error (with its
+/// `code`), else the start of the body as text.
+async fn error_text(body: Incoming) -> Option<String> {
+    let bytes = http_body_util::Limited::new(body, MAX_ERROR_BODY)
+        .collect()
+        .await
+        .ok()?
+        .to_bytes();
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+        let e = v.get("error").unwrap_or(&v);
+        let message = e.get("message").and_then(|m| m.as_str()).or_else(|| e.as_str());
+        if let Some(m) = message {
+            return Some(match e.get("code").and_then(|c| c.as_str()) {
+                Some(code) => format!("{m} ({code})"),
+                None => m.to_string(),
+            });
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let text: String = text.trim().chars().take(300).collect();
+    (!text.is_empty()).then_some(text)
 }
 
 fn header(headers: &HeaderMap, name: &str) -> Option<String> {

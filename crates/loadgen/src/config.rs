@@ -8,6 +8,8 @@ use crate::LoadgenError;
 
 /// Path appended to the target's base URL.
 pub const CHAT_PATH: &str = "/v1/chat/completions";
+/// Where the target lists the models it serves.
+pub const MODELS_PATH: &str = "/v1/models";
 
 /// Default per-request timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -104,6 +106,8 @@ pub struct Target {
     pub base: String,
     /// `{base}/v1/chat/completions`.
     pub endpoint: Uri,
+    /// `{base}/v1/models`.
+    pub models: Uri,
 }
 
 impl Target {
@@ -134,12 +138,14 @@ impl Target {
         let path = uri.path().trim_end_matches('/');
         let path = path.strip_suffix("/v1").unwrap_or(path);
         let endpoint = format!("http://{authority}{path}{CHAT_PATH}");
-        match endpoint.parse() {
-            Ok(endpoint) => Ok(Target {
+        let models = format!("http://{authority}{path}{MODELS_PATH}");
+        match (endpoint.parse(), models.parse()) {
+            (Ok(endpoint), Ok(models)) => Ok(Target {
                 base: url.to_string(),
                 endpoint,
+                models,
             }),
-            Err(_) => fail("cannot form the endpoint URL"),
+            _ => fail("cannot form the endpoint URL"),
         }
     }
 }

@@ -75,6 +75,7 @@ where
         }
     }
     let client = ChatClient::new(&target, config.timeout);
+    check_models(&client, &requests).await?;
     let stop_s = config.duration.map(|d| d.as_secs_f64());
     let (tx, mut rx) = unbounded_channel();
     let clock = Instant::now();
@@ -135,6 +136,46 @@ where
         records,
         secs(clock),
     ))
+}
+
+/// Refuses to start when the target lists the models it serves and the requests name one it
+/// does not: every request would fail (a 404 from an engine or a router), so the run would
+/// measure nothing. A target that lists no models is not checked.
+async fn check_models(client: &ChatClient, requests: &[Request]) -> Result<(), LoadgenError> {
+    let asked: std::collections::BTreeSet<&str> =
+        requests.iter().filter_map(|r| r.model.as_deref()).collect();
+    if asked.is_empty() {
+        return Ok(());
+    }
+    let Some(listed) = client.served_models().await else {
+        return Ok(());
+    };
+    let missing: Vec<&str> = asked
+        .into_iter()
+        .filter(|m| !listed.iter().any(|l| l == m))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(LoadgenError::Config {
+        field: "model",
+        why: format!(
+            "the requests name {} but the target serves {} (GET /v1/models); pass --model {}",
+            quoted(&missing),
+            quoted(&listed.iter().map(String::as_str).collect::<Vec<_>>()),
+            listed[0]
+        ),
+    })
+}
+
+fn quoted(names: &[&str]) -> String {
+    let shown: Vec<String> = names.iter().take(5).map(|n| format!("'{n}'")).collect();
+    let more = names.len().saturating_sub(5);
+    if more > 0 {
+        format!("{} and {more} more", shown.join(", "))
+    } else {
+        shown.join(", ")
+    }
 }
 
 /// Sends request `index` at `due_s` on its own task.

@@ -251,6 +251,9 @@ async fn errors_are_counted_by_kind() {
     .await;
     let out = bench(&closed(&t.url, 1), requests(1, 0.0)).await;
     assert_eq!(kinds(&out), vec![(FailureKind::Http4xx, 1)]);
+    // The detail says what the target said, not only its status.
+    let detail = out.records[0].failure.as_ref().map(|f| f.detail.clone());
+    assert_eq!(detail.as_deref(), Some("HTTP 404 Not Found: no"));
 
     // Chunks that are not JSON.
     let t = start(Behaviour {
@@ -308,4 +311,28 @@ async fn bad_settings_send_nothing() {
     let config = closed("https://127.0.0.1:1", 1);
     assert!(run(&config, requests(2, 0.0)).await.is_err());
     assert!(t.seen.arrivals().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_the_target_does_not_list_is_refused_before_sending() {
+    let t = start(Behaviour {
+        models: vec!["served-a", "served-b"],
+        ..Behaviour::default()
+    })
+    .await;
+    let mut reqs = requests(3, 0.0);
+    for r in &mut reqs {
+        r.model = Some("other".into());
+    }
+    let e = run(&closed(&t.url, 1), reqs.clone()).await.err().map(|e| e.to_string());
+    assert_eq!(
+        e.as_deref(),
+        Some("model: the requests name 'other' but the target serves 'served-a', 'served-b' (GET /v1/models); pass --model served-a")
+    );
+    assert!(t.seen.arrivals().is_empty(), "nothing was sent");
+    // With the model it lists, the run goes ahead.
+    let mut config = closed(&t.url, 1);
+    config.model = Some("served-b".into());
+    let out = bench(&config, reqs).await;
+    assert_eq!(out.completed(), 3);
 }

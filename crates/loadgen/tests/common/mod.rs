@@ -38,6 +38,8 @@ pub struct Behaviour {
     pub done: bool,
     /// Replace every content chunk with this raw event data (for malformed streams).
     pub raw_chunk: Option<&'static str>,
+    /// Models listed at `GET /v1/models` (empty: that route answers 404). Not recorded.
+    pub models: Vec<&'static str>,
 }
 
 impl Default for Behaviour {
@@ -51,6 +53,7 @@ impl Default for Behaviour {
             headers: Vec::new(),
             done: true,
             raw_chunk: None,
+            models: Vec::new(),
         }
     }
 }
@@ -160,6 +163,18 @@ async fn answer(
     started: Instant,
 ) -> Result<Response<ChanBody>, Infallible> {
     let arrived = Instant::now();
+    if req.uri().path() == "/v1/models" {
+        let (tx, rx) = mpsc::channel(1);
+        let data: Vec<_> = b.models.iter().map(|m| serde_json::json!({"id": m})).collect();
+        let _ = tx
+            .send(Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string()))
+            .await;
+        let status = if b.models.is_empty() { 404 } else { 200 };
+        return Ok(Response::builder()
+            .status(status)
+            .body(ChanBody(rx))
+            .expect("response"));
+    }
     let body = match req.into_body().collect().await {
         Ok(c) => String::from_utf8_lossy(&c.to_bytes()).into_owned(),
         Err(_) => String::new(),
