@@ -142,6 +142,27 @@ class Fleet:
         self.wait_http(f"{self.router_url}/ready", deadline, all_healthy)
         self.wait_http(f"{self.router_url}/health", deadline, lambda s, b: s == 200)
 
+        # A second router in front of one engine that cuts every stream part way (it dies
+        # mid-answer): the router must end such a stream with an error the SDK raises.
+        cut_engine, cut_router = free_ports(2)
+        self.spawn(
+            "cutting-engine",
+            [
+                "mock-engine",
+                "--listen", f"127.0.0.1:{cut_engine}",
+                "--preset", "small",
+                "--model", MODEL,
+                "--close-stream-after-tokens", "4",
+            ],
+        )
+        self.wait_http(f"http://127.0.0.1:{cut_engine}/health", deadline, lambda s, b: s == 200)
+        self.spawn(
+            "cut-router",
+            ["serve", "--instance", f"http://127.0.0.1:{cut_engine}", "--listen", f"127.0.0.1:{cut_router}"],
+        )
+        self.cut_router_url = f"http://127.0.0.1:{cut_router}"
+        self.wait_http(f"{self.cut_router_url}/ready", deadline, lambda s, b: s == 200)
+
     def wait_http(self, url: str, deadline: float, ok) -> None:
         last = "no answer"
         while time.monotonic() < deadline:
@@ -524,6 +545,25 @@ def malformed_request_is_bad_request(ctx: Ctx) -> str:
     else:
         raise CheckFailed("max_tokens=0 was accepted")
     return "; ".join(seen)
+
+
+@check
+def stream_cut_by_engine_raises(ctx: Ctx) -> str:
+    client = openai.OpenAI(
+        base_url=f"{ctx.fleet.cut_router_url}/v1", api_key="unused", max_retries=0, timeout=20.0
+    )
+    got = []
+    try:
+        for chunk in client.chat.completions.create(
+            model=MODEL, messages=chat_messages(words("cut", 20)), max_tokens=24, stream=True
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                got.append(chunk.choices[0].delta.content)
+    except openai.APIError as e:
+        expect(e.code == "upstream_stream_error", f"code {e.code!r}")
+        expect(len(got) >= 1, "no content came before the cut")
+        return f"APIError after {len(got)} content chunks: {e.message[:70]}..."
+    raise CheckFailed(f"a stream the engine cut ended quietly after {len(got)} content chunks")
 
 
 # ---------------------------------------------------------------- main

@@ -450,6 +450,11 @@ pub fn render_table(report: &BenchReport) -> Result<String> {
 /// What only a real run has: sends, errors, a warning when no hit rate could be read.
 fn render_extras(report: &BenchReport, outcome: &BenchOutcome) -> String {
     let mut out = String::new();
+    if let Some(m) = &outcome.model_from_target {
+        out.push_str(&format!(
+            "model: {m} (the first the target lists at /v1/models; --model NAME to choose)\n"
+        ));
+    }
     for r in &report.results {
         let mut line = format!(
             "{}: sent {}, completed {}, failed {}, wall {:.1} s",

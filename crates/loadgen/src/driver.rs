@@ -75,7 +75,7 @@ where
         }
     }
     let client = ChatClient::new(&target, config.timeout);
-    check_models(&client, &requests).await?;
+    let model_from_target = check_models(&client, &mut requests).await?;
     let stop_s = config.duration.map(|d| d.as_secs_f64());
     let (tx, mut rx) = unbounded_channel();
     let clock = Instant::now();
@@ -128,44 +128,57 @@ where
     // The driver has finished (its sender is gone); a panic in it would already have lost
     // requests, so its join result adds nothing.
     let _ = driver.await;
-    Ok(BenchOutcome::from_records(
+    let mut outcome = BenchOutcome::from_records(
         target.base.clone(),
         target.endpoint.to_string(),
         config.mode,
         planned,
         records,
         secs(clock),
-    ))
+    );
+    outcome.model_from_target = model_from_target;
+    Ok(outcome)
 }
 
-/// Refuses to start when the target lists the models it serves and the requests name one it
-/// does not: every request would fail (a 404 from an engine or a router), so the run would
-/// measure nothing. A target that lists no models is not checked.
-async fn check_models(client: &ChatClient, requests: &[Request]) -> Result<(), LoadgenError> {
-    let asked: std::collections::BTreeSet<&str> =
-        requests.iter().filter_map(|r| r.model.as_deref()).collect();
-    if asked.is_empty() {
-        return Ok(());
+/// Checks the requests' models against those the target lists at `/v1/models` (a target that
+/// lists none is not checked). Requests that name no model get the first one listed, which is
+/// returned: an engine serves its base model under its own name, not a placeholder, so the
+/// defaults of `bench` fit any engine. A request naming a model the target does not list stops
+/// the run before it starts: every request would fail with a 404, and the run would measure
+/// nothing.
+async fn check_models(
+    client: &ChatClient,
+    requests: &mut [Request],
+) -> Result<Option<String>, LoadgenError> {
+    if requests.is_empty() {
+        return Ok(None);
     }
     let Some(listed) = client.served_models().await else {
-        return Ok(());
+        return Ok(None);
     };
+    let asked: std::collections::BTreeSet<&str> =
+        requests.iter().filter_map(|r| r.model.as_deref()).collect();
     let missing: Vec<&str> = asked
         .into_iter()
         .filter(|m| !listed.iter().any(|l| l == m))
         .collect();
-    if missing.is_empty() {
-        return Ok(());
+    if !missing.is_empty() {
+        return Err(LoadgenError::Config {
+            field: "model",
+            why: format!(
+                "the requests name {} but the target serves {} (GET /v1/models); pass --model {}",
+                quoted(&missing),
+                quoted(&listed.iter().map(String::as_str).collect::<Vec<_>>()),
+                listed[0]
+            ),
+        });
     }
-    Err(LoadgenError::Config {
-        field: "model",
-        why: format!(
-            "the requests name {} but the target serves {} (GET /v1/models); pass --model {}",
-            quoted(&missing),
-            quoted(&listed.iter().map(String::as_str).collect::<Vec<_>>()),
-            listed[0]
-        ),
-    })
+    let mut filled = false;
+    for r in requests.iter_mut().filter(|r| r.model.is_none()) {
+        r.model = Some(listed[0].clone());
+        filled = true;
+    }
+    Ok(filled.then(|| listed[0].clone()))
 }
 
 fn quoted(names: &[&str]) -> String {

@@ -46,6 +46,8 @@ pub struct BenchOutcome {
     pub records: Vec<RequestRecord>,
     /// From the start to the last response, seconds.
     pub wall_s: f64,
+    /// The model given to requests that named none: the first the target listed.
+    pub model_from_target: Option<String>,
     ttft_us: Histogram<u64>,
     e2e_us: Histogram<u64>,
     send_lag_us: Histogram<u64>,
@@ -117,6 +119,7 @@ impl BenchOutcome {
             planned,
             records,
             wall_s,
+            model_from_target: None,
             ttft_us,
             e2e_us,
             send_lag_us,

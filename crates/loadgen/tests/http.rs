@@ -335,4 +335,15 @@ async fn a_model_the_target_does_not_list_is_refused_before_sending() {
     config.model = Some("served-b".into());
     let out = bench(&config, reqs).await;
     assert_eq!(out.completed(), 3);
+    assert_eq!(out.model_from_target, None);
+    // Requests that name no model get the first one it lists.
+    let mut reqs = requests(2, 0.0);
+    for r in &mut reqs {
+        r.model = None;
+    }
+    let out = bench(&closed(&t.url, 1), reqs).await;
+    assert_eq!(out.completed(), 2);
+    assert_eq!(out.model_from_target.as_deref(), Some("served-a"));
+    let models: Vec<_> = t.seen.bodies().iter().map(|b| b["model"].clone()).collect();
+    assert_eq!(models[models.len() - 2..], ["served-a", "served-a"]);
 }
