@@ -176,6 +176,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         max_requests: args.requests,
         timeout: Duration::from_secs_f64(args.timeout),
         model: args.model.clone(),
+
+        wait_for_target: prefix_router_loadgen::config::DEFAULT_WAIT_FOR_TARGET,
     };
     config.validate().context("bench")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -374,6 +374,8 @@ async fn run_strategy(
         timeout: REQUEST_TIMEOUT,
         // Generated workloads name no model; the engines serve theirs.
         model: Some(mock.model.clone()),
+
+        wait_for_target: prefix_router_loadgen::config::DEFAULT_WAIT_FOR_TARGET,
     };
     let mut bar = Bar::new(label);
     let outcome = run_with_progress(&config, requests, |p| bar.update(p)).await;

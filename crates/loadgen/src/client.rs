@@ -44,6 +44,17 @@ pub struct ChatClient {
     timeout: Duration,
 }
 
+/// What a target says at `/v1/models`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listing {
+    /// The model ids it lists.
+    Models(Vec<String>),
+    /// Not listening yet, or 503 (a router whose engines are not up yet).
+    NotUp,
+    /// No list it can say (no such route, another error, not the OpenAI list shape, too slow).
+    Nothing,
+}
+
 /// What a request is and when it was due, for [`ChatClient::send`].
 #[derive(Debug, Clone, Copy)]
 pub struct Slot {
@@ -71,35 +82,49 @@ impl ChatClient {
         }
     }
 
-    /// The model ids the target lists at `/v1/models`, or None when it lists none it can say
-    /// (no such route, an error, not the OpenAI list shape, no answer within 5 s).
-    pub async fn served_models(&self) -> Option<Vec<String>> {
-        let req = http::Request::get(self.models.clone())
-            .body(Full::new(Bytes::new()))
-            .ok()?;
+    /// What the target lists at `/v1/models`.
+    pub async fn served_models(&self) -> Listing {
+        let Ok(req) = http::Request::get(self.models.clone()).body(Full::new(Bytes::new())) else {
+            return Listing::Nothing;
+        };
         let answer = async {
-            let resp = self.client.request(req).await.ok()?;
-            if !resp.status().is_success() {
-                return None;
+            let resp = match self.client.request(req).await {
+                Ok(resp) => resp,
+                Err(e) if e.is_connect() => return Listing::NotUp,
+                Err(_) => return Listing::Nothing,
+            };
+            if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
+                return Listing::NotUp;
             }
-            let body = http_body_util::Limited::new(resp.into_body(), MAX_MODELS_BODY)
+            if !resp.status().is_success() {
+                return Listing::Nothing;
+            }
+            let Ok(body) = http_body_util::Limited::new(resp.into_body(), MAX_MODELS_BODY)
                 .collect()
                 .await
-                .ok()?
-                .to_bytes();
-            let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
-            let ids: Vec<String> = v
-                .get("data")?
-                .as_array()?
-                .iter()
-                .filter_map(|m| m.get("id")?.as_str().map(str::to_string))
-                .collect();
-            (!ids.is_empty()).then_some(ids)
+            else {
+                return Listing::Nothing;
+            };
+            let ids: Option<Vec<String>> =
+                serde_json::from_slice::<serde_json::Value>(&body.to_bytes())
+                    .ok()
+                    .and_then(|v| {
+                        Some(
+                            v.get("data")?
+                                .as_array()?
+                                .iter()
+                                .filter_map(|m| m.get("id")?.as_str().map(str::to_string))
+                                .collect(),
+                        )
+                    });
+            match ids {
+                Some(ids) if !ids.is_empty() => Listing::Models(ids),
+                _ => Listing::Nothing,
+            }
         };
         tokio::time::timeout(MODELS_TIMEOUT, answer)
             .await
-            .ok()
-            .flatten()
+            .unwrap_or(Listing::Nothing)
     }
 
     /// Sends `body` now and reads the whole answer; `clock` is the run's start. Never fails:
@@ -307,7 +332,10 @@ async fn error_text(body: Incoming) -> Option<String> {
         .to_bytes();
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
         let e = v.get("error").unwrap_or(&v);
-        let message = e.get("message").and_then(|m| m.as_str()).or_else(|| e.as_str());
+        let message = e
+            .get("message")
+            .and_then(|m| m.as_str())
+            .or_else(|| e.as_str());
         if let Some(m) = message {
             return Some(match e.get("code").and_then(|c| c.as_str()) {
                 Some(code) => format!("{m} ({code})"),

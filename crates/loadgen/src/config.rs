@@ -8,6 +8,10 @@ use crate::LoadgenError;
 
 /// Path appended to the target's base URL.
 pub const CHAT_PATH: &str = "/v1/chat/completions";
+/// How long `bench` waits for a target that is not up yet: long enough for a script that
+/// starts a router and then `bench` at once, short enough for a mistyped port.
+pub const DEFAULT_WAIT_FOR_TARGET: Duration = Duration::from_secs(5);
+
 /// Where the target lists the models it serves.
 pub const MODELS_PATH: &str = "/v1/models";
 
@@ -51,6 +55,9 @@ pub struct BenchConfig {
     pub timeout: Duration,
     /// Replaces every request's `model`.
     pub model: Option<String>,
+    /// How long a target that is not up yet (refused connections, or 503 at `/v1/models`: a
+    /// router whose engines are not up) is waited for before the run starts.
+    pub wait_for_target: Duration,
 }
 
 impl BenchConfig {
@@ -64,6 +71,7 @@ impl BenchConfig {
             max_requests: None,
             timeout: DEFAULT_TIMEOUT,
             model: None,
+            wait_for_target: DEFAULT_WAIT_FOR_TARGET,
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use prefix_router_workload::Request;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
-use crate::client::{secs, ChatClient, Slot};
+use crate::client::{secs, ChatClient, Listing, Slot};
 use crate::schedule::{request_body, send_offsets};
 use crate::{BenchConfig, BenchOutcome, LoadMode, LoadgenError, RequestRecord};
 
@@ -75,7 +75,7 @@ where
         }
     }
     let client = ChatClient::new(&target, config.timeout);
-    let model_from_target = check_models(&client, &mut requests).await?;
+    let model_from_target = check_models(&client, &mut requests, config.wait_for_target).await?;
     let stop_s = config.duration.map(|d| d.as_secs_f64());
     let (tx, mut rx) = unbounded_channel();
     let clock = Instant::now();
@@ -149,12 +149,22 @@ where
 async fn check_models(
     client: &ChatClient,
     requests: &mut [Request],
+    wait: Duration,
 ) -> Result<Option<String>, LoadgenError> {
     if requests.is_empty() {
         return Ok(None);
     }
-    let Some(listed) = client.served_models().await else {
-        return Ok(None);
+    // A target started a moment ago (a script that starts the router, then `bench`) gets a
+    // few seconds to come up; then the run goes ahead and its failures say why.
+    let deadline = Instant::now() + wait;
+    let listed = loop {
+        match client.served_models().await {
+            Listing::Models(ids) => break ids,
+            Listing::NotUp if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Listing::NotUp | Listing::Nothing => return Ok(None),
+        }
     };
     let asked: std::collections::BTreeSet<&str> =
         requests.iter().filter_map(|r| r.model.as_deref()).collect();

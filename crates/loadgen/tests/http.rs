@@ -5,7 +5,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{refused_url, start, Behaviour};
+use common::{refused_url, start, start_on, Behaviour};
 use prefix_router_loadgen::schedule::send_offsets;
 use prefix_router_loadgen::{run, BenchConfig, BenchOutcome, FailureKind, LoadMode};
 use prefix_router_workload::{
@@ -37,6 +37,8 @@ fn requests(n: u64, gap_s: f64) -> Vec<Request> {
 fn closed(url: &str, concurrency: u32) -> BenchConfig {
     let mut c = BenchConfig::new(url, LoadMode::ClosedLoop { concurrency });
     c.timeout = Duration::from_secs(5);
+    // A refused target is a failure to count here, not one to wait for.
+    c.wait_for_target = Duration::ZERO;
     c
 }
 
@@ -324,7 +326,10 @@ async fn a_model_the_target_does_not_list_is_refused_before_sending() {
     for r in &mut reqs {
         r.model = Some("other".into());
     }
-    let e = run(&closed(&t.url, 1), reqs.clone()).await.err().map(|e| e.to_string());
+    let e = run(&closed(&t.url, 1), reqs.clone())
+        .await
+        .err()
+        .map(|e| e.to_string());
     assert_eq!(
         e.as_deref(),
         Some("model: the requests name 'other' but the target serves 'served-a', 'served-b' (GET /v1/models); pass --model served-a")
@@ -346,4 +351,31 @@ async fn a_model_the_target_does_not_list_is_refused_before_sending() {
     assert_eq!(out.model_from_target.as_deref(), Some("served-a"));
     let models: Vec<_> = t.seen.bodies().iter().map(|b| b["model"].clone()).collect();
     assert_eq!(models[models.len() - 2..], ["served-a", "served-a"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_that_comes_up_a_moment_later_is_waited_for() {
+    let url = refused_url().await;
+    let addr = url.trim_start_matches("http://").to_string();
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(300 * MS).await;
+        start_on(
+            &addr,
+            Behaviour {
+                models: vec!["late-model"],
+                ..Behaviour::default()
+            },
+        )
+        .await
+    });
+    let mut config = closed(&url, 1);
+    config.wait_for_target = Duration::from_secs(5);
+    let mut reqs = requests(2, 0.0);
+    for r in &mut reqs {
+        r.model = None;
+    }
+    let out = bench(&config, reqs).await;
+    assert_eq!(out.completed(), 2, "{:?}", out.failures());
+    assert_eq!(out.model_from_target.as_deref(), Some("late-model"));
+    drop(late.await);
 }

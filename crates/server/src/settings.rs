@@ -58,7 +58,7 @@ pub use file::{
     AdminFile, DiscoveryFile, DnsFile, EngineMetricsFile, FileConfig, HealthFile, InstanceFile,
     LimitsFile, RetriesFile, RoutingFile, TimeoutsFile,
 };
-pub use source::{ConfigSource, Overrides};
+pub use source::{settings_from_text, ConfigSource, Overrides};
 
 /// Scraping the engines' metrics, when on.
 #[derive(Debug, Clone, PartialEq)]

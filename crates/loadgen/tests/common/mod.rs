@@ -104,7 +104,12 @@ pub struct StandIn {
 
 /// Starts a stand-in answering with `behaviour`.
 pub async fn start(behaviour: Behaviour) -> StandIn {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    start_on("127.0.0.1:0", behaviour).await
+}
+
+/// Starts a stand-in on `addr`.
+pub async fn start_on(addr: &str, behaviour: Behaviour) -> StandIn {
+    let listener = TcpListener::bind(addr).await.expect("bind");
     let addr: SocketAddr = listener.local_addr().expect("addr");
     let seen = Arc::new(Seen::default());
     let (b, s) = (Arc::new(behaviour), Arc::clone(&seen));
@@ -165,9 +170,15 @@ async fn answer(
     let arrived = Instant::now();
     if req.uri().path() == "/v1/models" {
         let (tx, rx) = mpsc::channel(1);
-        let data: Vec<_> = b.models.iter().map(|m| serde_json::json!({"id": m})).collect();
+        let data: Vec<_> = b
+            .models
+            .iter()
+            .map(|m| serde_json::json!({"id": m}))
+            .collect();
         let _ = tx
-            .send(Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string()))
+            .send(Bytes::from(
+                serde_json::json!({"object": "list", "data": data}).to_string(),
+            ))
             .await;
         let status = if b.models.is_empty() { 404 } else { 200 };
         return Ok(Response::builder()

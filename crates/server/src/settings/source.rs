@@ -99,10 +99,24 @@ fn parse_file(path: &PathBuf) -> Result<FileConfig, SettingsError> {
         path: path.clone(),
         source,
     })?;
-    toml::from_str(&text).map_err(|e| {
+    parse_text(&text, path)
+}
+
+/// Parses a configuration file's text (`path` names it in errors) and validates it: what
+/// `serve --config` does once the file is read.
+pub fn settings_from_text(text: &str, path: &std::path::Path) -> Result<Settings, SettingsError> {
+    Settings::from_file(parse_text(text, &path.to_path_buf())?)
+}
+
+fn parse_text(text: &str, path: &PathBuf) -> Result<FileConfig, SettingsError> {
+    toml::from_str(text).map_err(|e| {
         let line = e
             .span()
-            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+            // Bytes, not a str slice: a span inside a character must not panic.
+            .map(|s| {
+                let upto = &text.as_bytes()[..s.start.min(text.len())];
+                upto.iter().filter(|&&b| b == b'\n').count() + 1
+            })
             .unwrap_or(1);
         SettingsError::Parse {
             path: path.clone(),
