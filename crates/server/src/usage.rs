@@ -17,6 +17,7 @@ use prefix_router_core::Usage;
 /// digits and the byte after them) is about 30 bytes; more whitespace than fits is not JSON any
 /// engine writes.
 pub const TAIL: usize = 64;
+const _: () = assert!(PROMPT.len() + MAX_SPACE + 10 + 1 <= TAIL);
 
 const PROMPT: &[u8] = b"\"prompt_tokens\":";
 const CACHED: &[u8] = b"\"cached_tokens\":";
@@ -130,15 +131,27 @@ impl UsageScanner {
     }
 }
 
-/// The value at the start of `data` (after a pattern's colon).
+/// Most whitespace read between a pattern's colon and its value. With the pattern and the
+/// longest `u32` (10 digits) it fits in [`TAIL`], so a value is found however the body is cut.
+const MAX_SPACE: usize = 16;
+
+/// The value at the start of `data` (after a pattern's colon). Only what a JSON writer can
+/// produce is read: at most [`MAX_SPACE`] whitespace bytes, then `null` or a `u32` without
+/// leading zeros (JSON has none); anything longer is no count an engine reports.
 fn value(data: &[u8], at_end: bool) -> Value {
     let skip = data
         .iter()
         .take_while(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
         .count();
+    if skip > MAX_SPACE {
+        return Value::Other;
+    }
     let data = &data[skip..];
     let digits = data.iter().take_while(|b| b.is_ascii_digit()).count();
     if digits > 0 {
+        if digits > 10 || (digits > 1 && data[0] == b'0') {
+            return Value::Other;
+        }
         if digits == data.len() && !at_end {
             return Value::Cut;
         }
@@ -230,6 +243,16 @@ mod tests {
 
     #[test]
     fn absent_null_and_odd_values() {
+        // Not JSON an engine writes (found by the sse_relay fuzz target: a count cut across
+        // chunks read differently from the whole): ignored however the body is cut.
+        let zeros = format!(r#"{{"usage":{{"prompt_tokens":{}341699035}}}}"#, "0".repeat(60));
+        every_split(&zeros, None);
+        every_split(r#"{"usage":{"prompt_tokens":012}}"#, None);
+        every_split(r#"{"usage":{"prompt_tokens":12345678901}}"#, None);
+        let spaced = format!(r#"{{"usage":{{"prompt_tokens":{}7}}}}"#, " ".repeat(40));
+        every_split(&spaced, None);
+        let fits = format!(r#"{{"usage":{{"prompt_tokens":{}4294967295}}}}"#, " ".repeat(16));
+        every_split(&fits, usage(4_294_967_295, None));
         every_split(r#"{"choices":[],"usage":null}"#, None);
         every_split(r#"{"object":"list"}"#, None);
         every_split(
