@@ -17,7 +17,7 @@ use prefix_router_core::Usage;
 /// digits and the byte after them) is about 30 bytes; more whitespace than fits is not JSON any
 /// engine writes.
 pub const TAIL: usize = 64;
-const _: () = assert!(PROMPT.len() + MAX_SPACE + 10 + 1 <= TAIL);
+const _: () = assert!(PROMPT.len() + MAX_SPACE + 10 < TAIL);
 
 const PROMPT: &[u8] = b"\"prompt_tokens\":";
 const CACHED: &[u8] = b"\"cached_tokens\":";

@@ -396,7 +396,7 @@ async fn crashing_engine() -> String {
 async fn a_request_that_crashes_an_engine_is_a_502_that_says_so_and_is_not_retried() {
     let crash = crashing_engine().await;
     let other = Upstream::start("other", Mode::Echo, &[]).await;
-    let mut s = settings(&[crash.clone()]);
+    let mut s = settings(std::slice::from_ref(&crash));
     s.health.passive_failures = 1000;
     let r = router(s).await;
     let addr = r.local_addr();

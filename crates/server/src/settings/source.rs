@@ -105,10 +105,10 @@ fn parse_file(path: &PathBuf) -> Result<FileConfig, SettingsError> {
 /// Parses a configuration file's text (`path` names it in errors) and validates it: what
 /// `serve --config` does once the file is read.
 pub fn settings_from_text(text: &str, path: &std::path::Path) -> Result<Settings, SettingsError> {
-    Settings::from_file(parse_text(text, &path.to_path_buf())?)
+    Settings::from_file(parse_text(text, path)?)
 }
 
-fn parse_text(text: &str, path: &PathBuf) -> Result<FileConfig, SettingsError> {
+fn parse_text(text: &str, path: &std::path::Path) -> Result<FileConfig, SettingsError> {
     toml::from_str(text).map_err(|e| {
         let line = e
             .span()
@@ -119,7 +119,7 @@ fn parse_text(text: &str, path: &PathBuf) -> Result<FileConfig, SettingsError> {
             })
             .unwrap_or(1);
         SettingsError::Parse {
-            path: path.clone(),
+            path: path.to_path_buf(),
             line,
             message: e.message().replace('\n', " "),
         }
