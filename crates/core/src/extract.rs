@@ -117,6 +117,10 @@ pub enum ExtractError {
     Group(#[from] GroupError),
 }
 
+/// Deepest nesting of arrays and objects an OpenAI body may have (serde_json's own limit for
+/// what it parses); deeper bodies are refused, wherever the nesting is.
+pub const MAX_DEPTH: usize = 128;
+
 /// Native API: the first `len` bytes of the raw body, group from the `X-Prefix-Aware-Id` header.
 pub fn native_key(
     body: &[u8],
@@ -461,13 +465,26 @@ mod tests {
 
     #[test]
     fn deep_nesting_neither_crashes_nor_differs() {
+        // Refused, even in a field the key does not read: forwarded, it may crash the engine's
+        // parser (Python's json gives up near 1,000 levels).
         let n = 100_000;
         let body = format!(
             r#"{{"x":{}{},"messages":[]}}"#,
             "[".repeat(n),
             "]".repeat(n)
         );
-        assert!(both(CHAT, &body).is_ok());
+        assert!(
+            matches!(both(CHAT, &body), Err(ExtractError::Json(m)) if m.contains("deeper than 128")),
+            "{:?}",
+            both(CHAT, &body)
+        );
+        let at_limit = format!(
+            r#"{{"x":"{}","y":{}{},"messages":[]}}"#,
+            "[".repeat(500),
+            "[".repeat(MAX_DEPTH - 1),
+            "]".repeat(MAX_DEPTH - 1)
+        );
+        assert!(serde_impl::chat_request(at_limit.as_bytes(), len(1024)).is_ok());
         let unterminated = format!(r#"{{"x":{}"#, "[".repeat(n));
         assert!(both(CHAT, &unterminated).is_err());
     }

@@ -245,13 +245,19 @@ mod tests {
     fn absent_null_and_odd_values() {
         // Not JSON an engine writes (found by the sse_relay fuzz target: a count cut across
         // chunks read differently from the whole): ignored however the body is cut.
-        let zeros = format!(r#"{{"usage":{{"prompt_tokens":{}341699035}}}}"#, "0".repeat(60));
+        let zeros = format!(
+            r#"{{"usage":{{"prompt_tokens":{}341699035}}}}"#,
+            "0".repeat(60)
+        );
         every_split(&zeros, None);
         every_split(r#"{"usage":{"prompt_tokens":012}}"#, None);
         every_split(r#"{"usage":{"prompt_tokens":12345678901}}"#, None);
         let spaced = format!(r#"{{"usage":{{"prompt_tokens":{}7}}}}"#, " ".repeat(40));
         every_split(&spaced, None);
-        let fits = format!(r#"{{"usage":{{"prompt_tokens":{}4294967295}}}}"#, " ".repeat(16));
+        let fits = format!(
+            r#"{{"usage":{{"prompt_tokens":{}4294967295}}}}"#,
+            " ".repeat(16)
+        );
         every_split(&fits, usage(4_294_967_295, None));
         every_split(r#"{"choices":[],"usage":null}"#, None);
         every_split(r#"{"object":"list"}"#, None);

@@ -8,7 +8,8 @@
 //! are walked by a second, nested parse of their raw text.
 
 use super::canon::{Api, Canon, JsonNode, MessageFields, TopField};
-use super::{with_prefix_buffer, ExtractError, KeyOptions, RequestInfo};
+use super::text::nests_deeper_than;
+use super::{with_prefix_buffer, ExtractError, KeyOptions, RequestInfo, MAX_DEPTH};
 use crate::PrefixLength;
 use serde::de::{DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -34,6 +35,13 @@ pub(crate) fn extract(
     // strings. The `str` reader then borrows every string without re-checking. simdutf8 picks
     // AVX2/SSE4.2 at run time: ~10x faster than `std::str::from_utf8` on non-ASCII text.
     let text = simdutf8::basic::from_utf8(body).map_err(|_| utf8_error(body))?;
+    // serde_json limits the nesting of what it parses, not of what it skips (an unused field,
+    // a raw value): a body nested 10,000 deep would pass and may crash the engine's parser.
+    if nests_deeper_than(body, MAX_DEPTH) {
+        return Err(ExtractError::Json(format!(
+            "nested deeper than {MAX_DEPTH} arrays and objects"
+        )));
+    }
     with_prefix_buffer(|buf| {
         let mut st = State {
             canon: Canon::new(api, buf, opts.max_chars()),

@@ -11,17 +11,18 @@
 //!   word-at-a-time scan for backslashes;
 //! - nothing but whitespace may follow the closing brace (the lazy iterator stops there);
 //! - nesting depth: sonic-rs skips nested values recursively with no depth limit, so a body
-//!   of a million `[` would overflow the stack. A body that could nest deeper than
-//!   [`MAX_LAZY_DEPTH`] is handed to the serde_json extractor, whose skipping is iterative.
+//!   of a million `[` would overflow the stack. A body that nests deeper than
+//!   [`MAX_LAZY_DEPTH`] is handed to the serde_json extractor, which refuses it.
 
 use super::canon::{Api, Canon, JsonNode};
-use super::text::{count_matching, find_byte};
+use super::text::{find_byte, nests_deeper_than};
 use super::{serde_impl, with_prefix_buffer, ExtractError, KeyOptions, RequestInfo};
 use crate::PrefixLength;
 use sonic_rs::LazyValue;
 
-/// Deepest nesting handed to sonic-rs's recursive skipping (deeper bodies go to serde_json).
-pub const MAX_LAZY_DEPTH: usize = 128;
+/// Deepest nesting handed to sonic-rs's recursive skipping (deeper bodies go to serde_json,
+/// which refuses them).
+pub const MAX_LAZY_DEPTH: usize = super::MAX_DEPTH;
 
 /// `POST /v1/chat/completions` with sonic-rs; same contract as [`super::chat_request`].
 pub fn chat_request(body: &[u8], len: PrefixLength) -> Result<RequestInfo, ExtractError> {
@@ -39,7 +40,8 @@ pub(crate) fn extract(
     api: Api,
 ) -> Result<RequestInfo, ExtractError> {
     check_unicode_escapes(body)?;
-    if may_nest_deeper_than(body, MAX_LAZY_DEPTH) {
+    if nests_deeper_than(body, MAX_LAZY_DEPTH) {
+        // Refused there, with the same error.
         return serde_impl::extract(body, opts, api);
     }
     with_prefix_buffer(|buf| {
@@ -166,50 +168,6 @@ fn check_unicode_escapes(body: &[u8]) -> Result<(), ExtractError> {
     Ok(())
 }
 
-/// Whether the body might nest deeper than `limit` arrays/objects. A cheap count of brackets
-/// answers "no" for most bodies; otherwise a string-aware scan measures the depth.
-fn may_nest_deeper_than(body: &[u8], limit: usize) -> bool {
-    let brackets = count_matching(body, |b| b == b'[' || b == b'{');
-    if brackets <= limit {
-        return false;
-    }
-    let mut depth = 0usize;
-    let mut i = 0usize;
-    while i < body.len() {
-        match body[i] {
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > limit {
-                    return true;
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            b'"' => {
-                // Skip the string: the next quote preceded by an even number of backslashes.
-                let mut k = i + 1;
-                loop {
-                    match find_byte(body, k, b'"') {
-                        Some(q) => {
-                            let backslashes =
-                                body[..q].iter().rev().take_while(|&&b| b == b'\\').count();
-                            if backslashes % 2 == 0 {
-                                i = q;
-                                break;
-                            }
-                            k = q + 1;
-                        }
-                        // Unterminated string: the parser will refuse it; no deep recursion.
-                        None => return false,
-                    }
-                }
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,11 +182,34 @@ mod tests {
     #[test]
     fn depth_bound() {
         let shallow = format!("{{\"a\":\"{}\"}}", "[".repeat(1000));
-        assert!(!may_nest_deeper_than(shallow.as_bytes(), 128));
+        assert!(!nests_deeper_than(shallow.as_bytes(), 128));
         let deep = format!("{{\"a\":{}", "[".repeat(1000));
-        assert!(may_nest_deeper_than(deep.as_bytes(), 128));
+        assert!(nests_deeper_than(deep.as_bytes(), 128));
         let escaped = format!("{{\"a\":\"\\\"{}\"}}", "[".repeat(1000));
-        assert!(!may_nest_deeper_than(escaped.as_bytes(), 128));
+        assert!(!nests_deeper_than(escaped.as_bytes(), 128));
+        // Both back ends refuse a deep unused field, with the same error.
+        let body = format!(
+            r#"{{"unused":{}{},"messages":[{{"role":"user","content":"x"}}]}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let len = PrefixLength::new(1024).unwrap_or_else(|e| panic!("{e}"));
+        let sonic = chat_request(body.as_bytes(), len);
+        let serde = serde_impl::chat_request(body.as_bytes(), len);
+        assert!(
+            matches!(&sonic, Err(ExtractError::Json(m)) if m.contains("deeper than 128")),
+            "{sonic:?}"
+        );
+        assert_eq!(sonic, serde);
+        // Shallow enough for sonic-rs's recursive skipping in a debug build's 2 MiB test
+        // thread (it overflows at about 40 levels there; a release build takes 128).
+        let ok = format!(
+            r#"{{"unused":{}{},"messages":[{{"role":"user","content":"x"}}]}}"#,
+            "[".repeat(10),
+            "]".repeat(10)
+        );
+        assert!(chat_request(ok.as_bytes(), len).is_ok());
+        assert!(serde_impl::chat_request(ok.as_bytes(), len).is_ok());
     }
 
     #[test]

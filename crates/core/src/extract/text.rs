@@ -316,6 +316,50 @@ pub(crate) fn find_byte(hay: &[u8], from: usize, needle: u8) -> Option<usize> {
         .map(|i| offset + i)
 }
 
+/// Whether the body nests deeper than `limit` arrays/objects (outside strings). A cheap count of brackets
+/// answers "no" for most bodies; otherwise a string-aware scan measures the depth.
+pub(crate) fn nests_deeper_than(body: &[u8], limit: usize) -> bool {
+    let brackets = count_matching(body, |b| b == b'[' || b == b'{');
+    if brackets <= limit {
+        return false;
+    }
+    let mut depth = 0usize;
+    let mut i = 0usize;
+    while i < body.len() {
+        match body[i] {
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b'"' => {
+                // Skip the string: the next quote preceded by an even number of backslashes.
+                let mut k = i + 1;
+                loop {
+                    match find_byte(body, k, b'"') {
+                        Some(q) => {
+                            let backslashes =
+                                body[..q].iter().rev().take_while(|&&b| b == b'\\').count();
+                            if backslashes % 2 == 0 {
+                                i = q;
+                                break;
+                            }
+                            k = q + 1;
+                        }
+                        // Unterminated string: the parser will refuse it; no deep recursion.
+                        None => return false,
+                    }
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
