@@ -205,10 +205,16 @@ pub fn parse_chunk(data: &str) -> Result<Chunk, StreamError> {
         cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
     });
     let error = json.error.filter(|e| !e.is_null()).map(|e| match e {
-        serde_json::Value::Object(ref m) => match m.get("message").and_then(|v| v.as_str()) {
-            Some(msg) => msg.to_string(),
-            None => e.to_string(),
-        },
+        serde_json::Value::Object(ref m) => {
+            match (
+                m.get("message").and_then(|v| v.as_str()),
+                m.get("code").and_then(|v| v.as_str()),
+            ) {
+                (Some(msg), Some(code)) => format!("{msg} ({code})"),
+                (Some(msg), None) => msg.to_string(),
+                _ => e.to_string(),
+            }
+        }
         serde_json::Value::String(s) => s,
         other => other.to_string(),
     });

@@ -1,0 +1,557 @@
+//! Chaos: real processes on 127.0.0.1 (mock engines and `serve`, this build's binary) under an
+//! open-loop load, while engines are killed mid-stream (SIGKILL), hung (SIGSTOP, then SIGCONT),
+//! all taken down and brought back, added and removed through the admin API, and the instance
+//! list reloaded with SIGHUP. Each case reports requests sent, answered, failed with a clear
+//! error, retried by the router, and lost; and checks that none is lost, every failure says
+//! what happened, and nothing is left in flight.
+//!
+//! `CHAOS_RATE` (requests per second, default 25) and `CHAOS_SECONDS` (per case, default 4)
+//! scale it; `bench/chaos.sh` runs it longer on a release build and writes the table that
+//! RELIABILITY.md quotes.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use prefix_router_loadgen::{BenchConfig, BenchOutcome, FailureKind, LoadMode};
+use prefix_router_workload::{Message, Request, Role, Segment};
+
+const TOKEN: &str = "chaos-token";
+
+fn env_f64(name: &str, default: f64) -> f64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
+    l.local_addr()
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A blocking HTTP/1.1 exchange on a fresh connection: (status, body).
+fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: chaos\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.id().to_string())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill -{sig} {}", child.id());
+}
+
+/// One mock engine process on a fixed port (so it can come back where it was).
+struct Engine {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Engine {
+    fn start(port: u16) -> Engine {
+        let mut e = Engine { port, child: None };
+        e.spawn();
+        e
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(env!("CARGO_BIN_EXE_prefix-router"))
+            .args([
+                "mock-engine",
+                "--listen",
+                &format!("127.0.0.1:{}", self.port),
+            ])
+            .args(["--preset", "small", "--time-scale", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start mock-engine: {e}"));
+        self.child = Some(child);
+        let port = self.port;
+        wait_until("the engine to listen", Duration::from_secs(10), || {
+            http(port, "GET", "/health", "").0 == 200
+        });
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn child(&self) -> &Child {
+        self.child
+            .as_ref()
+            .unwrap_or_else(|| panic!("engine {} is down", self.port))
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            // A stopped process does not die of SIGKILL until continued on some systems.
+            let _ = Command::new("kill")
+                .args(["-CONT", &c.id().to_string()])
+                .status();
+        }
+        self.kill();
+    }
+}
+
+/// The router process, configured from a file it reloads on SIGHUP.
+struct Router {
+    port: u16,
+    admin: u16,
+    config: PathBuf,
+    child: Child,
+}
+
+fn config_text(port: u16, admin: u16, instances: &[String]) -> String {
+    let mut text = format!(
+        r#"listen = "127.0.0.1:{port}"
+[admin]
+listen = "127.0.0.1:{admin}"
+token = "{TOKEN}"
+[timeouts]
+connect_ms = 500
+first_byte_ms = 3000
+idle_stream_ms = 1500
+shutdown_grace_ms = 3000
+[health]
+interval_ms = 200
+timeout_ms = 300
+unhealthy_threshold = 2
+healthy_threshold = 1
+passive_failures = 2
+eject_backoff_ms = 500
+max_eject_backoff_ms = 2000
+"#
+    );
+    for url in instances {
+        text.push_str(&format!("[[instances]]\nurl = \"{url}\"\n"));
+    }
+    text
+}
+
+impl Router {
+    fn start(dir: &std::path::Path, instances: &[String]) -> Router {
+        let (port, admin) = (free_port(), free_port());
+        let config = dir.join("router.toml");
+        std::fs::write(&config, config_text(port, admin, instances))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let child = Command::new(env!("CARGO_BIN_EXE_prefix-router"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start serve: {e}"));
+        let r = Router {
+            port,
+            admin,
+            config,
+            child,
+        };
+        let n = instances.len();
+        wait_until("the router to be ready", Duration::from_secs(10), || {
+            let (status, body) = http(port, "GET", "/ready", "");
+            status == 200 && body.contains(&format!("\"healthy_instances\":{n}"))
+        });
+        r
+    }
+
+    fn metric(&self, series: &str) -> f64 {
+        let (_, page) = http(self.port, "GET", "/metrics", "");
+        page.lines()
+            .filter(|l| l.starts_with(series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `n` requests at `rate` per second, each a short document then a question, streamed.
+fn workload(n: usize, rate: f64) -> Vec<Request> {
+    (0..n)
+        .map(|i| Request {
+            id: i as u64,
+            arrival_s: i as f64 / rate,
+            group: None,
+            model: None,
+            messages: vec![Message::new(
+                Role::User,
+                vec![
+                    Segment {
+                        id: 1 + (i % 12) as u64,
+                        tokens: 300,
+                    },
+                    Segment {
+                        id: 100_000 + i as u64,
+                        tokens: 20,
+                    },
+                ],
+            )],
+            output_tokens: 40,
+        })
+        .collect()
+}
+
+/// What one case measured.
+struct Report {
+    case: &'static str,
+    sent: usize,
+    ok: usize,
+    clear: usize,
+    unclear: Vec<String>,
+    retried: f64,
+    lost: usize,
+    in_flight_after: f64,
+    /// Failures by kind and the start of their message.
+    seen: std::collections::BTreeMap<String, usize>,
+}
+
+/// Runs the load for the case's duration while `chaos` acts (it gets the run's start).
+fn run_case(
+    case: &'static str,
+    router: &Router,
+    chaos: impl FnOnce(Instant) + Send + 'static,
+) -> Report {
+    let rate = env_f64("CHAOS_RATE", 25.0);
+    let seconds = env_f64("CHAOS_SECONDS", 4.0);
+    let n = (rate * seconds).round().max(1.0) as usize;
+    let retried_before = router.metric("prefix_router_retries_total");
+    let mut config = BenchConfig::new(
+        format!("http://127.0.0.1:{}", router.port),
+        LoadMode::OpenLoop { rate: None },
+    );
+    config.timeout = Duration::from_secs(20);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let started = Instant::now();
+    let actor = std::thread::spawn(move || chaos(started));
+    let outcome: BenchOutcome = runtime
+        .block_on(prefix_router_loadgen::run(&config, workload(n, rate)))
+        .unwrap_or_else(|e| panic!("{case}: {e}"));
+    actor
+        .join()
+        .unwrap_or_else(|_| panic!("{case}: the chaos thread panicked"));
+    let mut in_flight_after = f64::NAN;
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_until("nothing in flight", Duration::from_secs(10), || {
+            in_flight_after = router.metric("prefix_router_in_flight{");
+            in_flight_after == 0.0
+        })
+    }));
+    let mut report = Report {
+        case,
+        sent: outcome.records.len(),
+        ok: outcome.completed() as usize,
+        clear: 0,
+        unclear: Vec::new(),
+        retried: router.metric("prefix_router_retries_total") - retried_before,
+        lost: (outcome.planned as usize).saturating_sub(outcome.records.len()),
+        in_flight_after,
+        seen: Default::default(),
+    };
+    for f in outcome.records.iter().filter_map(|r| r.failure.as_ref()) {
+        // Clear: an answer of the router's that names what failed, or its stream's error event.
+        // Unclear: a cut connection, a stream that just stops, a client-side timeout.
+        let clear = matches!(
+            f.kind,
+            FailureKind::Http4xx | FailureKind::Http5xx | FailureKind::StreamError
+        ) && f.detail.contains(':');
+        *report.seen.entry(summary(&f.detail)).or_insert(0) += 1;
+        if clear {
+            report.clear += 1;
+        } else {
+            report.unclear.push(format!("{}: {}", f.kind, f.detail));
+        }
+    }
+    let seen: Vec<String> = report
+        .seen
+        .iter()
+        .map(|(k, n)| format!("{n}x {k}"))
+        .collect();
+    println!(
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        report.case,
+        report.sent,
+        report.ok,
+        report.clear,
+        report.unclear.len(),
+        report.retried,
+        report.lost,
+        report.in_flight_after,
+        seen.join("; ")
+    );
+    report
+}
+
+/// A failure's message without what differs from one request to the next (ports, times).
+fn summary(detail: &str) -> String {
+    let code = detail
+        .rsplit_once('(')
+        .map(|(_, c)| c.trim_end_matches(')'))
+        .filter(|c| c.chars().all(|ch| ch.is_ascii_lowercase() || ch == '_'));
+    match code {
+        Some(c) => format!("`{c}`"),
+        None => detail
+            .split(|c: char| c.is_ascii_digit())
+            .next()
+            .unwrap_or(detail)
+            .trim()
+            .to_string(),
+    }
+}
+
+/// Clients that go away mid-stream, send their heads a byte at a time and never finish, and
+/// announce bodies over the limit, all at once beside the load.
+fn misbehave(port: u16) {
+    let body = r#"{"messages":[{"role":"user","content":"tell me a long story"}],"max_tokens":200,"stream":true}"#;
+    let stream_req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: c\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut held = Vec::new();
+    for i in 0..40 {
+        // Gone after the first bytes of the answer.
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = s.write_all(stream_req.as_bytes());
+            let mut first = [0u8; 64];
+            let _ = s.read(&mut first);
+        }
+        // Half a head, never finished (held open until the router cuts them).
+        if i % 2 == 0 {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+                let _ = s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: c\r\n");
+                held.push(s);
+            }
+        }
+        // A body over the limit: 413 before it is sent.
+        if i % 4 == 0 {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                let _ = s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: c\r\ncontent-length: 41943040\r\n\r\n{");
+                let mut answer = [0u8; 12];
+                let _ = s.read(&mut answer);
+                assert_eq!(&answer[9..12], b"413", "an oversized body gets 413");
+            }
+        }
+    }
+    drop(held);
+}
+
+fn check(r: &Report) {
+    assert_eq!(r.lost, 0, "{}: lost requests", r.case);
+    assert!(
+        r.unclear.is_empty(),
+        "{}: failures without a clear error: {:?}",
+        r.case,
+        r.unclear
+    );
+    assert_eq!(
+        r.in_flight_after, 0.0,
+        "{}: requests left in flight",
+        r.case
+    );
+    assert!(r.ok > 0, "{}: nothing was answered", r.case);
+}
+
+fn at(start: Instant, s: f64) {
+    let due = start + Duration::from_secs_f64(s);
+    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+        std::thread::sleep(wait);
+    }
+}
+
+#[test]
+fn engines_killed_hung_and_brought_back_lose_no_request() {
+    let dir = std::env::temp_dir().join(format!("prefix-router-chaos-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let seconds = env_f64("CHAOS_SECONDS", 4.0);
+    let engines: Vec<Engine> = (0..3).map(|_| Engine::start(free_port())).collect();
+    let urls: Vec<String> = engines.iter().map(Engine::url).collect();
+    let router = Router::start(&dir, &urls);
+    let engines = std::sync::Arc::new(std::sync::Mutex::new(engines));
+    println!("| case | sent | ok | failed, clear error | failed, unclear | retried | lost | in flight after | failures |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    let mut reports = Vec::new();
+
+    reports.push(run_case("baseline", &router, |_| {}));
+
+    let e = std::sync::Arc::clone(&engines);
+    reports.push(run_case(
+        "SIGKILL one engine mid-stream, restart it",
+        &router,
+        move |t| {
+            at(t, seconds * 0.3);
+            let port = {
+                let mut g = e.lock().unwrap_or_else(|p| p.into_inner());
+                g[0].kill();
+                g[0].port
+            };
+            at(t, seconds * 0.6);
+            let mut g = e.lock().unwrap_or_else(|p| p.into_inner());
+            assert_eq!(g[0].port, port);
+            g[0].spawn();
+        },
+    ));
+
+    let e = std::sync::Arc::clone(&engines);
+    reports.push(run_case(
+        "SIGSTOP one engine, SIGCONT it",
+        &router,
+        move |t| {
+            at(t, seconds * 0.25);
+            let g = e.lock().unwrap_or_else(|p| p.into_inner());
+            signal(g[1].child(), "STOP");
+            drop(g);
+            at(t, seconds * 0.65);
+            let g = e.lock().unwrap_or_else(|p| p.into_inner());
+            signal(g[1].child(), "CONT");
+        },
+    ));
+
+    let e = std::sync::Arc::clone(&engines);
+    reports.push(run_case(
+        "every engine down, then back",
+        &router,
+        move |t| {
+            at(t, seconds * 0.3);
+            for eng in e.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+                eng.kill();
+            }
+            at(t, seconds * 0.55);
+            for eng in e.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+                eng.spawn();
+            }
+        },
+    ));
+    wait_until("all back", Duration::from_secs(10), || {
+        http(router.port, "GET", "/ready", "")
+            .1
+            .contains("\"healthy_instances\":3")
+    });
+
+    // Scale out and in through the admin API: a new engine joins, one drains and leaves.
+    let extra = Engine::start(free_port());
+    let (extra_url, admin, first) = (extra.url(), router.admin, urls[0].clone());
+    reports.push(run_case(
+        "admin: add one, drain and remove one",
+        &router,
+        move |t| {
+            at(t, seconds * 0.3);
+            let (s, b) = http(
+                admin,
+                "POST",
+                "/admin/instances",
+                &format!(r#"{{"url":"{extra_url}"}}"#),
+            );
+            assert!(s == 200 || s == 201, "add: {s} {b}");
+            at(t, seconds * 0.5);
+            let (s, b) = http(
+                admin,
+                "POST",
+                "/admin/instances/drain",
+                &format!(r#"{{"url":"{first}"}}"#),
+            );
+            assert_eq!(s, 200, "drain: {b}");
+            at(t, seconds * 0.7);
+            let (s, b) = http(
+                admin,
+                "POST",
+                "/admin/instances/remove",
+                &format!(r#"{{"url":"{first}"}}"#),
+            );
+            assert_eq!(s, 200, "remove: {b}");
+        },
+    ));
+
+    // SIGHUP with a changed instance list: the removed one is back, the added one leaves.
+    let reload_to = urls.clone();
+    let hup = {
+        let cfg = router.config.clone();
+        let (port, admin_port, pid) = (router.port, router.admin, router.child.id());
+        move |t: Instant| {
+            at(t, seconds * 0.4);
+            std::fs::write(&cfg, config_text(port, admin_port, &reload_to))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let ok = Command::new("kill")
+                .args(["-HUP", &pid.to_string()])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "kill -HUP");
+        }
+    };
+    reports.push(run_case("SIGHUP reload of the instance list", &router, hup));
+    drop(extra);
+
+    let port = router.port;
+    reports.push(run_case(
+        "clients: mid-stream disconnects, slowloris, oversized bodies",
+        &router,
+        move |t| {
+            at(t, seconds * 0.2);
+            misbehave(port);
+        },
+    ));
+
+    println!(
+        "(rate {} req/s, {seconds} s per case)",
+        env_f64("CHAOS_RATE", 25.0)
+    );
+    for r in &reports {
+        check(r);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
