@@ -22,13 +22,12 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use prefix_router_core::{PrefixLength, StrategyConfig, StrategyKind};
 use prefix_router_loadgen::{run_with_progress, BenchConfig, BenchOutcome, LoadMode, Progress};
 use prefix_router_mock_engine::{MockEngine, MockEngineConfig};
-use prefix_router_server::{Router, Settings};
+use prefix_router_server::{prom, upstream, Router, Settings};
 use prefix_router_sim::{
     engine_config, plot, simulate, table, Driver, FleetSummary, Report, SimConfig, SimWorkload,
     StrategyResult, WorkloadSource,
 };
 use prefix_router_workload::{Arrival, Request};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::args::DEFAULT_PREFIX_LENGTH;
 use crate::bench_cmd::strategy_result;
@@ -384,9 +383,12 @@ async fn run_strategy(
 
     let mut engine_ttft = (0.0, 0u64);
     // The engines' own TTFT histogram (engine seconds), to tell their share from the path's.
+    let client = upstream::client(Duration::from_secs(2));
     for e in &engines {
-        if let Ok(text) = http_get(e.local_addr(), "/metrics").await {
-            let (sum, count) = ttft_sum_count(&text);
+        let base = format!("http://{}", e.local_addr());
+        let page = upstream::get(&client, &base, "/metrics", 4 << 20, Duration::from_secs(5)).await;
+        if let Some((_, page)) = page {
+            let (sum, count) = ttft_sum_count(&String::from_utf8_lossy(&page));
             engine_ttft.0 += sum;
             engine_ttft.1 += count;
         }
@@ -465,30 +467,13 @@ fn to_engine_time(outcome: &BenchOutcome, scale: f64, path_s: f64) -> BenchOutco
     )
 }
 
-/// `GET path` over a fresh HTTP/1.1 connection; the body as text.
-async fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(head.as_bytes()).await?;
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw)).await??;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    Ok(text
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default())
-}
-
 /// Sum (seconds) and count of `vllm:time_to_first_token_seconds` in a Prometheus text page.
 fn ttft_sum_count(text: &str) -> (f64, u64) {
-    let value = |suffix: &str| {
-        text.lines()
-            .find(|l| l.starts_with(&format!("vllm:time_to_first_token_seconds{suffix}")))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (value("_sum"), value("_count") as u64)
+    let value = |name: &str| prom::value(text, name, &[]).unwrap_or(0.0);
+    (
+        value("vllm:time_to_first_token_seconds_sum"),
+        value("vllm:time_to_first_token_seconds_count") as u64,
+    )
 }
 
 /// "12.5" for 0.08.

@@ -5,12 +5,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Full, Limited};
 use prefix_router_core::{Instance, InstanceState};
 
 use crate::metrics::InstanceLabels;
+use crate::prom;
 use crate::state::AppState;
 
 /// Largest metrics page read from one instance.
@@ -32,57 +30,6 @@ const KV_USAGE: &[&str] = &[
     "sglang:token_usage",
 ];
 
-/// Samples of one page, summed by metric name over their label sets (an engine may label by
-/// model or by engine core).
-pub fn parse(page: &str) -> HashMap<String, f64> {
-    let mut out: HashMap<String, f64> = HashMap::new();
-    for line in page.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
-        let name = &line[..name_end];
-        let rest = &line[name_end..];
-        let rest = if rest.starts_with('{') {
-            match labels_end(rest) {
-                Some(end) => &rest[end..],
-                None => continue,
-            }
-        } else {
-            rest
-        };
-        let Some(value) = rest
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
-            continue;
-        };
-        if value.is_finite() {
-            *out.entry(name.to_string()).or_insert(0.0) += value;
-        }
-    }
-    out
-}
-
-/// Byte index just past the `}` closing a label set that starts at index 0 (quotes and
-/// escapes inside label values are honoured).
-fn labels_end(s: &str) -> Option<usize> {
-    let mut in_quotes = false;
-    let mut escaped = false;
-    for (i, c) in s.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if in_quotes => escaped = true,
-            '"' => in_quotes = !in_quotes,
-            '}' if !in_quotes => return Some(i + 1),
-            _ => {}
-        }
-    }
-    None
-}
-
 fn first(samples: &HashMap<String, f64>, names: &[&str]) -> Option<f64> {
     names.iter().find_map(|n| samples.get(*n).copied())
 }
@@ -102,25 +49,17 @@ pub struct Previous {
 }
 
 async fn scrape(state: &AppState, inst: &Instance, path: &str) -> Option<HashMap<String, f64>> {
-    let req = Request::get(format!("{}{path}", inst.spec().url))
-        .body(Full::new(Bytes::new()))
-        .ok()?;
-    let page = async {
-        let resp = state.client.request(req).await.ok()?;
-        if !resp.status().is_success() {
-            return None;
-        }
-        let bytes = Limited::new(resp.into_body(), MAX_PAGE)
-            .collect()
-            .await
-            .ok()?
-            .to_bytes();
-        Some(parse(&String::from_utf8_lossy(&bytes)))
-    };
-    tokio::time::timeout(state.settings.health.timeout, page)
-        .await
-        .ok()
-        .flatten()
+    let (status, page) = crate::upstream::get(
+        &state.client,
+        &inst.spec().url,
+        path,
+        MAX_PAGE,
+        state.settings.health.timeout,
+    )
+    .await?;
+    status
+        .is_success()
+        .then(|| prom::sums(&String::from_utf8_lossy(&page)))
 }
 
 /// One round: scrapes every instance that is not ejected and replaces the engine gauges.
@@ -189,27 +128,5 @@ pub async fn run(state: Arc<AppState>, interval: std::time::Duration, path: Stri
     loop {
         tick.tick().await;
         scrape_once(&state, &path, &previous).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_and_sums_label_sets() {
-        let page = r#"# HELP vllm:prefix_cache_hits_total Hits
-# TYPE vllm:prefix_cache_hits_total counter
-vllm:prefix_cache_hits_total{engine="0",model_name="m {x} \"q\""} 30
-vllm:prefix_cache_hits_total{engine="1",model_name="m"} 12 1700000000
-vllm:num_requests_running 3
-bad line
-vllm:kv_cache_usage_perc{model_name="m"} NaN
-"#;
-        let s = parse(page);
-        assert_eq!(s.get("vllm:prefix_cache_hits_total"), Some(&42.0));
-        assert_eq!(s.get("vllm:num_requests_running"), Some(&3.0));
-        assert_eq!(s.get("vllm:kv_cache_usage_perc"), None, "NaN is skipped");
-        assert_eq!(s.len(), 2);
     }
 }

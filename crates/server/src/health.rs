@@ -7,12 +7,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Full};
 use prefix_router_core::{Instance, InstanceState};
 
 use crate::membership;
+
+/// Largest health answer read (a probe only needs the status; the body is read to reuse the
+/// connection).
+const MAX_PROBE_BODY: usize = 64 * 1024;
 use crate::state::AppState;
 
 /// A request to `inst` failed (connect error or 5xx): ejects it after
@@ -53,21 +54,15 @@ pub fn passive_success(state: &AppState, inst: &Instance) {
 /// Whether one probe of `inst` succeeded (2xx within the timeout).
 async fn probe(state: &AppState, inst: &Instance) -> bool {
     let h = &state.settings.health;
-    let uri = format!("{}{}", inst.spec().url, h.path);
-    let Ok(req) = Request::get(uri).body(Full::new(Bytes::new())) else {
-        return false;
-    };
-    let answer = async {
-        let resp = state.client.request(req).await.ok()?;
-        let ok = resp.status().is_success();
-        // Read the (small) body so the connection is reused.
-        resp.into_body().collect().await.ok()?;
-        Some(ok)
-    };
-    matches!(
-        tokio::time::timeout(h.timeout, answer).await,
-        Ok(Some(true))
+    crate::upstream::get(
+        &state.client,
+        &inst.spec().url,
+        &h.path,
+        MAX_PROBE_BODY,
+        h.timeout,
     )
+    .await
+    .is_some_and(|(status, _)| status.is_success())
 }
 
 /// Applies one probe result to `inst`.

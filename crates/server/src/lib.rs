@@ -22,6 +22,7 @@ pub mod membership;
 pub mod metrics;
 pub mod models;
 pub mod outcome;
+pub mod prom;
 pub mod proxy;
 pub mod reload;
 pub mod routing;

@@ -4,9 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::{header, HeaderValue, Request, Response};
-use http_body_util::{BodyExt, Full};
+use http::{header, HeaderValue, Response};
 use prefix_router_core::{Instance, RouteError};
 use serde_json::{json, Value};
 
@@ -19,30 +17,21 @@ const MAX_MODELS_BODY: usize = 4 * 1024 * 1024;
 
 /// The `data` entries an instance lists; `None` when it does not answer well in time.
 pub async fn fetch(state: &AppState, inst: &Instance) -> Option<Vec<Value>> {
-    let uri = format!("{}/v1/models", inst.spec().url);
-    let Ok(req) = Request::get(uri).body(Full::new(Bytes::new())) else {
+    let (status, body) = crate::upstream::get(
+        &state.client,
+        &inst.spec().url,
+        "/v1/models",
+        MAX_MODELS_BODY,
+        state.settings.health.timeout,
+    )
+    .await?;
+    if !status.is_success() {
         return None;
-    };
-    let answer = async {
-        let resp = state.client.request(req).await.ok()?;
-        if !resp.status().is_success() {
-            return None;
-        }
-        let body = http_body_util::Limited::new(resp.into_body(), MAX_MODELS_BODY)
-            .collect()
-            .await
-            .ok()?
-            .to_bytes();
-        let v: Value = serde_json::from_slice(&body).ok()?;
-        match v.get("data") {
-            Some(Value::Array(items)) => Some(items.clone()),
-            _ => None,
-        }
-    };
-    tokio::time::timeout(state.settings.health.timeout, answer)
-        .await
-        .ok()
-        .flatten()
+    }
+    match serde_json::from_slice::<Value>(&body).ok()?.get("data") {
+        Some(Value::Array(items)) => Some(items.clone()),
+        _ => None,
+    }
 }
 
 /// Answers `GET /v1/models`.

@@ -56,7 +56,7 @@ impl AppState {
             fleet: Fleet::joining_as(settings.instances.clone(), settings.health.joins_as()),
             routing: ArcSwap::from_pointee(routing),
             fallback: Arc::new(LeastOutstanding),
-            client: upstream::client(&settings.timeouts),
+            client: upstream::client(settings.timeouts.connect),
             metrics: Metrics::new(),
             stats: StatsTable::default(),
             settings,

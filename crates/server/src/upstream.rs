@@ -12,7 +12,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::error::ApiError;
-use crate::settings::Timeouts;
 
 /// The client every upstream request goes through.
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
@@ -21,9 +20,9 @@ pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 const POOL_IDLE: Duration = Duration::from_secs(90);
 
 /// Builds the pooled client: connect timeout, TCP_NODELAY, HTTP/1.1 keep-alive.
-pub fn client(timeouts: &Timeouts) -> UpstreamClient {
+pub fn client(connect: Duration) -> UpstreamClient {
     let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(timeouts.connect));
+    connector.set_connect_timeout(Some(connect));
     connector.set_nodelay(true);
     connector.enforce_http(true);
     Client::builder(TokioExecutor::new())
@@ -87,4 +86,32 @@ pub fn build_request(
     // The router already holds the whole body: the instance has nothing to confirm.
     headers.remove(header::EXPECT);
     Ok(req)
+}
+
+/// `GET {instance}{path}` for the router's own checks (health probes, model lists, engine
+/// metrics): the status and at most `max_bytes` of the body, within `timeout`. None when the
+/// instance does not answer in time, the body is larger, or the connection fails.
+pub async fn get(
+    client: &UpstreamClient,
+    base: &str,
+    path: &str,
+    max_bytes: usize,
+    timeout: Duration,
+) -> Option<(http::StatusCode, Bytes)> {
+    use http_body_util::BodyExt;
+    let req = Request::get(format!("{base}{path}"))
+        .body(Full::new(Bytes::new()))
+        .ok()?;
+    let answer = async {
+        let resp = client.request(req).await.ok()?;
+        let status = resp.status();
+        // Read whole, so the pooled connection is reused.
+        let body = http_body_util::Limited::new(resp.into_body(), max_bytes)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        Some((status, body))
+    };
+    tokio::time::timeout(timeout, answer).await.ok().flatten()
 }

@@ -79,10 +79,9 @@ async fn metrics(addr: SocketAddr) -> String {
     String::from_utf8_lossy(&m.body).to_string()
 }
 
-/// The value of the series starting with `series` (name and labels) in a scrape.
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+/// The value of cache-aware's series `name` in a scrape.
+fn value(text: &str, name: &str) -> Option<f64> {
+    prefix_router_server::prom::value(text, name, &[("strategy", "cache-aware")])
 }
 
 /// Polls /metrics until `series` satisfies `ok` (feedback lands when the relay ends, which can
@@ -147,28 +146,18 @@ async fn a_shared_prefix_stays_where_it_is_cached_and_the_index_shows() {
         "{text}"
     );
 
-    let cs = "{strategy=\"cache-aware\"}";
-    let blocks = metric_until(addr, &format!("prefix_router_index_blocks{cs}"), |v| {
-        v > 0.0
-    })
-    .await;
+    let blocks = metric_until(addr, "prefix_router_index_blocks", |v| v > 0.0).await;
     assert!(blocks > 0.0);
-    let reported = metric_until(
-        addr,
-        &format!("prefix_router_reported_cached_tokens_total{cs}"),
-        |v| v >= 4.0 * 1536.0,
-    )
+    let reported = metric_until(addr, "prefix_router_reported_cached_tokens_total", |v| {
+        v >= 4.0 * 1536.0
+    })
     .await;
     assert_eq!(reported, 4.0 * 1536.0, "each hit's cached_tokens, once");
     let text = metrics(addr).await;
-    let predicted = value(
-        &text,
-        &format!("prefix_router_predicted_cached_tokens_total{cs}"),
-    )
-    .unwrap_or_default();
+    let predicted = value(&text, "prefix_router_predicted_cached_tokens_total").unwrap_or_default();
     assert!(predicted > 0.0, "{text}");
     assert!(
-        value(&text, &format!("prefix_router_cache_prediction_ratio{cs}")).is_some(),
+        value(&text, "prefix_router_cache_prediction_ratio").is_some(),
         "{text}"
     );
     assert!(

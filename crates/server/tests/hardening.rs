@@ -16,14 +16,6 @@ fn state_of(r: &prefix_router_server::RunningRouter, url: &str) -> Option<Instan
     snap.get(url).map(|(_, i)| i.state())
 }
 
-fn counter(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn a_slow_request_head_is_cut_and_others_are_still_served() {
     let up = Upstream::start("u", Mode::Echo, &[]).await;
@@ -50,9 +42,10 @@ async fn a_slow_request_head_is_cut_and_others_are_still_served() {
     assert_eq!(a.status, StatusCode::OK);
     let page = metrics_text(addr).await;
     assert!(
-        counter(
+        metric(
             &page,
-            "prefix_router_client_connections_closed_total{reason=\"header_timeout\"}"
+            "prefix_router_client_connections_closed_total",
+            &[("reason", "header_timeout")]
         ) >= 4.0,
         "{page}"
     );
@@ -262,7 +255,7 @@ async fn instances_take_requests_only_after_a_passed_check_and_ready_follows() {
     );
     let page = metrics_text(addr).await;
     assert_eq!(
-        counter(&page, "prefix_router_upstream_errors_total"),
+        metric(&page, "prefix_router_upstream_errors_total", &[]),
         0.0,
         "{page}"
     );
@@ -358,7 +351,7 @@ async fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() {
     eventually("released", || total_in_flight(&r) == 0).await;
     let page = metrics_text(addr).await;
     assert_eq!(
-        counter(&page, "prefix_router_stream_error_events_total"),
+        metric(&page, "prefix_router_stream_error_events_total", &[]),
         1.0,
         "{page}"
     );
@@ -520,9 +513,10 @@ async fn a_full_fleet_sheds_with_429_instead_of_queueing() {
     );
     let page = metrics_text(addr).await;
     assert_eq!(
-        counter(
+        metric(
             &page,
-            "prefix_router_requests_shed_total{reason=\"in_flight_cap\"}"
+            "prefix_router_requests_shed_total",
+            &[("reason", "in_flight_cap")]
         ),
         1.0,
         "{page}"

@@ -174,10 +174,9 @@ pub async fn post_stream(addr: SocketAddr, path: &str, body: String) -> Streamed
 
 /// The value of a sample (`name{labels} value`) in a Prometheus text page.
 pub fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    prefix_router_server::prom::samples(text)
+        .find(|s| s.name == name && !s.labels.is_empty())
+        .map(|s| s.value)
         .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
 }
 

@@ -568,6 +568,12 @@ pub async fn metrics_text(addr: SocketAddr) -> String {
     String::from_utf8_lossy(&m.body).to_string()
 }
 
+/// The sum of `name`'s samples with these labels in a `/metrics` page (0 when none), read with
+/// the router's own Prometheus parser.
+pub fn metric(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    prefix_router_server::prom::value(page, name, labels).unwrap_or(0.0)
+}
+
 /// Writes `bytes` on a fresh connection and reads until the peer closes, `done` holds for what
 /// was read, or [`WAIT`] passes; returns what was read and whether the peer closed.
 pub async fn raw(addr: SocketAddr, bytes: &[u8], done: impl Fn(&str) -> bool) -> (String, bool) {
@@ -612,8 +618,18 @@ pub fn complete_answer(text: &str) -> bool {
     text.len() >= end + 4 + len
 }
 
-/// The JSON body of a raw HTTP/1.1 answer.
+/// The JSON body of a raw HTTP/1.1 answer (its first `content-length` bytes: a pipelined
+/// answer may follow in the same read).
 pub fn raw_json(text: &str) -> serde_json::Value {
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return serde_json::Value::Null;
+    };
+    let len = head
+        .to_ascii_lowercase()
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().to_string()))
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(body.len());
+    let body = body.get(..len.min(body.len())).unwrap_or(body);
     serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
 }
