@@ -383,7 +383,10 @@ async fn run_strategy(
 
     let mut engine_ttft = (0.0, 0u64);
     // The engines' own TTFT histogram (engine seconds), to tell their share from the path's.
-    let client = upstream::client(Duration::from_secs(2));
+    let client = upstream::client(
+        Duration::from_secs(2),
+        prefix_router_server::tls::client_config(&Default::default())?,
+    );
     for e in &engines {
         let base = format!("http://{}", e.local_addr());
         let page = upstream::get(&client, &base, "/metrics", 4 << 20, Duration::from_secs(5)).await;

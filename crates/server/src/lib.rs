@@ -32,6 +32,7 @@ pub mod signals;
 pub mod state;
 pub mod stats;
 pub mod stream;
+pub mod tls;
 pub mod upstream;
 pub mod usage;
 

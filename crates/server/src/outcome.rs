@@ -83,8 +83,9 @@ impl Outcome {
 pub enum Failure {
     /// Nothing within the first-byte timeout.
     Timeout,
-    /// Could not connect (refused, unreachable, connect timeout).
-    Connect,
+    /// Could not connect (refused, unreachable, connect timeout, a failed TLS handshake); what
+    /// the connector said.
+    Connect(String),
     /// Connected and sent, then the connection closed without an answer.
     Closed,
     /// Anything else the client reported.
@@ -95,7 +96,7 @@ impl Failure {
     /// Classifies an error of the upstream client.
     pub fn of(e: &hyper_util::client::legacy::Error) -> Self {
         if e.is_connect() {
-            return Failure::Connect;
+            return Failure::Connect(chain(e));
         }
         let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
         while let Some(s) = source {
@@ -124,7 +125,7 @@ impl Failure {
     pub fn label(&self) -> &'static str {
         match self {
             Failure::Timeout => "timeout",
-            Failure::Connect => "connect",
+            Failure::Connect(_) => "connect",
             Failure::Closed => "closed",
             Failure::Other(_) => "other",
         }
@@ -134,19 +135,19 @@ impl Failure {
     /// have reached an engine; a request that an engine closed on may crash the next one too,
     /// and one that timed out may still be running.
     pub fn retryable(&self) -> bool {
-        matches!(self, Failure::Connect)
+        matches!(self, Failure::Connect(_))
     }
 
     /// Whether it counts toward passive ejection.
     pub fn ejects(&self) -> bool {
-        matches!(self, Failure::Connect | Failure::Closed)
+        matches!(self, Failure::Connect(_) | Failure::Closed)
     }
 
     /// The request's outcome when this failure ends it.
     pub fn outcome(&self) -> Outcome {
         match self {
             Failure::Timeout => Outcome::Timeout,
-            Failure::Connect => Outcome::ConnectError,
+            Failure::Connect(_) => Outcome::ConnectError,
             Failure::Closed => Outcome::UpstreamClosed,
             Failure::Other(_) => Outcome::UpstreamError,
         }
@@ -158,9 +159,9 @@ impl Failure {
             Failure::Timeout => ApiError::gateway_timeout(format!(
                 "instance {instance} sent no response within {first_byte:?} (timeouts.first_byte_ms)"
             )),
-            Failure::Connect => ApiError::bad_gateway(
+            Failure::Connect(why) => ApiError::bad_gateway(
                 "upstream_connect_error",
-                format!("cannot connect to instance {instance}"),
+                format!("cannot connect to instance {instance}: {why}"),
             ),
             Failure::Closed => ApiError::bad_gateway(
                 "upstream_closed",
@@ -242,16 +243,17 @@ mod tests {
 
     #[test]
     fn only_a_refused_connection_is_retried_and_a_timeout_does_not_eject() {
+        let connect = Failure::Connect("refused".into());
         let f = [
             Failure::Timeout,
-            Failure::Connect,
+            connect.clone(),
             Failure::Closed,
             Failure::Other("x".into()),
         ];
         let retried: Vec<_> = f.iter().filter(|x| x.retryable()).collect();
-        assert_eq!(retried, [&Failure::Connect]);
+        assert_eq!(retried, [&connect]);
         let ejects: Vec<_> = f.iter().filter(|x| x.ejects()).collect();
-        assert_eq!(ejects, [&Failure::Connect, &Failure::Closed]);
+        assert_eq!(ejects, [&connect, &Failure::Closed]);
         for x in &f {
             let a = x.answer("i", std::time::Duration::from_secs(1));
             assert!(

@@ -82,6 +82,8 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
     let now = &state.settings;
     let restart: Vec<&str> = [
         ("listen", settings.listen != now.listen),
+        ("tls", settings.tls != now.tls),
+        ("upstream_tls", settings.upstream_tls != now.upstream_tls),
         ("admin", settings.admin != now.admin),
         ("limits", settings.limits != now.limits),
         ("timeouts", settings.timeouts != now.timeouts),
@@ -106,6 +108,11 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
         }
     })?;
     set_members(state, settings.instances).await;
+    // The listener's certificate is read again from the same files (a rotation); a bad file
+    // keeps the one in force and fails the reload with the field named.
+    if let Some(tls) = &state.tls {
+        tls.reload()?;
+    }
     let summary = ReloadSummary {
         instances: state.fleet.snapshot().len(),
         strategy: state.routing.load().strategy.name(),

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -19,7 +20,7 @@ use crate::error::{ApiError, ServerError};
 use crate::handler;
 use crate::health;
 use crate::metrics::ReasonLabels;
-use crate::settings::{ConfigSource, Settings, SettingsError};
+use crate::settings::{ConfigSource, Settings};
 use crate::state::AppState;
 
 /// Starts routers.
@@ -50,10 +51,7 @@ impl Router {
         settings: Settings,
         source: Option<ConfigSource>,
     ) -> Result<RunningRouter, ServerError> {
-        let state = AppState::new(settings, source).map_err(|e| SettingsError::Invalid {
-            field: "routing".into(),
-            message: e.to_string(),
-        })?;
+        let state = AppState::new(settings, source)?;
         let listener = bind(state.settings.listen).await?;
         // Resolve DNS targets once before serving, so the first requests find the fleet.
         for target in &state.settings.discovery.dns {
@@ -190,21 +188,26 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, stop: watch::R
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
         let stop = stop.clone();
-        match per_client.admit(peer.ip()) {
-            Ok(slot) => {
-                let builder = Arc::clone(&builder);
-                tokio::spawn(async move {
-                    serve_connection(&builder, stream, state, stop).await;
-                    drop((slot, permit));
-                });
+        let admitted = per_client.admit(peer.ip());
+        let builder = Arc::clone(&builder);
+        tokio::spawn(async move {
+            let Some(tls) = &state.tls else {
+                serve_admitted(&builder, stream, &state, stop, admitted).await;
+                drop(permit);
+                return;
+            };
+            // The handshake is part of the head: bounded by the same timeout.
+            let handshake = tls.acceptor().accept(stream);
+            match tokio::time::timeout(state.settings.timeouts.client_header, handshake).await {
+                Ok(Ok(stream)) => serve_admitted(&builder, stream, &state, stop, admitted).await,
+                Ok(Err(e)) => {
+                    count_close(&state, "tls_handshake");
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                }
+                Err(_) => count_close(&state, "header_timeout"),
             }
-            Err(limit) => {
-                tokio::spawn(async move {
-                    refuse_connection(stream, &state, limit).await;
-                    drop(permit);
-                });
-            }
-        }
+            drop(permit);
+        });
     }
     drop(listener);
     let grace = state.settings.timeouts.shutdown_grace;
@@ -216,14 +219,35 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, stop: watch::R
     }
 }
 
+/// Serves a connection the per-address limit admitted, or refuses it with 429.
+async fn serve_admitted<S>(
+    builder: &auto::Builder<TokioExecutor>,
+    stream: S,
+    state: &Arc<AppState>,
+    stop: watch::Receiver<bool>,
+    admitted: Result<Option<crate::conn::ClientSlot>, usize>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    match admitted {
+        Ok(slot) => {
+            serve_connection(builder, stream, Arc::clone(state), stop).await;
+            drop(slot);
+        }
+        Err(limit) => refuse_connection(stream, state, limit).await,
+    }
+}
+
 /// Serves one client connection until it ends, the watchdog closes it ([`crate::conn`]), or
 /// shutdown asks it to finish (then it ends once its requests are answered).
-async fn serve_connection(
+async fn serve_connection<S>(
     builder: &auto::Builder<TokioExecutor>,
-    stream: TcpStream,
+    stream: S,
     state: Arc<AppState>,
     mut stop: watch::Receiver<bool>,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Activity::new();
     let io = TokioIo::new(TrackedIo::new(
         stream,
@@ -278,7 +302,10 @@ async fn serve_connection(
 }
 
 /// Answers a connection over the per-address limit with 429 and closes it.
-async fn refuse_connection(stream: TcpStream, state: &AppState, limit: usize) {
+async fn refuse_connection<S>(stream: S, state: &AppState, limit: usize)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     count_close(state, "per_client_limit");
     let svc = service_fn(move |_req| async move {
         let e = ApiError::too_many_connections(limit);

@@ -56,7 +56,7 @@ mod tests;
 
 pub use file::{
     AdminFile, DiscoveryFile, DnsFile, EngineMetricsFile, FileConfig, HealthFile, InstanceFile,
-    LimitsFile, RetriesFile, RoutingFile, TimeoutsFile,
+    LimitsFile, RetriesFile, RoutingFile, TimeoutsFile, TlsFile, UpstreamTlsFile,
 };
 pub use source::{settings_from_text, ConfigSource, Overrides};
 
@@ -232,8 +232,36 @@ pub struct Settings {
     pub discovery: Discovery,
     /// Engine metrics scraping, when on.
     pub engine_metrics: Option<EngineMetrics>,
+    /// TLS on the data-plane listener, when configured.
+    pub tls: Option<crate::tls::TlsFiles>,
+    /// TLS to `https://` instances.
+    pub upstream_tls: crate::tls::UpstreamTls,
     /// Static instances.
     pub instances: Vec<InstanceSpec>,
+}
+
+/// A pair of certificate and key files given together, or neither.
+fn tls_pair(
+    section: &'static str,
+    cert: &Option<String>,
+    key: &Option<String>,
+) -> Result<Option<crate::tls::TlsFiles>, SettingsError> {
+    match (cert, key) {
+        (None, None) => Ok(None),
+        (Some(c), Some(k)) => Ok(Some(crate::tls::TlsFiles {
+            cert_file: c.into(),
+            key_file: k.into(),
+            section,
+        })),
+        (Some(_), None) => Err(invalid(
+            format!("{section}.key_file"),
+            "required with cert_file",
+        )),
+        (None, Some(_)) => Err(invalid(
+            format!("{section}.cert_file"),
+            "required with key_file",
+        )),
+    }
 }
 
 /// Default data-plane address.
@@ -263,21 +291,21 @@ fn positive(field: &str, v: Option<u32>, default: u32) -> Result<u32, SettingsEr
     }
 }
 
-/// Checks an instance base URL: `http://host:port` with no path, query or user info. Returns it
-/// without a trailing slash.
+/// Checks an instance base URL: `http://host:port` or `https://host:port` with no path, query
+/// or user info. Returns it without a trailing slash.
 pub fn normalize_instance_url(url: &str) -> Result<String, String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("'{url}' is not a URL: {e}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
+    let scheme = match uri.scheme_str() {
+        Some(s @ ("http" | "https")) => s,
         Some(other) => {
             return Err(format!(
-                "'{url}': scheme '{other}' is not supported (only http)"
+                "'{url}': scheme '{other}' is not supported (http or https)"
             ))
         }
         None => return Err(format!("'{url}' has no scheme (expected http://host:port)")),
-    }
+    };
     let authority = uri
         .authority()
         .ok_or_else(|| format!("'{url}' has no host"))?;
@@ -290,7 +318,7 @@ pub fn normalize_instance_url(url: &str) -> Result<String, String> {
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
         return Err(format!("'{url}' must be a base URL without path or query"));
     }
-    Ok(format!("http://{authority}"))
+    Ok(format!("{scheme}://{authority}"))
 }
 
 impl Settings {
@@ -447,7 +475,25 @@ impl Settings {
         } else {
             None
         };
+        let tls = tls_pair("tls", &f.tls.cert_file, &f.tls.key_file)?;
+        if let Some(files) = &tls {
+            // Checked now, so that a bad file stops `serve` with the field named.
+            crate::tls::server_config(files)?;
+        }
+        let upstream_tls = crate::tls::UpstreamTls {
+            ca_file: f.upstream_tls.ca_file.as_ref().map(Into::into),
+            client: tls_pair(
+                "upstream_tls",
+                &f.upstream_tls.cert_file,
+                &f.upstream_tls.key_file,
+            )?,
+        };
+        if upstream_tls != crate::tls::UpstreamTls::default() {
+            crate::tls::client_config(&upstream_tls)?;
+        }
         Ok(Settings {
+            tls,
+            upstream_tls,
             listen,
             admin,
             strategy,

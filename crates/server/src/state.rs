@@ -10,8 +10,9 @@ use prefix_router_core::{Fleet, Strategy};
 use crate::membership::Membership;
 use crate::metrics::Metrics;
 use crate::routing::Routing;
-use crate::settings::{ConfigSource, Settings};
+use crate::settings::{ConfigSource, Settings, SettingsError};
 use crate::stats::StatsTable;
+use crate::tls;
 use crate::upstream::{self, UpstreamClient};
 
 /// Shared by the data plane, the health checker and the admin API.
@@ -26,6 +27,8 @@ pub struct AppState {
     pub fallback: Arc<dyn Strategy>,
     /// Pooled keep-alive client to the instances.
     pub client: UpstreamClient,
+    /// The listener's TLS, when configured.
+    pub tls: Option<tls::Listener>,
     /// Metrics.
     pub metrics: Metrics,
     /// Per-instance counters and health records.
@@ -46,8 +49,16 @@ impl AppState {
     pub fn new(
         settings: Settings,
         source: Option<ConfigSource>,
-    ) -> Result<Arc<Self>, prefix_router_core::ConfigError> {
-        let routing = Routing::new(settings.strategy.clone(), settings.prefix_length)?;
+    ) -> Result<Arc<Self>, SettingsError> {
+        let routing =
+            Routing::new(settings.strategy.clone(), settings.prefix_length).map_err(|e| {
+                SettingsError::Invalid {
+                    field: crate::settings::config_field(&e),
+                    message: e.to_string(),
+                }
+            })?;
+        let tls = settings.tls.clone().map(tls::Listener::new).transpose()?;
+        let client_tls = tls::client_config(&settings.upstream_tls)?;
         let membership = Membership {
             static_specs: settings.instances.clone(),
             ..Membership::default()
@@ -56,7 +67,8 @@ impl AppState {
             fleet: Fleet::joining_as(settings.instances.clone(), settings.health.joins_as()),
             routing: ArcSwap::from_pointee(routing),
             fallback: Arc::new(LeastOutstanding),
-            client: upstream::client(settings.timeouts.connect),
+            client: upstream::client(settings.timeouts.connect, client_tls),
+            tls,
             metrics: Metrics::new(),
             stats: StatsTable::default(),
             settings,

@@ -13,18 +13,25 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::error::ApiError;
 
-/// The client every upstream request goes through.
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+/// The client every upstream request goes through (`http://` and `https://` instances).
+pub type UpstreamClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// How long an unused pooled connection is kept.
 const POOL_IDLE: Duration = Duration::from_secs(90);
 
-/// Builds the pooled client: connect timeout, TCP_NODELAY, HTTP/1.1 keep-alive.
-pub fn client(connect: Duration) -> UpstreamClient {
+/// Builds the pooled client: connect timeout, TCP_NODELAY, HTTP/1.1 keep-alive, and `tls` for
+/// `https://` instances.
+pub fn client(connect: Duration, tls: rustls::ClientConfig) -> UpstreamClient {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(connect));
     connector.set_nodelay(true);
-    connector.enforce_http(true);
+    // The TLS layer picks by scheme; the TCP layer must let https URIs through to it.
+    connector.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE)
         .build(connector)

@@ -27,8 +27,34 @@ pub struct FileConfig {
     pub discovery: DiscoveryFile,
     /// Scraping the engines' own metrics.
     pub engine_metrics: EngineMetricsFile,
+    /// TLS on the data-plane listener.
+    pub tls: TlsFile,
+    /// TLS to `https://` instances.
+    pub upstream_tls: UpstreamTlsFile,
     /// Static instances.
     pub instances: Vec<InstanceFile>,
+}
+
+/// `[tls]`: the listener serves TLS when both files are given.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsFile {
+    /// PEM certificate chain, leaf first.
+    pub cert_file: Option<String>,
+    /// PEM private key.
+    pub key_file: Option<String>,
+}
+
+/// `[upstream_tls]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamTlsFile {
+    /// PEM bundle of the CAs instances' certificates chain to (default: the system's roots).
+    pub ca_file: Option<String>,
+    /// Client certificate for mutual TLS (with `key_file`).
+    pub cert_file: Option<String>,
+    /// Its private key.
+    pub key_file: Option<String>,
 }
 
 /// `[engine_metrics]`.

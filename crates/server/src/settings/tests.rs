@@ -66,7 +66,7 @@ fn errors_name_the_field() {
         e.contains("instances[1].url") && e.contains("duplicate"),
         "{e}"
     );
-    assert!(err("[[instances]]\nurl = \"https://x:1\"").contains("scheme"));
+    assert!(err("[[instances]]\nurl = \"ftp://x:1\"").contains("scheme"));
     assert!(err("[[instances]]\nurl = \"http://x:1/v1\"").contains("without path"));
     assert!(err("[[instances]]\nurl = \"not a url\"").contains("instances[0].url"));
     assert!(err("[[instances]]\nurl = \"http://x:1\"\nweight = 0").contains("instances[0].weight"));

@@ -627,7 +627,10 @@ pub fn raw_json(text: &str) -> serde_json::Value {
     let len = head
         .to_ascii_lowercase()
         .lines()
-        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().to_string()))
+        .find_map(|l| {
+            l.strip_prefix("content-length:")
+                .map(|v| v.trim().to_string())
+        })
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(body.len());
     let body = body.get(..len.min(body.len())).unwrap_or(body);

@@ -1,0 +1,376 @@
+//! TLS over loopback with certificates made at test time (rcgen): the listener serves TLS and
+//! takes a rotated certificate on reload; `https://` instances are reached through a private CA
+//! with a client certificate (mutual TLS), and a failed handshake is a 502 that says why.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use prefix_router_server::tls::{TlsFiles, UpstreamTls};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, SanType,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use support::*;
+use tokio::net::{TcpListener, TcpStream};
+
+/// A test CA that signs certificates.
+struct Ca {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let key = KeyPair::generate().expect("CA key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.self_signed(&key).expect("CA certificate");
+        Ca { cert, key }
+    }
+
+    fn pem(&self) -> String {
+        self.cert.pem()
+    }
+
+    /// A certificate for 127.0.0.1 (server) or a client, as (certificate PEM, key PEM).
+    fn issue(&self, purpose: ExtendedKeyUsagePurpose) -> (String, String) {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.subject_alt_names = vec![SanType::IpAddress([127, 0, 0, 1].into())];
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "127.0.0.1");
+        params.extended_key_usages = vec![purpose];
+        let cert = params
+            .signed_by(&key, &self.cert, &self.key)
+            .expect("signed");
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("prefix-router-tls-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn write_pair(
+    dir: &Path,
+    name: &str,
+    (cert, key): &(String, String),
+    section: &'static str,
+) -> TlsFiles {
+    let (c, k) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&c, cert).expect("write cert");
+    std::fs::write(&k, key).expect("write key");
+    TlsFiles {
+        cert_file: c,
+        key_file: k,
+        section,
+    }
+}
+
+fn roots(ca_pem: &str) -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.expect("cert")).expect("root");
+    }
+    roots
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// GET or POST over TLS to `addr`, trusting `ca_pem`; Err when the handshake fails.
+async fn tls_request(
+    addr: SocketAddr,
+    ca_pem: &str,
+    method: Method,
+    path: &str,
+    body: &str,
+) -> Result<(StatusCode, String), String> {
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots(ca_pem))
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let name = ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = request(method, path, &[], body.to_string());
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).to_string()))
+}
+
+#[tokio::test]
+async fn the_listener_serves_tls_and_takes_a_rotated_certificate_on_reload() {
+    let up = Upstream::start("u", Mode::Echo, &[]).await;
+    let d = dir("listener");
+    let (ca1, ca2) = (Ca::new("first CA"), Ca::new("second CA"));
+    let files = write_pair(
+        &d,
+        "server",
+        &ca1.issue(ExtendedKeyUsagePurpose::ServerAuth),
+        "tls",
+    );
+    let mut s = settings(&[up.url()]);
+    s.tls = Some(files.clone());
+    let r = router(s).await;
+    let addr = r.local_addr();
+
+    let (status, _) = tls_request(addr, &ca1.pem(), Method::GET, "/health", "")
+        .await
+        .expect("TLS");
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = tls_request(
+        addr,
+        &ca1.pem(),
+        Method::POST,
+        "/v1/completions",
+        r#"{"prompt":"over tls"}"#,
+    )
+    .await
+    .expect("TLS");
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, r#"{"prompt":"over tls"}"#)
+    );
+    // Plain HTTP on the TLS port is not served.
+    let (text, _) = raw(
+        addr,
+        b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n",
+        complete_answer,
+    )
+    .await;
+    assert!(!text.starts_with("HTTP/1.1 200"), "{text}");
+
+    // A rotated certificate (another CA) in the same files: new connections get it.
+    write_pair(
+        &d,
+        "server",
+        &ca2.issue(ExtendedKeyUsagePurpose::ServerAuth),
+        "tls",
+    );
+    let tls = r.state().tls.as_ref().expect("TLS on");
+    tls.reload().expect("reload");
+    assert!(tls_request(addr, &ca1.pem(), Method::GET, "/health", "")
+        .await
+        .is_err());
+    let (status, _) = tls_request(addr, &ca2.pem(), Method::GET, "/health", "")
+        .await
+        .expect("rotated");
+    assert_eq!(status, StatusCode::OK);
+
+    // A broken file on reload: refused, naming the field; the certificate in force stays.
+    std::fs::write(&files.key_file, "not a key").expect("write");
+    let e = tls
+        .reload()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("tls.key_file"), "{e}");
+    let (status, _) = tls_request(addr, &ca2.pem(), Method::GET, "/health", "")
+        .await
+        .expect("kept");
+    assert_eq!(status, StatusCode::OK);
+    r.shutdown().await;
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// An engine stand-in behind TLS that requires a client certificate from `client_ca`.
+async fn tls_engine(server: &TlsFiles, client_ca: &str) -> String {
+    let chain: Vec<_> = CertificateDer::pem_file_iter(&server.cert_file)
+        .expect("read")
+        .map(|c| c.expect("cert"))
+        .collect();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&server.key_file).expect("key");
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots(client_ca)),
+        provider(),
+    )
+    .build()
+    .expect("verifier");
+    let config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .expect("config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                    let body = req
+                        .into_body()
+                        .collect()
+                        .await
+                        .map(|c| c.to_bytes())
+                        .unwrap_or_default();
+                    let mut resp = http::Response::new(Full::new(body));
+                    resp.headers_mut()
+                        .insert("x-upstream", http::HeaderValue::from_static("tls-engine"));
+                    Ok::<_, std::convert::Infallible>(resp)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    format!("https://127.0.0.1:{}", addr.port())
+}
+
+#[tokio::test]
+async fn https_instances_through_a_private_ca_with_a_client_certificate() {
+    let d = dir("upstream");
+    let ca = Ca::new("engines CA");
+    let server = write_pair(
+        &d,
+        "engine",
+        &ca.issue(ExtendedKeyUsagePurpose::ServerAuth),
+        "test",
+    );
+    let client = write_pair(
+        &d,
+        "router",
+        &ca.issue(ExtendedKeyUsagePurpose::ClientAuth),
+        "upstream_tls",
+    );
+    let ca_file = d.join("ca.crt");
+    std::fs::write(&ca_file, ca.pem()).expect("write CA");
+    let url = tls_engine(&server, &ca.pem()).await;
+
+    let mut s = settings(std::slice::from_ref(&url));
+    s.upstream_tls = UpstreamTls {
+        ca_file: Some(ca_file.clone()),
+        client: Some(client),
+    };
+    let r = router(s).await;
+    let a = post(
+        r.local_addr(),
+        "/v1/completions",
+        &[],
+        r#"{"prompt":"mtls"}"#,
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.upstream()),
+        (StatusCode::OK, "tls-engine".to_string())
+    );
+    assert_eq!(a.body, Bytes::from_static(br#"{"prompt":"mtls"}"#));
+    r.shutdown().await;
+
+    // Without the client certificate the engine refuses the handshake: a 502 that says so.
+    let mut s = settings(std::slice::from_ref(&url));
+    s.upstream_tls = UpstreamTls {
+        ca_file: Some(ca_file),
+        client: None,
+    };
+    s.health.passive_failures = 1000;
+    let r = router(s).await;
+    let a = post(
+        r.local_addr(),
+        "/v1/completions",
+        &[],
+        r#"{"prompt":"no cert"}"#,
+    )
+    .await;
+    // With TLS 1.3 the engine refuses the missing certificate after the client's side of the
+    // handshake ended, so the failure shows on the request, not the connect; either way the
+    // answer names the instance and the certificate.
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    let msg = a.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(msg.contains(&url), "{msg}");
+    assert!(msg.to_ascii_lowercase().contains("certificate"), "{msg}");
+    r.shutdown().await;
+
+    // With the system's roots only, the private CA is unknown: refused too.
+    let mut s = settings(std::slice::from_ref(&url));
+    s.health.passive_failures = 1000;
+    let r = router(s).await;
+    let a = post(
+        r.local_addr(),
+        "/v1/completions",
+        &[],
+        r#"{"prompt":"unknown CA"}"#,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    let msg = a.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(msg.to_ascii_lowercase().contains("certificate"), "{msg}");
+    r.shutdown().await;
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn tls_settings_name_the_field_that_is_wrong() {
+    let d = dir("settings");
+    let text = |extra: &str| format!("{extra}\n[[instances]]\nurl = \"https://127.0.0.1:9\"\n");
+    let path = d.join("r.toml");
+    let load = |t: String| {
+        prefix_router_server::settings::settings_from_text(&t, &path)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    assert!(load(text("")).is_ok(), "an https instance is accepted");
+    let e = load(text("[tls]\ncert_file = \"/nonexistent.crt\"")).unwrap_err();
+    assert!(e.contains("tls.key_file"), "{e}");
+    let e = load(text(
+        "[tls]\ncert_file = \"/nonexistent.crt\"\nkey_file = \"/nonexistent.key\"",
+    ))
+    .unwrap_err();
+    assert!(
+        e.contains("tls.cert_file") && e.contains("/nonexistent.crt"),
+        "{e}"
+    );
+    let e = load(text("[upstream_tls]\nca_file = \"/nonexistent-ca.pem\"")).unwrap_err();
+    assert!(e.contains("upstream_tls.ca_file"), "{e}");
+    let e = load("[[instances]]\nurl = \"ftp://127.0.0.1:9\"\n".into()).unwrap_err();
+    assert!(e.contains("http or https"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
