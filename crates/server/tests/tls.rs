@@ -142,9 +142,25 @@ async fn the_listener_serves_tls_and_takes_a_rotated_certificate_on_reload() {
         &ca1.issue(ExtendedKeyUsagePurpose::ServerAuth),
         "tls",
     );
-    let mut s = settings(&[up.url()]);
-    s.tls = Some(files.clone());
-    let r = router(s).await;
+    // Started from a configuration file, as `serve --config` is, so that a reload (what
+    // SIGHUP runs) goes through the whole path.
+    let config = d.join("router.toml");
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n[health]\nactive = false\n[tls]\ncert_file = {:?}\nkey_file = {:?}\n[[instances]]\nurl = \"{}\"\n",
+        files.cert_file.display().to_string(),
+        files.key_file.display().to_string(),
+        up.url()
+    );
+    std::fs::write(&config, text).expect("write config");
+    let source = prefix_router_server::ConfigSource {
+        path: Some(config),
+        overrides: Default::default(),
+    };
+    let loaded = source.load().expect("valid config");
+    assert_eq!(loaded.tls.as_ref(), Some(&files));
+    let r = prefix_router_server::Router::start(loaded, Some(source))
+        .await
+        .expect("starts");
     let addr = r.local_addr();
 
     let (status, _) = tls_request(addr, &ca1.pem(), Method::GET, "/health", "")
@@ -180,8 +196,9 @@ async fn the_listener_serves_tls_and_takes_a_rotated_certificate_on_reload() {
         &ca2.issue(ExtendedKeyUsagePurpose::ServerAuth),
         "tls",
     );
-    let tls = r.state().tls.as_ref().expect("TLS on");
-    tls.reload().expect("reload");
+    prefix_router_server::reload::reload(r.state())
+        .await
+        .expect("reload");
     assert!(tls_request(addr, &ca1.pem(), Method::GET, "/health", "")
         .await
         .is_err());
@@ -192,8 +209,8 @@ async fn the_listener_serves_tls_and_takes_a_rotated_certificate_on_reload() {
 
     // A broken file on reload: refused, naming the field; the certificate in force stays.
     std::fs::write(&files.key_file, "not a key").expect("write");
-    let e = tls
-        .reload()
+    let e = prefix_router_server::reload::reload(r.state())
+        .await
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
