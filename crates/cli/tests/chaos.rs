@@ -65,14 +65,23 @@ fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-fn signal(child: &Child, sig: &str) {
-    let ok = Command::new("kill")
+/// Sends `sig` to process `pid`; whether it was delivered.
+fn signal_pid(pid: u32, sig: &str) -> bool {
+    Command::new("kill")
         .arg(format!("-{sig}"))
-        .arg(child.id().to_string())
+        .arg(pid.to_string())
         .status()
         .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(ok, "kill -{sig} {}", child.id());
+        .unwrap_or(false)
+}
+
+fn signal(child: &Child, sig: &str) {
+    assert!(signal_pid(child.id(), sig), "kill -{sig} {}", child.id());
+}
+
+/// An admin API call naming one instance: (status, body).
+fn admin_post(admin: u16, path: &str, url: &str) -> (u16, String) {
+    http(admin, "POST", path, &format!(r#"{{"url":"{url}"}}"#))
 }
 
 /// One mock engine process on a fixed port (so it can come back where it was).
@@ -129,9 +138,7 @@ impl Drop for Engine {
     fn drop(&mut self) {
         if let Some(c) = &self.child {
             // A stopped process does not die of SIGKILL until continued on some systems.
-            let _ = Command::new("kill")
-                .args(["-CONT", &c.id().to_string()])
-                .status();
+            signal_pid(c.id(), "CONT");
         }
         self.kill();
     }
@@ -488,28 +495,13 @@ fn engines_killed_hung_and_brought_back_lose_no_request() {
         &router,
         move |t| {
             at(t, seconds * 0.3);
-            let (s, b) = http(
-                admin,
-                "POST",
-                "/admin/instances",
-                &format!(r#"{{"url":"{extra_url}"}}"#),
-            );
+            let (s, b) = admin_post(admin, "/admin/instances", &extra_url);
             assert!(s == 200 || s == 201, "add: {s} {b}");
             at(t, seconds * 0.5);
-            let (s, b) = http(
-                admin,
-                "POST",
-                "/admin/instances/drain",
-                &format!(r#"{{"url":"{first}"}}"#),
-            );
+            let (s, b) = admin_post(admin, "/admin/instances/drain", &first);
             assert_eq!(s, 200, "drain: {b}");
             at(t, seconds * 0.7);
-            let (s, b) = http(
-                admin,
-                "POST",
-                "/admin/instances/remove",
-                &format!(r#"{{"url":"{first}"}}"#),
-            );
+            let (s, b) = admin_post(admin, "/admin/instances/remove", &first);
             assert_eq!(s, 200, "remove: {b}");
         },
     ));
@@ -523,12 +515,7 @@ fn engines_killed_hung_and_brought_back_lose_no_request() {
             at(t, seconds * 0.4);
             std::fs::write(&cfg, config_text(port, admin_port, &reload_to))
                 .unwrap_or_else(|e| panic!("{e}"));
-            let ok = Command::new("kill")
-                .args(["-HUP", &pid.to_string()])
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            assert!(ok, "kill -HUP");
+            assert!(signal_pid(pid, "HUP"), "kill -HUP {pid}");
         }
     };
     reports.push(run_case("SIGHUP reload of the instance list", &router, hup));

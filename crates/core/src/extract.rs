@@ -121,6 +121,13 @@ pub enum ExtractError {
 /// what it parses); deeper bodies are refused, wherever the nesting is.
 pub const MAX_DEPTH: usize = 128;
 
+impl ExtractError {
+    /// A body nested deeper than [`MAX_DEPTH`], refused by both back ends alike.
+    pub(crate) fn too_deep() -> Self {
+        ExtractError::Json(format!("nested deeper than {MAX_DEPTH} arrays and objects"))
+    }
+}
+
 /// Native API: the first `len` bytes of the raw body, group from the `X-Prefix-Aware-Id` header.
 pub fn native_key(
     body: &[u8],

@@ -77,8 +77,11 @@ impl Activity {
     fn read(&self, data: &[u8]) {
         let now = self.now_ms();
         self.last_ms.store(now, Ordering::Relaxed);
-        if self.fresh.swap(false, Ordering::Relaxed) && data.starts_with(H2_PREFACE) {
-            self.h2.store(true, Ordering::Relaxed);
+        // Only the first read can hold the preface; later reads pay one load, not a swap.
+        if self.fresh.load(Ordering::Relaxed) {
+            self.fresh.store(false, Ordering::Relaxed);
+            self.h2
+                .store(data.starts_with(H2_PREFACE), Ordering::Relaxed);
         }
         if self.open.load(Ordering::Relaxed) == 0 && self.head_ms.load(Ordering::Relaxed) == NONE {
             self.head_ms.store(now, Ordering::Relaxed);
@@ -198,6 +201,28 @@ impl<T> TrackedIo<T> {
 }
 
 impl<T: AsyncWrite + Unpin> TrackedIo<T> {
+    /// One write: the pending replacement first, then `data` (`whole`, when it is one buffer)
+    /// replaced if it is a canned answer, else written by `write`; traffic is noted either way.
+    fn write(
+        &mut self,
+        cx: &mut Context<'_>,
+        whole: Option<&[u8]>,
+        write: impl FnOnce(Pin<&mut T>, &mut Context<'_>) -> Poll<std::io::Result<usize>>,
+    ) -> Poll<std::io::Result<usize>> {
+        ready!(self.drain(cx))?;
+        if let Some(data) = whole.filter(|d| self.replace_canned(d)) {
+            self.activity.wrote();
+            // Written as far as hyper knows; flush and shutdown write the replacement out.
+            let _ = self.drain(cx)?;
+            return Poll::Ready(Ok(data.len()));
+        }
+        let polled = write(Pin::new(&mut self.inner), cx);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.wrote();
+        }
+        polled
+    }
+
     /// Writes out the pending replacement, if any.
     fn drain(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         while self.written < self.pending.len() {
@@ -250,19 +275,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        ready!(this.drain(cx))?;
-        if this.replace_canned(data) {
-            this.activity.wrote();
-            // Written as far as hyper knows; flush and shutdown write the replacement out.
-            let _ = this.drain(cx)?;
-            return Poll::Ready(Ok(data.len()));
-        }
-        let polled = Pin::new(&mut this.inner).poll_write(cx, data);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.wrote();
-        }
-        polled
+        self.get_mut()
+            .write(cx, Some(data), |io, cx| io.poll_write(cx, data))
     }
 
     fn poll_write_vectored(
@@ -270,20 +284,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        ready!(this.drain(cx))?;
-        if let [one] = bufs {
-            if this.replace_canned(one) {
-                this.activity.wrote();
-                let _ = this.drain(cx)?;
-                return Poll::Ready(Ok(one.len()));
-            }
-        }
-        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.wrote();
-        }
-        polled
+        // hyper writes a canned head as one buffer.
+        let single = match bufs {
+            [one] => Some(&one[..]),
+            _ => None,
+        };
+        self.get_mut()
+            .write(cx, single, |io, cx| io.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -68,32 +68,36 @@ impl ApiError {
         }
     }
 
-    /// 429 for a connection over the per-address limit.
-    pub fn too_many_connections(limit: usize) -> Self {
+    /// 429: come back in a second (too many connections, instances at their cap).
+    fn rate_limited(code: &'static str, message: String) -> Self {
         Self {
             status: StatusCode::TOO_MANY_REQUESTS,
             kind: "rate_limit_error",
-            message: format!(
-                "too many connections from your address (limit {limit}, limits.max_connections_per_client); reuse connections or close some"
-            ),
+            message,
             param: None,
-            code: "too_many_connections",
+            code,
             retry_after: Some(1),
         }
     }
 
+    /// 429 for a connection over the per-address limit.
+    pub fn too_many_connections(limit: usize) -> Self {
+        Self::rate_limited(
+            "too_many_connections",
+            format!(
+                "too many connections from your address (limit {limit}, limits.max_connections_per_client); reuse connections or close some"
+            ),
+        )
+    }
+
     /// 429 when every instance that could take the request is at its in-flight cap.
     pub fn at_capacity(cap: u32) -> Self {
-        Self {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            kind: "rate_limit_error",
-            message: format!(
+        Self::rate_limited(
+            "instances_at_capacity",
+            format!(
                 "every instance that serves this request has {cap} requests in flight (limits.max_in_flight_per_instance); try again shortly"
             ),
-            param: None,
-            code: "instances_at_capacity",
-            retry_after: Some(1),
-        }
+        )
     }
 
     /// 413 for a body over the limit.
@@ -163,12 +167,6 @@ impl ApiError {
             code: "internal_error",
             retry_after: None,
         }
-    }
-
-    /// The same error, telling the client when to try again.
-    pub fn retry_after(mut self, seconds: u64) -> Self {
-        self.retry_after = Some(seconds.max(1));
-        self
     }
 
     /// The JSON body.

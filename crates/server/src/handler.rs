@@ -53,30 +53,45 @@ fn not_allowed(method: &Method, path: &str, allow: &'static str) -> Response<Pro
 /// `/v1/` routes the router lets through.
 pub fn check_path(path: &str) -> Result<(), ApiError> {
     let bytes = path.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'\\' => return Err(bad_path(path, "a backslash")),
-            b'%' => {
-                let code = bytes.get(i + 1..i + 3).map(|h| h.to_ascii_lowercase());
-                match code.as_deref() {
-                    Some(b"2f") => return Err(bad_path(path, "an encoded slash (%2F)")),
-                    Some(b"5c") => return Err(bad_path(path, "an encoded backslash (%5C)")),
-                    Some(b"00") => return Err(bad_path(path, "an encoded NUL (%00)")),
-                    _ => {}
-                }
-            }
+    // The common path (`/v1/chat/completions`) has none of these: nothing more to look at,
+    // and nothing allocated on the way.
+    if !bytes.iter().any(|&b| matches!(b, b'.' | b'%' | b'\\')) {
+        return Ok(());
+    }
+    for (i, &b) in bytes.iter().enumerate() {
+        match (b, bytes.get(i + 1..i + 3)) {
+            (b'\\', _) => return Err(bad_path(path, "a backslash")),
+            (b'%', Some([hi, lo])) => match (*hi, lo.to_ascii_lowercase()) {
+                (b'2', b'f') => return Err(bad_path(path, "an encoded slash (%2F)")),
+                (b'5', b'c') => return Err(bad_path(path, "an encoded backslash (%5C)")),
+                (b'0', b'0') => return Err(bad_path(path, "an encoded NUL (%00)")),
+                _ => {}
+            },
             _ => {}
         }
-        i += 1;
     }
-    for segment in path.split('/') {
-        let decoded = segment.replace("%2e", ".").replace("%2E", ".");
-        if decoded == "." || decoded == ".." {
-            return Err(bad_path(path, "a dot segment"));
-        }
+    if path.split('/').any(is_dot_segment) {
+        return Err(bad_path(path, "a dot segment"));
     }
     Ok(())
+}
+
+/// Whether `segment` is `.` or `..`, any of its dots percent-encoded (`%2e`, `%2E`).
+fn is_dot_segment(segment: &str) -> bool {
+    let mut rest = segment.as_bytes();
+    let mut dots = 0;
+    while !rest.is_empty() {
+        rest = match rest {
+            [b'.', tail @ ..] => tail,
+            [b'%', b'2', e, tail @ ..] if e.eq_ignore_ascii_case(&b'e') => tail,
+            _ => return false,
+        };
+        dots += 1;
+        if dots > 2 {
+            return false;
+        }
+    }
+    dots > 0
 }
 
 fn bad_path(path: &str, what: &str) -> ApiError {

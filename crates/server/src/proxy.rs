@@ -208,8 +208,11 @@ fn candidates(
     tried: &[Arc<Instance>],
     model: Option<&str>,
 ) -> Result<Option<FleetSnapshot>, ApiError> {
-    let cap = state.settings.limits.max_in_flight_per_instance;
-    let full = |i: &Instance| cap.is_some_and(|c| i.in_flight() >= c);
+    let Some(cap) = state.settings.limits.max_in_flight_per_instance else {
+        // No admission control (the default): the first attempt looks at nothing.
+        return Ok((!tried.is_empty()).then(|| without(snapshot, tried)));
+    };
+    let full = |i: &Instance| i.in_flight() >= cap;
     if tried.is_empty() && !snapshot.instances().iter().any(|i| full(i)) {
         return Ok(None);
     }
@@ -232,7 +235,7 @@ fn candidates(
                 reason: "in_flight_cap",
             })
             .inc();
-        return Err(ApiError::at_capacity(cap.unwrap_or(0)));
+        return Err(ApiError::at_capacity(cap));
     }
     Ok(Some(open))
 }

@@ -191,9 +191,10 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, stop: watch::R
         let admitted = per_client.admit(peer.ip());
         let builder = Arc::clone(&builder);
         tokio::spawn(async move {
+            // Held until the connection ends, however it ends.
+            let _permit = permit;
             let Some(tls) = &state.tls else {
                 serve_admitted(&builder, stream, &state, stop, admitted).await;
-                drop(permit);
                 return;
             };
             // The handshake is part of the head: bounded by the same timeout.
@@ -206,7 +207,6 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, stop: watch::R
                 }
                 Err(_) => count_close(&state, "header_timeout"),
             }
-            drop(permit);
         });
     }
     drop(listener);

@@ -10,7 +10,6 @@ mod support;
 use std::time::Duration;
 
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// One case: a name, the raw bytes sent, the status expected and the error code expected
 /// (`None`: any code; hyper's own answers are rewritten with their own codes).
@@ -165,37 +164,6 @@ fn catalogue() -> Vec<Case> {
     ]
 }
 
-/// Sends `raw` on a fresh connection (writing and reading at once: the router may answer
-/// before the body is all sent) and returns what came back.
-async fn exchange(addr: std::net::SocketAddr, raw: Vec<u8>) -> String {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (mut rd, mut wr) = stream.into_split();
-    let writer = tokio::spawn(async move {
-        // A refused body may be cut off: a broken pipe is expected then.
-        let _ = wr.write_all(&raw).await;
-        let _ = wr.flush().await;
-        wr
-    });
-    let mut got = Vec::new();
-    let _ = tokio::time::timeout(WAIT, async {
-        let mut buf = [0u8; 16384];
-        loop {
-            match rd.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    got.extend_from_slice(&buf[..n]);
-                    if complete_answer(&String::from_utf8_lossy(&got)) {
-                        break;
-                    }
-                }
-            }
-        }
-    })
-    .await;
-    writer.abort();
-    String::from_utf8_lossy(&got).to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_input_gets_an_openai_error_from_the_router_and_it_keeps_serving() {
     let up = Upstream::start("u", Mode::Echo, &[]).await;
@@ -208,7 +176,7 @@ async fn every_bad_input_gets_an_openai_error_from_the_router_and_it_keeps_servi
     assert!(cases.len() >= 60, "{} cases", cases.len());
     let mut failures = Vec::new();
     for c in &cases {
-        let text = exchange(addr, c.raw.clone()).await;
+        let (text, _) = raw(addr, &c.raw, complete_answer).await;
         let status: u16 = text
             .strip_prefix("HTTP/1.1 ")
             .or_else(|| text.strip_prefix("HTTP/1.0 "))

@@ -18,11 +18,11 @@ fn state_of(r: &prefix_router_server::RunningRouter, url: &str) -> Option<Instan
 
 #[tokio::test]
 async fn a_slow_request_head_is_cut_and_others_are_still_served() {
-    let up = Upstream::start("u", Mode::Echo, &[]).await;
-    let mut s = settings(&[up.url()]);
-    s.timeouts.client_header = Duration::from_millis(150);
-    s.limits.max_connections = 4;
-    let r = router(s).await;
+    let (_up, r) = echo_router(|s| {
+        s.timeouts.client_header = Duration::from_millis(150);
+        s.limits.max_connections = 4;
+    })
+    .await;
     let addr = r.local_addr();
     // Four slowloris connections fill max_connections; each is cut after the header timeout,
     // so a real client gets in.
@@ -54,11 +54,11 @@ async fn a_slow_request_head_is_cut_and_others_are_still_served() {
 
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_but_a_long_stream_is_not() {
-    let up = Upstream::start("u", Mode::Echo, &[]).await;
-    let mut s = settings(&[up.url()]);
-    s.timeouts.client_header = Duration::from_millis(100);
-    s.timeouts.client_idle = Duration::from_millis(150);
-    let r = router(s).await;
+    let (up, r) = echo_router(|s| {
+        s.timeouts.client_header = Duration::from_millis(100);
+        s.timeouts.client_idle = Duration::from_millis(150);
+    })
+    .await;
     let addr = r.local_addr();
 
     // One request, then nothing: the connection is closed once idle.
@@ -99,10 +99,10 @@ async fn an_idle_keep_alive_connection_is_closed_but_a_long_stream_is_not() {
 
 #[tokio::test]
 async fn one_address_gets_no_more_than_its_connections() {
-    let up = Upstream::start("u", Mode::Echo, &[]).await;
-    let mut s = settings(&[up.url()]);
-    s.limits.max_connections_per_client = Some(2);
-    let r = router(s).await;
+    let (_up, r) = echo_router(|s| {
+        s.limits.max_connections_per_client = Some(2);
+    })
+    .await;
     let addr = r.local_addr();
     let a = tokio::net::TcpStream::connect(addr).await.expect("first");
     let b = tokio::net::TcpStream::connect(addr).await.expect("second");
@@ -264,8 +264,7 @@ async fn instances_take_requests_only_after_a_passed_check_and_ready_follows() {
 
 #[tokio::test]
 async fn paths_that_escape_v1_are_refused_before_any_engine() {
-    let up = Upstream::start("u", Mode::Echo, &[]).await;
-    let r = router(settings(&[up.url()])).await;
+    let (up, r) = echo_router(|_| {}).await;
     let addr = r.local_addr();
     for path in [
         "/v1/../admin/instances",
@@ -290,8 +289,7 @@ async fn paths_that_escape_v1_are_refused_before_any_engine() {
 
 #[tokio::test]
 async fn a_group_id_sent_twice_is_refused_and_a_405_says_what_is_allowed() {
-    let up = Upstream::start("u", Mode::Echo, &[]).await;
-    let r = router(settings(&[up.url()])).await;
+    let (_up, r) = echo_router(|_| {}).await;
     let addr = r.local_addr();
     let body = r#"{"inputs":"x"}"#;
     for heads in [
@@ -329,8 +327,7 @@ async fn a_group_id_sent_twice_is_refused_and_a_405_says_what_is_allowed() {
 
 #[tokio::test]
 async fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() {
-    let up = Upstream::start("u", Mode::Echo, &[]).await;
-    let r = router(settings(&[up.url()])).await;
+    let (_up, r) = echo_router(|_| {}).await;
     let addr = r.local_addr();
     let a = post(
         addr,
@@ -439,10 +436,10 @@ async fn reload_members(r: &prefix_router_server::RunningRouter, urls: &[String]
 
 #[tokio::test]
 async fn errors_hyper_writes_itself_are_in_the_openai_shape() {
-    let up = Upstream::start("u", Mode::Echo, &[]).await;
-    let mut s = settings(&[up.url()]);
-    s.limits.max_header_bytes = 8192;
-    let r = router(s).await;
+    let (_up, r) = echo_router(|s| {
+        s.limits.max_header_bytes = 8192;
+    })
+    .await;
     let addr = r.local_addr();
     let big = format!(
         "GET /health HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
@@ -479,20 +476,12 @@ async fn errors_hyper_writes_itself_are_in_the_openai_shape() {
 
 #[tokio::test]
 async fn a_full_fleet_sheds_with_429_instead_of_queueing() {
-    let up = Upstream::start("u", Mode::Echo, &[]).await;
-    let mut s = settings(&[up.url()]);
-    s.limits.max_in_flight_per_instance = Some(1);
-    let r = router(s).await;
+    let (up, r) = echo_router(|s| {
+        s.limits.max_in_flight_per_instance = Some(1);
+    })
+    .await;
     let addr = r.local_addr();
-    let held = tokio::spawn(async move {
-        post(
-            addr,
-            "/v1/completions",
-            &[("x-test-hold", "1")],
-            r#"{"prompt":"a"}"#,
-        )
-        .await
-    });
+    let held = post_held(addr, r#"{"prompt":"a"}"#);
     up.wait_held(1).await;
     let shed = post(addr, "/v1/completions", &[], r#"{"prompt":"b"}"#).await;
     assert_eq!(
@@ -526,13 +515,13 @@ async fn a_full_fleet_sheds_with_429_instead_of_queueing() {
 
 #[tokio::test]
 async fn the_admin_token_is_checked_once_for_every_path_and_the_scheme_in_any_case() {
-    let up = Upstream::start("u", Mode::Echo, &[]).await;
-    let mut s = settings(&[up.url()]);
-    s.admin = Some(prefix_router_server::settings::AdminSettings {
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        token: "s3cret".into(),
-    });
-    let r = router(s).await;
+    let (_up, r) = echo_router(|s| {
+        s.admin = Some(prefix_router_server::settings::AdminSettings {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            token: "s3cret".into(),
+        })
+    })
+    .await;
     let admin = r.admin_addr().expect("admin listens");
     let call = |path: &'static str, auth: Option<&'static str>| async move {
         let headers: Vec<(&str, &str)> = auth.map(|a| ("authorization", a)).into_iter().collect();

@@ -220,15 +220,7 @@ async fn admin_api_lists_adds_drains_removes_and_changes_routing() {
 
     // Drain a: held request on a finishes; new requests avoid a.
     let addr = r.local_addr();
-    let held = tokio::spawn(async move {
-        post(
-            addr,
-            "/v1/completions",
-            &[("x-test-hold", "1")],
-            r#"{"model":"x","prompt":"h"}"#,
-        )
-        .await
-    });
+    let held = post_held(addr, r#"{"model":"x","prompt":"h"}"#);
     a.wait_held(1).await;
     let drained = admin_call(
         admin,
@@ -469,15 +461,7 @@ async fn shutdown_lets_in_flight_requests_finish() {
     let a = Upstream::start("a", Mode::Echo, &[]).await;
     let r = router(settings(&[a.url()])).await;
     let addr = r.local_addr();
-    let held = tokio::spawn(async move {
-        post(
-            addr,
-            "/v1/completions",
-            &[("x-test-hold", "1")],
-            r#"{"prompt":"h"}"#,
-        )
-        .await
-    });
+    let held = post_held(addr, r#"{"prompt":"h"}"#);
     a.wait_held(1).await;
     let stopping = tokio::spawn(r.shutdown());
     let closed = tokio::time::timeout(WAIT, async {

@@ -454,8 +454,6 @@ async fn idle_upstream_stream_is_cut_and_released() {
 
 #[tokio::test]
 async fn timeouts_and_dead_fleets_answer_in_the_openai_shape() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
     let up = Upstream::start("u", Mode::Echo, &[]).await;
     let mut s = settings(&[up.url()]);
     s.timeouts.client_body = Duration::from_millis(100);
@@ -463,32 +461,12 @@ async fn timeouts_and_dead_fleets_answer_in_the_openai_shape() {
     let r = router(s).await;
 
     // A client that announces 100 bytes and sends 10: 408.
-    let mut raw = tokio::net::TcpStream::connect(r.local_addr())
-        .await
-        .expect("connect");
-    raw.write_all(
+    let (text, _) = raw(
+        r.local_addr(),
         b"POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n{\"prompt\":",
+        |t| t.contains("\r\n\r\n") && t.ends_with("}}"),
     )
-    .await
-    .expect("write");
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(WAIT, async {
-        let mut buf = [0u8; 4096];
-        loop {
-            match raw.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    answer.extend_from_slice(&buf[..n]);
-                    if answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.ends_with(b"}}") {
-                        break;
-                    }
-                }
-            }
-        }
-    })
     .await;
-    assert!(read.is_ok());
-    let text = String::from_utf8_lossy(&answer).to_string();
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("\"code\":\"body_timeout\""), "{text}");
 

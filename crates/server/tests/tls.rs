@@ -10,8 +10,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::service::service_fn;
+use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use prefix_router_server::tls::{TlsFiles, UpstreamTls};
 use rcgen::{
@@ -20,7 +19,7 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use support::*;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// A test CA that signs certificates.
 struct Ca {
@@ -223,8 +222,9 @@ async fn the_listener_serves_tls_and_takes_a_rotated_certificate_on_reload() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// An engine stand-in behind TLS that requires a client certificate from `client_ca`.
-async fn tls_engine(server: &TlsFiles, client_ca: &str) -> String {
+/// The echoing stand-in behind TLS, named `tls-engine`, requiring a client certificate from
+/// `client_ca`.
+async fn tls_engine(server: &TlsFiles, client_ca: &str) -> Upstream {
     let chain: Vec<_> = CertificateDer::pem_file_iter(&server.cert_file)
         .expect("read")
         .map(|c| c.expect("cert"))
@@ -243,37 +243,24 @@ async fn tls_engine(server: &TlsFiles, client_ca: &str) -> String {
         .with_single_cert(chain, key)
         .expect("config");
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                continue;
-            };
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let svc = service_fn(|req: http::Request<hyper::body::Incoming>| async move {
-                    let body = req
-                        .into_body()
-                        .collect()
-                        .await
-                        .map(|c| c.to_bytes())
-                        .unwrap_or_default();
-                    let mut resp = http::Response::new(Full::new(body));
-                    resp.headers_mut()
-                        .insert("x-upstream", http::HeaderValue::from_static("tls-engine"));
-                    Ok::<_, std::convert::Infallible>(resp)
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
-            });
-        }
-    });
-    format!("https://127.0.0.1:{}", addr.port())
+    Upstream::start_tls("tls-engine", Mode::Echo, acceptor).await
+}
+
+/// A request through a router to `url` with `upstream_tls` that must fail: its 502 message.
+async fn refused(url: &str, upstream_tls: UpstreamTls, prompt: &str) -> String {
+    let mut s = settings(&[url.to_string()]);
+    s.upstream_tls = upstream_tls;
+    s.health.passive_failures = 1000;
+    let r = router(s).await;
+    let body = format!(r#"{{"prompt":"{prompt}"}}"#);
+    let a = post(r.local_addr(), "/v1/completions", &[], body).await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    let msg = a.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    r.shutdown().await;
+    msg
 }
 
 #[tokio::test]
@@ -294,7 +281,8 @@ async fn https_instances_through_a_private_ca_with_a_client_certificate() {
     );
     let ca_file = d.join("ca.crt");
     std::fs::write(&ca_file, ca.pem()).expect("write CA");
-    let url = tls_engine(&server, &ca.pem()).await;
+    let engine = tls_engine(&server, &ca.pem()).await;
+    let url = engine.url();
 
     let mut s = settings(std::slice::from_ref(&url));
     s.upstream_tls = UpstreamTls {
@@ -317,50 +305,20 @@ async fn https_instances_through_a_private_ca_with_a_client_certificate() {
     r.shutdown().await;
 
     // Without the client certificate the engine refuses the handshake: a 502 that says so.
-    let mut s = settings(std::slice::from_ref(&url));
-    s.upstream_tls = UpstreamTls {
-        ca_file: Some(ca_file),
-        client: None,
-    };
-    s.health.passive_failures = 1000;
-    let r = router(s).await;
-    let a = post(
-        r.local_addr(),
-        "/v1/completions",
-        &[],
-        r#"{"prompt":"no cert"}"#,
-    )
-    .await;
     // With TLS 1.3 the engine refuses the missing certificate after the client's side of the
     // handshake ended, so the failure shows on the request, not the connect; either way the
     // answer names the instance and the certificate.
-    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
-    let msg = a.json()["error"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let no_cert = UpstreamTls {
+        ca_file: Some(ca_file),
+        client: None,
+    };
+    let msg = refused(&url, no_cert, "no cert").await;
     assert!(msg.contains(&url), "{msg}");
     assert!(msg.to_ascii_lowercase().contains("certificate"), "{msg}");
-    r.shutdown().await;
 
     // With the system's roots only, the private CA is unknown: refused too.
-    let mut s = settings(std::slice::from_ref(&url));
-    s.health.passive_failures = 1000;
-    let r = router(s).await;
-    let a = post(
-        r.local_addr(),
-        "/v1/completions",
-        &[],
-        r#"{"prompt":"unknown CA"}"#,
-    )
-    .await;
-    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
-    let msg = a.json()["error"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let msg = refused(&url, UpstreamTls::default(), "unknown CA").await;
     assert!(msg.to_ascii_lowercase().contains("certificate"), "{msg}");
-    r.shutdown().await;
     let _ = std::fs::remove_dir_all(&d);
 }
 

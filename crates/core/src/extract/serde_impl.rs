@@ -38,9 +38,7 @@ pub(crate) fn extract(
     // serde_json limits the nesting of what it parses, not of what it skips (an unused field,
     // a raw value): a body nested 10,000 deep would pass and may crash the engine's parser.
     if nests_deeper_than(body, MAX_DEPTH) {
-        return Err(ExtractError::Json(format!(
-            "nested deeper than {MAX_DEPTH} arrays and objects"
-        )));
+        return Err(ExtractError::too_deep());
     }
     with_prefix_buffer(|buf| {
         let mut st = State {

@@ -12,16 +12,16 @@
 //! - nothing but whitespace may follow the closing brace (the lazy iterator stops there);
 //! - nesting depth: sonic-rs skips nested values recursively with no depth limit, so a body
 //!   of a million `[` would overflow the stack. A body that nests deeper than
-//!   [`MAX_LAZY_DEPTH`] is handed to the serde_json extractor, which refuses it.
+//!   [`MAX_LAZY_DEPTH`] is refused before sonic-rs sees it, with the serde_json extractor's
+//!   error.
 
 use super::canon::{Api, Canon, JsonNode};
 use super::text::{find_byte, nests_deeper_than};
-use super::{serde_impl, with_prefix_buffer, ExtractError, KeyOptions, RequestInfo};
+use super::{with_prefix_buffer, ExtractError, KeyOptions, RequestInfo};
 use crate::PrefixLength;
 use sonic_rs::LazyValue;
 
-/// Deepest nesting handed to sonic-rs's recursive skipping (deeper bodies go to serde_json,
-/// which refuses them).
+/// Deepest nesting handed to sonic-rs's recursive skipping (deeper bodies are refused).
 pub const MAX_LAZY_DEPTH: usize = super::MAX_DEPTH;
 
 /// `POST /v1/chat/completions` with sonic-rs; same contract as [`super::chat_request`].
@@ -41,8 +41,7 @@ pub(crate) fn extract(
 ) -> Result<RequestInfo, ExtractError> {
     check_unicode_escapes(body)?;
     if nests_deeper_than(body, MAX_LAZY_DEPTH) {
-        // Refused there, with the same error.
-        return serde_impl::extract(body, opts, api);
+        return Err(ExtractError::too_deep());
     }
     with_prefix_buffer(|buf| {
         let mut canon = Canon::new(api, buf, opts.max_chars());
@@ -170,6 +169,7 @@ fn check_unicode_escapes(body: &[u8]) -> Result<(), ExtractError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::serde_impl;
     use super::*;
 
     #[test]

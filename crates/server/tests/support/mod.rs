@@ -48,6 +48,7 @@ pub struct Upstream {
     pub addr: SocketAddr,
     /// Its name (sent back in `x-upstream`).
     pub name: String,
+    scheme: &'static str,
     shared: Arc<UpShared>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -286,6 +287,24 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
 impl Upstream {
     /// Starts a stand-in on 127.0.0.1 (ephemeral port).
     pub async fn start(name: &str, mode: Mode, models: &[&str]) -> Upstream {
+        Self::start_with(name, mode, models, None).await
+    }
+
+    /// Starts a stand-in that speaks TLS through `acceptor` (its URL is `https://`).
+    pub async fn start_tls(
+        name: &str,
+        mode: Mode,
+        acceptor: tokio_rustls::TlsAcceptor,
+    ) -> Upstream {
+        Self::start_with(name, mode, &[], Some(acceptor)).await
+    }
+
+    async fn start_with(
+        name: &str,
+        mode: Mode,
+        models: &[&str],
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind upstream");
@@ -305,6 +324,7 @@ impl Upstream {
             health_checks: AtomicUsize::new(0),
             metrics_page: Mutex::new(String::new()),
         });
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let s = Arc::clone(&shared);
         let task = tokio::spawn(async move {
             loop {
@@ -312,20 +332,31 @@ impl Upstream {
                     continue;
                 };
                 let s = Arc::clone(&s);
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let s = Arc::clone(&s);
                         async move { Ok::<_, Infallible>(serve_upstream(s, req).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match tls {
+                        None => {
+                            let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                        Some(acceptor) => {
+                            let Ok(stream) = acceptor.accept(stream).await else {
+                                return;
+                            };
+                            let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                    }
                 });
             }
         });
         Upstream {
             addr,
             name: name.to_string(),
+            scheme,
             shared,
             task,
         }
@@ -333,7 +364,7 @@ impl Upstream {
 
     /// Base URL.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
     /// Requests served (excluding health checks and model lists).
     pub fn hits(&self) -> usize {
@@ -514,6 +545,21 @@ pub async fn post(
     send(addr, request(Method::POST, path, headers, body)).await
 }
 
+/// POSTs `body` to `/v1/completions` with `x-test-hold` on its own task: the stand-in holds it
+/// until the test releases it ([`Upstream::release`]).
+pub fn post_held(addr: SocketAddr, body: &'static str) -> tokio::task::JoinHandle<Answer> {
+    tokio::spawn(async move { post(addr, "/v1/completions", &[("x-test-hold", "1")], body).await })
+}
+
+/// One echoing stand-in named `u` and a router in front of it with `tweak`ed test settings.
+pub async fn echo_router(tweak: impl FnOnce(&mut Settings)) -> (Upstream, RunningRouter) {
+    let up = Upstream::start("u", Mode::Echo, &[]).await;
+    let mut s = settings(&[up.url()]);
+    tweak(&mut s);
+    let r = router(s).await;
+    (up, r)
+}
+
 /// A chat body whose first message is `text` (padded past the key length when `long`).
 pub fn chat(text: &str) -> String {
     serde_json::json!({
@@ -575,17 +621,28 @@ pub fn metric(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 }
 
 /// Writes `bytes` on a fresh connection and reads until the peer closes, `done` holds for what
-/// was read, or [`WAIT`] passes; returns what was read and whether the peer closed.
+/// was read, or [`WAIT`] passes; returns what was read and whether the peer closed. Writing and
+/// reading run at once: the router may answer (413, 431) before a large request is all sent,
+/// and a write it refuses is expected then. The connection stays open for writing until the
+/// end, so the router never sees the client finish early.
 pub async fn raw(addr: SocketAddr, bytes: &[u8], done: impl Fn(&str) -> bool) -> (String, bool) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream.write_all(bytes).await.expect("write");
+    let (mut rd, mut wr) = TcpStream::connect(addr)
+        .await
+        .expect("connect")
+        .into_split();
+    let bytes = bytes.to_vec();
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&bytes).await;
+        let _ = wr.flush().await;
+        wr
+    });
     let mut got = Vec::new();
     let mut closed = false;
     let _ = tokio::time::timeout(WAIT, async {
-        let mut buf = [0u8; 8192];
+        let mut buf = [0u8; 16384];
         loop {
-            match stream.read(&mut buf).await {
+            match rd.read(&mut buf).await {
                 Ok(0) | Err(_) => {
                     closed = true;
                     break;
@@ -600,6 +657,9 @@ pub async fn raw(addr: SocketAddr, bytes: &[u8], done: impl Fn(&str) -> bool) ->
         }
     })
     .await;
+    // The write half (and the connection) closes only now.
+    writer.abort();
+    drop(writer.await);
     (String::from_utf8_lossy(&got).to_string(), closed)
 }
 
