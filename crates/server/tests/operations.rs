@@ -21,6 +21,11 @@ async fn active_checks_eject_and_recover() {
     let a = Upstream::start("a", Mode::Echo, &[]).await;
     let b = Upstream::start("b", Mode::Echo, &[]).await;
     let mut s = settings(&[a.url(), b.url()]);
+    // Round-robin, so that "a takes requests again" is about health, not about the costs
+    // cache-aware learned from a few loopback timings.
+    s.strategy = prefix_router_core::StrategyConfig::new(
+        StrategyKind::named("round-robin").expect("registered"),
+    );
     s.health.active = true;
     s.health.unhealthy_threshold = 2;
     s.health.healthy_threshold = 2;
