@@ -1,7 +1,8 @@
 //! Chaos: real processes on 127.0.0.1 (mock engines and `serve`, this build's binary) under an
 //! open-loop load, while engines are killed mid-stream (SIGKILL), hung (SIGSTOP, then SIGCONT),
 //! all taken down and brought back, added and removed through the admin API, and the instance
-//! list reloaded with SIGHUP. Each case reports requests sent, answered, failed with a clear
+//! list reloaded with SIGHUP, and added and removed by DNS (SRV records from a name server the
+//! test runs). Each case reports requests sent, answered, failed with a clear
 //! error, retried by the router, and lost; and checks that none is lost, every failure says
 //! what happened, and nothing is left in flight.
 //!
@@ -16,6 +17,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use prefix_router_loadgen::{BenchConfig, BenchOutcome, FailureKind, LoadMode};
+
+#[path = "../../server/tests/support/dns.rs"]
+mod dns;
 use prefix_router_workload::{Message, Request, Role, Segment};
 
 const TOKEN: &str = "chaos-token";
@@ -181,10 +185,15 @@ max_eject_backoff_ms = 2000
 
 impl Router {
     fn start(dir: &std::path::Path, instances: &[String]) -> Router {
+        Router::start_with(dir, instances, "", instances.len())
+    }
+
+    /// A router with `extra` appended to its configuration, ready once `n` instances are.
+    fn start_with(dir: &std::path::Path, instances: &[String], extra: &str, n: usize) -> Router {
         let (port, admin) = (free_port(), free_port());
-        let config = dir.join("router.toml");
-        std::fs::write(&config, config_text(port, admin, instances))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let config = dir.join(format!("router-{port}.toml"));
+        let text = config_text(port, admin, instances) + extra;
+        std::fs::write(&config, text).unwrap_or_else(|e| panic!("{e}"));
         let child = Command::new(env!("CARGO_BIN_EXE_prefix-router"))
             .args(["serve", "--config"])
             .arg(&config)
@@ -198,7 +207,6 @@ impl Router {
             config,
             child,
         };
-        let n = instances.len();
         wait_until("the router to be ready", Duration::from_secs(10), || {
             let (status, body) = http(port, "GET", "/ready", "");
             status == 200 && body.contains(&format!("\"healthy_instances\":{n}"))
@@ -530,6 +538,46 @@ fn engines_killed_hung_and_brought_back_lose_no_request() {
             misbehave(port);
         },
     ));
+
+    // Scale out and in through DNS: a router whose fleet is an SRV name on a name server the
+    // test runs (CoreDNS or Consul in production); an engine joins the answer, one leaves it.
+    drop(router);
+    let entry = |port: u16| dns::Entry::local(&format!("e{port}.chaos.test."), port);
+    let ports: Vec<u16> = urls
+        .iter()
+        .filter_map(|u| u.rsplit(':').next()?.parse().ok())
+        .collect();
+    let joining = Engine::start(free_port());
+    let server = std::sync::Arc::new(dns::DnsServer::start(
+        "_http._tcp.chaos.test.",
+        &ports.iter().map(|&p| entry(p)).collect::<Vec<_>>(),
+    ));
+    let discovery = format!(
+        "[[discovery.dns]]\nname = \"{}\"\nrecord = \"srv\"\nserver = \"{}\"\ninterval_ms = 200\n",
+        server.srv_name(),
+        server.addr
+    );
+    let by_dns = Router::start_with(&dir, &[], &discovery, 3);
+    let (answer, joined, published) = (std::sync::Arc::clone(&server), joining.port, ports.clone());
+    reports.push(run_case(
+        "DNS: one joins the SRV answer, one leaves it",
+        &by_dns,
+        move |t| {
+            at(t, seconds * 0.3);
+            let mut now: Vec<dns::Entry> = published.iter().map(|&p| entry(p)).collect();
+            now.push(entry(joined));
+            answer.set(&now);
+            at(t, seconds * 0.6);
+            answer.set(&now[1..]);
+        },
+    ));
+    let (_, listed) = http(by_dns.admin, "GET", "/admin/instances", "");
+    let has = |port: u16| listed.contains(&format!("127.0.0.1:{port}\""));
+    assert!(
+        has(joined) && !has(ports[0]) && ports[1..].iter().all(|&p| has(p)),
+        "the fleet follows the DNS answer: {listed}"
+    );
+    drop(joining);
 
     println!(
         "(rate {} req/s, {seconds} s per case)",

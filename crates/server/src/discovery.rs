@@ -1,22 +1,33 @@
-//! Discovery: DNS names re-resolved on an interval into instances (a Kubernetes headless Service
-//! works this way), and each instance's `/v1/models` asked what it serves (vLLM lists its loaded
+//! Discovery: DNS names re-resolved on an interval into instances (A/AAAA records, as of a
+//! Kubernetes headless Service, or SRV records, as Kubernetes and Consul publish them), and each instance's `/v1/models` asked what it serves (vLLM lists its loaded
 //! LoRA adapters there), so requests for an adapter go only where it is loaded.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_resolver::config::{NameServerConfig, ResolverConfig};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::{Name, RData};
+use hickory_resolver::{Resolver, TokioResolver};
 
 use prefix_router_core::{InstanceSpec, InstanceState};
 use serde_json::Value;
 
 use crate::models;
 use crate::reload::edit_members;
-use crate::settings::DnsTarget;
+use crate::settings::{DnsRecord, DnsTarget};
 use crate::state::AppState;
 
 /// Key of a DNS target in the membership sources.
 fn key(target: &DnsTarget) -> String {
-    format!("{}:{}", target.name, target.port)
+    match (target.record, target.server) {
+        (DnsRecord::Address, None) => format!("{}:{}", target.name, target.port),
+        (DnsRecord::Address, Some(s)) => format!("{}:{}@{s}", target.name, target.port),
+        (DnsRecord::Srv, None) => format!("srv {}", target.name),
+        (DnsRecord::Srv, Some(s)) => format!("srv {}@{s}", target.name),
+    }
 }
 
 /// The instance URL of a resolved address; `None` for scoped IPv6 addresses (no URL form).
@@ -27,27 +38,140 @@ fn url_of(addr: SocketAddr) -> Option<String> {
     }
 }
 
-/// Resolves `target` once into instance specs (sorted, without duplicates).
-pub async fn resolve(target: &DnsTarget) -> std::io::Result<Vec<InstanceSpec>> {
-    let addrs = tokio::net::lookup_host((target.name.as_str(), target.port)).await?;
-    let mut urls: Vec<String> = addrs.filter_map(url_of).collect();
-    urls.sort();
-    urls.dedup();
-    Ok(urls
-        .into_iter()
-        .map(|url| InstanceSpec {
-            id: url.clone(),
-            url,
-            weight: target.weight,
-            models: target.models.clone(),
-        })
-        .collect())
+/// Why a DNS target could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// The system resolver failed (A/AAAA without a configured server).
+    #[error("{0}")]
+    System(#[from] std::io::Error),
+    /// The DNS client failed: no answer, a refusal, a name that does not exist.
+    #[error("{0}")]
+    Dns(#[from] hickory_resolver::net::NetError),
+    /// `/etc/resolv.conf` could not be read (SRV without a configured server).
+    #[error("cannot read the system's DNS configuration: {0}")]
+    SystemConfig(String),
 }
 
-/// Resolves `target` and applies the result when it changed. A failed lookup keeps the previous
-/// instances (a DNS hiccup must not empty the fleet); health checks handle instances that died.
-pub async fn refresh_dns(state: &AppState, target: &DnsTarget) {
-    match resolve(target).await {
+/// One DNS target and the client that asks for it, built once: a configured name server, or
+/// for SRV records the system's (`/etc/resolv.conf`); plain A/AAAA lookups without a server go
+/// through the C library (so `/etc/hosts` and nsswitch apply, as for any other program).
+pub struct DnsSource {
+    target: DnsTarget,
+    client: Option<TokioResolver>,
+}
+
+impl DnsSource {
+    /// The client for `target`.
+    pub fn new(target: &DnsTarget) -> Result<Self, DiscoveryError> {
+        let builder = match (target.server, target.record) {
+            (None, DnsRecord::Address) => None,
+            (Some(server), _) => {
+                let mut ns = NameServerConfig::udp_and_tcp(server.ip());
+                for c in &mut ns.connections {
+                    c.port = server.port();
+                }
+                Some(Resolver::builder_with_config(
+                    ResolverConfig::from_name_servers(vec![ns]),
+                    TokioRuntimeProvider::default(),
+                ))
+            }
+            (None, DnsRecord::Srv) => Some(
+                TokioResolver::builder_tokio()
+                    .map_err(|e| DiscoveryError::SystemConfig(e.to_string()))?,
+            ),
+        };
+        let client = builder.map(|mut b| {
+            let opts = b.options_mut();
+            // Every interval asks the server: the interval is the operator's knob for how
+            // soon a change is seen, not the records' TTL in a cache of ours.
+            opts.cache_size = 0;
+            opts.timeout = target.interval.min(Duration::from_secs(5));
+            opts.attempts = 1;
+            b.build()
+        });
+        Ok(Self {
+            target: target.clone(),
+            client: client.transpose()?,
+        })
+    }
+
+    /// The target it resolves.
+    pub fn target(&self) -> &DnsTarget {
+        &self.target
+    }
+
+    /// Resolves the target once into instance specs (sorted, without duplicates).
+    pub async fn resolve(&self) -> Result<Vec<InstanceSpec>, DiscoveryError> {
+        let t = &self.target;
+        let mut addrs: Vec<SocketAddr> = match (&self.client, t.record) {
+            (None, _) => tokio::net::lookup_host((t.name.as_str(), t.port))
+                .await?
+                .collect(),
+            (Some(c), DnsRecord::Address) => c
+                .lookup_ip(t.name.as_str())
+                .await?
+                .iter()
+                .map(|ip| SocketAddr::new(ip, t.port))
+                .collect(),
+            (Some(c), DnsRecord::Srv) => srv_addrs(c, &t.name).await?,
+        };
+        addrs.sort();
+        addrs.dedup();
+        let mut urls: Vec<String> = addrs.into_iter().filter_map(url_of).collect();
+        urls.sort();
+        Ok(urls
+            .into_iter()
+            .map(|url| InstanceSpec {
+                id: url.clone(),
+                url,
+                weight: t.weight,
+                models: t.models.clone(),
+            })
+            .collect())
+    }
+}
+
+/// Every SRV record's target at its port: its addresses from the answer's additional section
+/// when the server sent them there (Kubernetes and Consul do), else looked up. A target that
+/// does not resolve is left out (the others still count); none resolving is an error.
+async fn srv_addrs(c: &TokioResolver, name: &str) -> Result<Vec<SocketAddr>, DiscoveryError> {
+    let lookup = c.srv_lookup(name).await?;
+    let mut glue: HashMap<Name, Vec<IpAddr>> = HashMap::new();
+    for r in lookup.additionals() {
+        match &r.data {
+            RData::A(a) => glue.entry(r.name.clone()).or_default().push(a.0.into()),
+            RData::AAAA(a) => glue.entry(r.name.clone()).or_default().push(a.0.into()),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    let mut last_err = None;
+    for r in lookup.answers() {
+        let RData::SRV(srv) = &r.data else { continue };
+        let ips = match glue.get(&srv.target) {
+            Some(ips) => ips.clone(),
+            None => match c.lookup_ip(srv.target.clone()).await {
+                Ok(found) => found.iter().collect(),
+                Err(e) => {
+                    last_err = Some(e);
+                    continue;
+                }
+            },
+        };
+        out.extend(ips.into_iter().map(|ip| SocketAddr::new(ip, srv.port)));
+    }
+    match (out.is_empty(), last_err) {
+        (true, Some(e)) => Err(e.into()),
+        _ => Ok(out),
+    }
+}
+
+/// Resolves the target and applies the result when it changed. A failed lookup keeps the
+/// previous instances (a DNS hiccup must not empty the fleet); health checks handle instances
+/// that died.
+pub async fn refresh_dns(state: &AppState, source: &DnsSource) {
+    let target = source.target();
+    match source.resolve().await {
         Ok(specs) => {
             let k = key(target);
             let changed = edit_members(state, |m| {
@@ -69,13 +193,13 @@ pub async fn refresh_dns(state: &AppState, target: &DnsTarget) {
     }
 }
 
-/// Re-resolves `target` every `target.interval` until aborted.
-pub async fn run_dns(state: Arc<AppState>, target: DnsTarget) {
-    let mut tick = tokio::time::interval(target.interval);
+/// Re-resolves the target every `interval` until aborted.
+pub async fn run_dns(state: Arc<AppState>, source: DnsSource) {
+    let mut tick = tokio::time::interval(source.target().interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        refresh_dns(&state, &target).await;
+        refresh_dns(&state, &source).await;
     }
 }
 

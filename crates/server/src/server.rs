@@ -54,8 +54,16 @@ impl Router {
         let state = AppState::new(settings, source)?;
         let listener = bind(state.settings.listen).await?;
         // Resolve DNS targets once before serving, so the first requests find the fleet.
-        for target in &state.settings.discovery.dns {
-            discovery::refresh_dns(&state, target).await;
+        let mut dns = Vec::with_capacity(state.settings.discovery.dns.len());
+        for (i, target) in state.settings.discovery.dns.iter().enumerate() {
+            let source = discovery::DnsSource::new(target).map_err(|e| {
+                ServerError::Config(crate::settings::SettingsError::Invalid {
+                    field: format!("discovery.dns[{i}]"),
+                    message: e.to_string(),
+                })
+            })?;
+            discovery::refresh_dns(&state, &source).await;
+            dns.push(source);
         }
         // And check them once (concurrently, within the probe timeout): the instances already
         // up take requests from the first one, the others once they pass a later check.
@@ -68,11 +76,8 @@ impl Router {
         })?;
         let (tx, rx) = watch::channel(false);
         let mut background = vec![tokio::spawn(health::run(Arc::clone(&state)))];
-        for target in &state.settings.discovery.dns {
-            background.push(tokio::spawn(discovery::run_dns(
-                Arc::clone(&state),
-                target.clone(),
-            )));
+        for source in dns {
+            background.push(tokio::spawn(discovery::run_dns(Arc::clone(&state), source)));
         }
         if let Some(em) = &state.settings.engine_metrics {
             background.push(tokio::spawn(crate::engine_metrics::run(

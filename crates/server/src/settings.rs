@@ -185,13 +185,29 @@ pub struct HealthSettings {
     pub max_eject_backoff: Duration,
 }
 
+/// Which records of a DNS name are instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DnsRecord {
+    /// A/AAAA: every address, at the target's port.
+    #[default]
+    Address,
+    /// SRV: every target host's addresses, at the record's port (Kubernetes publishes these
+    /// for a Service's named ports, Consul for every service).
+    Srv,
+}
+
 /// A DNS name resolved on an interval into instances `http://<address>:<port>`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DnsTarget {
     /// Host name.
     pub name: String,
-    /// Port.
+    /// Port (A/AAAA records; 0 for SRV, whose records carry it).
     pub port: u16,
+    /// Which records to ask for.
+    pub record: DnsRecord,
+    /// The name server to ask; `None`: the system's (`/etc/hosts` and the C library's resolver
+    /// for A/AAAA, `/etc/resolv.conf` for SRV).
+    pub server: Option<SocketAddr>,
     /// Re-resolution interval.
     pub interval: Duration,
     /// Weight of each instance.
@@ -550,12 +566,47 @@ fn validate_discovery(d: &DiscoveryFile) -> Result<Discovery, SettingsError> {
                 format!("'{}' is not a host name", t.name),
             ));
         }
-        if t.port == 0 {
-            return Err(invalid(
-                format!("discovery.dns[{i}].port"),
-                "must be within 1..=65535",
-            ));
-        }
+        let record = match t.record.as_deref().map(str::trim) {
+            None | Some("a") | Some("A") => DnsRecord::Address,
+            Some("srv") | Some("SRV") => DnsRecord::Srv,
+            Some(other) => {
+                return Err(invalid(
+                    format!("discovery.dns[{i}].record"),
+                    format!("'{other}' is not a record kind; expected \"a\" or \"srv\""),
+                ))
+            }
+        };
+        let port = match (record, t.port) {
+            (DnsRecord::Address, None) => {
+                return Err(invalid(
+                    format!("discovery.dns[{i}].port"),
+                    "needed for A/AAAA records (or set record = \"srv\")",
+                ))
+            }
+            (DnsRecord::Address, Some(0)) => {
+                return Err(invalid(
+                    format!("discovery.dns[{i}].port"),
+                    "must be within 1..=65535",
+                ))
+            }
+            (DnsRecord::Address, Some(p)) => p,
+            (DnsRecord::Srv, None) => 0,
+            (DnsRecord::Srv, Some(_)) => {
+                return Err(invalid(
+                    format!("discovery.dns[{i}].port"),
+                    "SRV records carry their own ports; leave port out",
+                ))
+            }
+        };
+        let server = match t.server.as_deref().map(str::trim) {
+            None => None,
+            Some(text) => Some(text.parse::<SocketAddr>().map_err(|_| {
+                invalid(
+                    format!("discovery.dns[{i}].server"),
+                    format!("'{text}' is not ip:port (e.g. \"127.0.0.1:8600\")"),
+                )
+            })?),
+        };
         let weight = t.weight.unwrap_or(1);
         if weight == 0 {
             return Err(invalid(
@@ -563,18 +614,19 @@ fn validate_discovery(d: &DiscoveryFile) -> Result<Discovery, SettingsError> {
                 "must be at least 1",
             ));
         }
-        if dns
-            .iter()
-            .any(|x: &DnsTarget| x.name == name && x.port == t.port)
-        {
+        if dns.iter().any(|x: &DnsTarget| {
+            x.name == name && x.port == port && x.record == record && x.server == server
+        }) {
             return Err(invalid(
                 format!("discovery.dns[{i}].name"),
-                format!("duplicate DNS target '{name}:{}'", t.port),
+                format!("duplicate DNS target '{name}:{port}'"),
             ));
         }
         dns.push(DnsTarget {
             name: name.to_string(),
-            port: t.port,
+            port,
+            record,
+            server,
             interval: ms(
                 &format!("discovery.dns[{i}].interval_ms"),
                 t.interval_ms,

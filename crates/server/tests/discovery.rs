@@ -1,11 +1,14 @@
-//! Discovery over loopback: DNS names resolved into instances, models learnt from `/v1/models`.
+//! Discovery over loopback: DNS names resolved into instances (the system resolver for
+//! `localhost`, a test name server for SRV records and configured servers), models learnt from
+//! `/v1/models`.
 
 mod support;
 
 use std::time::Duration;
 
 use http::StatusCode;
-use prefix_router_server::settings::DnsTarget;
+use prefix_router_server::settings::{DnsRecord, DnsTarget};
+use support::dns::{DnsServer, Entry};
 use support::*;
 
 #[tokio::test]
@@ -16,6 +19,8 @@ async fn dns_names_become_instances() {
         DnsTarget {
             name: "localhost".into(),
             port: a.addr.port(),
+            record: DnsRecord::Address,
+            server: None,
             interval: Duration::from_millis(50),
             weight: 1,
             models: Vec::new(),
@@ -23,6 +28,8 @@ async fn dns_names_become_instances() {
         DnsTarget {
             name: "no-such-host.invalid".into(),
             port: 80,
+            record: DnsRecord::Address,
+            server: None,
             interval: Duration::from_millis(50),
             weight: 1,
             models: Vec::new(),
@@ -55,6 +62,136 @@ async fn dns_names_become_instances() {
         .instances()
         .iter()
         .all(|i| i.url_port() == a.addr.port()));
+    r.shutdown().await;
+}
+
+fn urls(r: &prefix_router_server::RunningRouter) -> Vec<String> {
+    let mut u: Vec<String> = r
+        .state()
+        .fleet
+        .snapshot()
+        .instances()
+        .iter()
+        .map(|i| i.spec().url.clone())
+        .collect();
+    u.sort();
+    u
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+fn target(name: String, port: u16, record: DnsRecord, server: &DnsServer) -> DnsTarget {
+    DnsTarget {
+        name,
+        port,
+        record,
+        server: Some(server.addr),
+        interval: Duration::from_millis(40),
+        weight: 1,
+        models: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn srv_records_follow_scale_out_and_in_and_a_failing_server_keeps_the_fleet() {
+    let ups: Vec<Upstream> = [
+        Upstream::start("a", Mode::Echo, &[]).await,
+        Upstream::start("b", Mode::Echo, &[]).await,
+        Upstream::start("c", Mode::Echo, &[]).await,
+    ]
+    .into();
+    let entry =
+        |i: usize| Entry::local(&format!("{}.fleet.test.", ups[i].name), ups[i].addr.port());
+    let dns = DnsServer::start("_http._tcp.fleet.test.", &[entry(0), entry(1)]);
+    let mut s = settings(&[]);
+    // Round-robin: every member takes requests, so "c takes requests" is about membership.
+    s.strategy = prefix_router_core::StrategyConfig::new(
+        prefix_router_core::StrategyKind::named("round-robin").expect("registered"),
+    );
+    s.discovery.dns = vec![target(dns.srv_name(), 0, DnsRecord::Srv, &dns)];
+    let r = router(s).await;
+    assert_eq!(
+        urls(&r),
+        sorted(vec![ups[0].url(), ups[1].url()]),
+        "resolved before serving"
+    );
+    // Scale out: c joins and takes requests.
+    dns.set(&[entry(0), entry(1), entry(2)]);
+    eventually("c joins", || urls(&r).len() == 3).await;
+    let mut reached = std::collections::HashSet::new();
+    for i in 0..6 {
+        let ans = post(
+            r.local_addr(),
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"{i}"}}"#),
+        )
+        .await;
+        assert_eq!(ans.status, StatusCode::OK);
+        reached.insert(ans.upstream());
+    }
+    assert!(reached.contains("c"), "{reached:?}");
+    // Scale in: the member holding a request leaves; that request still finishes.
+    let held = post_held(r.local_addr(), r#"{"prompt":"h"}"#);
+    eventually("a request held", || ups.iter().any(|u| u.held() == 1)).await;
+    let holder = ups.iter().position(|u| u.held() == 1).expect("a holder");
+    let rest: Vec<Entry> = (0..3).filter(|&i| i != holder).map(entry).collect();
+    dns.set(&rest);
+    eventually("the first member leaves", || urls(&r).len() == 2).await;
+    ups[holder].release(1);
+    let held = held.await.expect("held");
+    assert_eq!(
+        (held.status, held.upstream()),
+        (StatusCode::OK, ups[holder].name.clone())
+    );
+    for i in 0..6 {
+        let ans = post(
+            r.local_addr(),
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"x{i}"}}"#),
+        )
+        .await;
+        assert_ne!(
+            ans.upstream(),
+            ups[holder].name,
+            "a removed member gets nothing new"
+        );
+    }
+    // A failing name server: the fleet stays as it was.
+    let kept = urls(&r);
+    dns.set_failing(true);
+    let asked = dns.queries();
+    eventually("the router asks again", || dns.queries() >= asked + 3).await;
+    assert_eq!(urls(&r), kept);
+    dns.set_failing(false);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_records_from_a_configured_server() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let dns = DnsServer::start(
+        "_unused._tcp.fleet.test.",
+        &[Entry::local("engines.fleet.test.", 0)],
+    );
+    let mut s = settings(&[]);
+    s.discovery.dns = vec![target(
+        "engines.fleet.test.".into(),
+        a.addr.port(),
+        DnsRecord::Address,
+        &dns,
+    )];
+    let r = router(s).await;
+    assert_eq!(urls(&r), vec![a.url()]);
+    let ans = post(r.local_addr(), "/v1/completions", &[], r#"{"prompt":"p"}"#).await;
+    assert_eq!(
+        (ans.status, ans.upstream()),
+        (StatusCode::OK, "a".to_string())
+    );
     r.shutdown().await;
 }
 

@@ -85,10 +85,19 @@ pub struct DiscoveryFile {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DnsFile {
-    /// Host name to resolve (e.g. a Kubernetes headless Service).
+    /// Name to resolve (e.g. a Kubernetes headless Service, or an SRV name).
     pub name: String,
-    /// Port of the instances.
-    pub port: u16,
+    /// Port of the instances (A/AAAA records; SRV records carry their own).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// `"a"` (default: A/AAAA records, the port from `port`) or `"srv"` (host and port from
+    /// SRV records).
+    #[serde(default)]
+    pub record: Option<String>,
+    /// A name server to ask (`ip:port`, e.g. Consul's `127.0.0.1:8600`) instead of the
+    /// system's resolver.
+    #[serde(default)]
+    pub server: Option<String>,
     /// Time between two resolutions (default 10 s).
     #[serde(default)]
     pub interval_ms: Option<u64>,

@@ -57,6 +57,18 @@ fn errors_name_the_field() {
     assert!(err("[timeouts]\nconnect_ms = 0").contains("timeouts.connect_ms"));
     assert!(err("[[discovery.dns]]\nname = \"\"\nport = 80").contains("discovery.dns[0].name"));
     assert!(err("[[discovery.dns]]\nname = \"svc\"\nport = 0").contains("discovery.dns[0].port"));
+    let dns = |rest: &str| err(&format!("[[discovery.dns]]\nname = \"svc\"\n{rest}"));
+    assert!(dns("").contains("discovery.dns[0].port"));
+    assert!(dns("record = \"srv\"\nport = 80").contains("leave port out"));
+    assert!(dns("record = \"mx\"\nport = 80").contains("discovery.dns[0].record"));
+    assert!(dns("port = 80\nserver = \"dns.local\"").contains("discovery.dns[0].server"));
+    let srv = parse("[[discovery.dns]]\nname = \"_http._tcp.svc\"\nrecord = \"srv\"\nserver = \"127.0.0.1:8600\"")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let t = &srv.discovery.dns[0];
+    assert_eq!(
+        (t.record, t.port, t.server),
+        (DnsRecord::Srv, 0, "127.0.0.1:8600".parse().ok())
+    );
     assert!(err("[discovery]\nmodels = true\nmodels_interval_ms = 0")
         .contains("discovery.models_interval_ms"));
     let dup =

@@ -2,6 +2,8 @@
 //! and a small HTTP client. Loopback only.
 #![allow(dead_code)]
 
+pub mod dns;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
