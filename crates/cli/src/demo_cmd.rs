@@ -344,8 +344,8 @@ async fn run_strategy(
     let mut settings =
         Settings::with_instances(engines.iter().map(MockEngine::url)).context("router settings")?;
     settings.listen = loopback;
-    settings.strategy = strategy.clone();
-    settings.prefix_length = prefix_length;
+    settings.routing.strategy = strategy.clone();
+    settings.routing.prefix_length = prefix_length;
     let router = Router::start(settings, None)
         .await
         .context("starting the router")?;

@@ -57,6 +57,13 @@ impl PrefixLength {
     }
 }
 
+impl Default for PrefixLength {
+    /// 1024, the smallest.
+    fn default() -> Self {
+        Self(Self::MIN)
+    }
+}
+
 /// In-flight requests an instance may hold before prefix-aware routing overflows. 1..=1024.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ConcurrencyThreshold(u32);

@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::membership;
 use crate::reload;
-use crate::settings::{validate_instances, InstanceFile};
+use crate::settings::{validate_instances, InstanceEntry};
 use crate::state::AppState;
 
 #[derive(Clone)]
@@ -136,7 +136,7 @@ async fn list(State(admin): State<Admin>) -> Response {
 }
 
 async fn add(State(admin): State<Admin>, body: Bytes) -> Response {
-    let entry: InstanceFile = match parse(&body) {
+    let entry: InstanceEntry = match parse(&body) {
         Ok(e) => e,
         Err(r) => return error(r),
     };

@@ -369,7 +369,7 @@ async fn forward(
         // Another attempt is possible when retries remain and another instance could take it
         // (only computed on a failure: the common path allocates nothing for it).
         let can_retry = |tried: &[Arc<Instance>], instance: &Arc<Instance>| {
-            attempt_no < settings.max_retries && {
+            attempt_no < settings.retries.max_retries && {
                 let mut rest = tried.to_vec();
                 rest.push(Arc::clone(instance));
                 without(&snapshot, &rest)

@@ -87,7 +87,10 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
         ("admin", settings.admin != now.admin),
         ("limits", settings.limits != now.limits),
         ("timeouts", settings.timeouts != now.timeouts),
-        ("retries", settings.max_retries != now.max_retries),
+        (
+            "retries",
+            settings.retries.max_retries != now.retries.max_retries,
+        ),
         ("health", settings.health != now.health),
         ("discovery", settings.discovery != now.discovery),
         (
@@ -101,11 +104,14 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
     if !restart.is_empty() {
         tracing::warn!(sections = ?restart, "these settings changed but take effect only on restart");
     }
-    set_routing(state, settings.strategy.clone(), settings.prefix_length).map_err(|e| {
-        SettingsError::Invalid {
-            field: crate::settings::config_field(&e),
-            message: e.to_string(),
-        }
+    set_routing(
+        state,
+        settings.routing.strategy.clone(),
+        settings.routing.prefix_length,
+    )
+    .map_err(|e| SettingsError::Invalid {
+        field: crate::settings::config_field(&e),
+        message: e.to_string(),
     })?;
     set_members(state, settings.instances).await;
     // The listener's certificate is read again from the same files (a rotation); a bad file

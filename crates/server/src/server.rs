@@ -79,21 +79,22 @@ impl Router {
         for source in dns {
             background.push(tokio::spawn(discovery::run_dns(Arc::clone(&state), source)));
         }
-        if let Some(em) = &state.settings.engine_metrics {
+        let em = &state.settings.engine_metrics;
+        if em.scrape {
             background.push(tokio::spawn(crate::engine_metrics::run(
                 Arc::clone(&state),
                 em.interval,
                 em.path.clone(),
             )));
         }
-        if let Some(interval) = state.settings.discovery.models_interval {
+        if let Some(interval) = state.settings.discovery.models_every() {
             background.push(tokio::spawn(discovery::run_models(
                 Arc::clone(&state),
                 interval,
             )));
         }
         let mut admin_addr = None;
-        if let Some(admin) = &state.settings.admin {
+        if let Some(admin) = &state.settings.admin.api() {
             let listener = bind(admin.listen).await?;
             let local = listener.local_addr().map_err(|source| ServerError::Bind {
                 addr: admin.listen,

@@ -108,7 +108,7 @@ async fn srv_records_follow_scale_out_and_in_and_a_failing_server_keeps_the_flee
     let dns = DnsServer::start("_http._tcp.fleet.test.", &[entry(0), entry(1)]);
     let mut s = settings(&[]);
     // Round-robin: every member takes requests, so "c takes requests" is about membership.
-    s.strategy = prefix_router_core::StrategyConfig::new(
+    s.routing.strategy = prefix_router_core::StrategyConfig::new(
         prefix_router_core::StrategyKind::named("round-robin").expect("registered"),
     );
     s.discovery.dns = vec![target(dns.srv_name(), 0, DnsRecord::Srv, &dns)];
@@ -215,7 +215,8 @@ async fn models_are_learnt_from_the_instances() {
     let a = Upstream::start("a", Mode::Echo, &["base", "lora-x"]).await;
     let b = Upstream::start("b", Mode::Echo, &["base"]).await;
     let mut s = settings(&[a.url(), b.url()]);
-    s.discovery.models_interval = Some(Duration::from_millis(20));
+    s.discovery.models = true;
+    s.discovery.models_interval = Duration::from_millis(20);
     let r = router(s).await;
     eventually("models discovered", || {
         r.state()

@@ -516,10 +516,10 @@ async fn a_full_fleet_sheds_with_429_instead_of_queueing() {
 #[tokio::test]
 async fn the_admin_token_is_checked_once_for_every_path_and_the_scheme_in_any_case() {
     let (_up, r) = echo_router(|s| {
-        s.admin = Some(prefix_router_server::settings::AdminSettings {
-            listen: "127.0.0.1:0".parse().expect("addr"),
-            token: "s3cret".into(),
-        })
+        s.admin = prefix_router_server::settings::Admin::on(
+            "127.0.0.1:0".parse().expect("addr"),
+            "s3cret",
+        )
     })
     .await;
     let admin = r.admin_addr().expect("admin listens");

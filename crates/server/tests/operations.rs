@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use prefix_router_core::{InstanceState, StrategyKind};
 use prefix_router_server::reload;
-use prefix_router_server::settings::{AdminSettings, ConfigSource, Overrides};
+use prefix_router_server::settings::{Admin, ConfigSource, Overrides};
 use prefix_router_server::Router;
 use support::*;
 
@@ -23,7 +23,7 @@ async fn active_checks_eject_and_recover() {
     let mut s = settings(&[a.url(), b.url()]);
     // Round-robin, so that "a takes requests again" is about health, not about the costs
     // cache-aware learned from a few loopback timings.
-    s.strategy = prefix_router_core::StrategyConfig::new(
+    s.routing.strategy = prefix_router_core::StrategyConfig::new(
         StrategyKind::named("round-robin").expect("registered"),
     );
     s.health.active = true;
@@ -75,7 +75,7 @@ async fn repeated_5xx_eject_passively_and_backoff_ends() {
     let a = Upstream::start("a", Mode::Status(500), &[]).await;
     let b = Upstream::start("b", Mode::Echo, &[]).await;
     let mut s = settings(&[a.url(), b.url()]);
-    s.strategy = prefix_router_core::StrategyConfig::new(
+    s.routing.strategy = prefix_router_core::StrategyConfig::new(
         StrategyKind::named("round-robin").expect("registered"),
     );
     s.health.passive_failures = 2;
@@ -161,10 +161,7 @@ async fn admin_api_lists_adds_drains_removes_and_changes_routing() {
     let b = Upstream::start("b", Mode::Echo, &[]).await;
     let mut s = settings(&[a.url()]);
     s.instances[0].models = vec!["x".into()];
-    s.admin = Some(AdminSettings {
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        token: "s3cret".into(),
-    });
+    s.admin = Admin::on("127.0.0.1:0".parse().expect("addr"), "s3cret");
     let r = router(s).await;
     let admin = r.admin_addr().expect("admin listener");
     let t = Some("s3cret");
@@ -500,10 +497,11 @@ async fn engine_metrics_are_scraped() {
          vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n",
     );
     let mut s = settings(&[a.url()]);
-    s.engine_metrics = Some(prefix_router_server::settings::EngineMetrics {
+    s.engine_metrics = prefix_router_server::settings::EngineMetrics {
+        scrape: true,
         path: "/metrics".into(),
         interval: Duration::from_millis(20),
-    });
+    };
     let r = router(s).await;
     let inst = a.url();
     let running = format!("prefix_router_engine_requests_running{{instance=\"{inst}\"}} 2");

@@ -12,7 +12,8 @@ use support::*;
 /// These tests are about prefix-aware's placement; `serve`'s default is cache-aware.
 fn settings(urls: &[String]) -> Settings {
     let mut s = support::settings(urls);
-    s.strategy = StrategyConfig::new(StrategyKind::named("prefix-aware").expect("registered"));
+    s.routing.strategy =
+        StrategyConfig::new(StrategyKind::named("prefix-aware").expect("registered"));
     s
 }
 
@@ -77,7 +78,7 @@ async fn same_key_goes_to_the_same_instance_and_keys_spread() {
 async fn overflow_happens_exactly_at_the_threshold() {
     let ups = fleet(2).await;
     let mut s = settings(&urls(&ups));
-    s.strategy.concurrency_threshold = ConcurrencyThreshold::new(2).expect("threshold");
+    s.routing.strategy.concurrency_threshold = ConcurrencyThreshold::new(2).expect("threshold");
     let r = router(s).await;
     let addr = r.local_addr();
     let body = chat("shared prefix for overflow");

@@ -2,7 +2,11 @@
 
 use std::path::PathBuf;
 
-use super::{invalid, FileConfig, InstanceFile, Settings, SettingsError};
+use std::net::SocketAddr;
+
+use prefix_router_core::{ConcurrencyThreshold, PrefixLength};
+
+use super::{invalid, InstanceEntry, Settings, SettingsError};
 
 /// Values given on the command line or in `PREFIX_ROUTER_*` variables; they win over the file.
 #[derive(Debug, Clone, Default)]
@@ -40,44 +44,63 @@ pub struct ConfigSource {
 impl ConfigSource {
     /// Reads the file (if any), applies the overrides and validates.
     pub fn load(&self) -> Result<Settings, SettingsError> {
-        let mut file = match &self.path {
+        let mut s = match &self.path {
             Some(path) => parse_file(path)?,
-            None => FileConfig::default(),
+            None => Settings::default(),
         };
-        let o = &self.overrides;
-        if o.listen.is_some() {
-            file.listen.clone_from(&o.listen);
+        self.overrides.apply(&mut s)?;
+        s.validate()
+    }
+}
+
+impl Overrides {
+    /// Puts each given value in place of the file's, checked as the file's would be.
+    fn apply(&self, s: &mut Settings) -> Result<(), SettingsError> {
+        let addr = |field: &str, v: &str| {
+            v.trim()
+                .parse::<SocketAddr>()
+                .map_err(|_| invalid(field, format!("'{v}' is not an IP:port socket address")))
+        };
+        if let Some(v) = &self.listen {
+            s.listen = addr("listen", v)?;
         }
-        if o.admin_listen.is_some() {
-            file.admin.listen.clone_from(&o.admin_listen);
+        if let Some(v) = &self.admin_listen {
+            s.admin.listen = Some(addr("admin.listen", v)?);
         }
-        if o.admin_token.is_some() {
-            file.admin.token.clone_from(&o.admin_token);
+        if self.admin_token.is_some() {
+            s.admin.token.clone_from(&self.admin_token);
         }
-        if !o.instances.is_empty() {
-            file.instances = o
+        if !self.instances.is_empty() {
+            let entries: Vec<InstanceEntry> = self
                 .instances
                 .iter()
-                .map(|url| InstanceFile {
+                .map(|url| InstanceEntry {
                     url: url.clone(),
-                    ..InstanceFile::default()
+                    ..InstanceEntry::default()
                 })
                 .collect();
+            s.instances = entries.iter().map(super::de::spec_of).collect();
         }
-        if o.strategy.is_some() {
-            file.routing.strategy.clone_from(&o.strategy);
+        let strategy = &mut s.routing.strategy;
+        if let Some(name) = &self.strategy {
+            // The file's threshold, overflow and parameters stay: only the name is replaced.
+            strategy.kind = name
+                .parse()
+                .map_err(|e| invalid("routing.strategy", format!("{e}")))?;
         }
-        if o.prefix_length.is_some() {
-            file.routing.prefix_length = o.prefix_length;
+        if let Some(n) = self.concurrency_threshold {
+            strategy.concurrency_threshold = ConcurrencyThreshold::new(n)
+                .map_err(|e| invalid("routing.concurrency_threshold", e.to_string()))?;
         }
-        if o.concurrency_threshold.is_some() {
-            file.routing.concurrency_threshold = o.concurrency_threshold;
-        }
-        for param in &o.strategy_params {
+        for param in &self.strategy_params {
             let (name, value) = parse_param(param)?;
-            file.routing.params.insert(name, toml::Value::String(value));
+            strategy.params.insert(name, value);
         }
-        Settings::from_file(file)
+        if let Some(n) = self.prefix_length {
+            s.routing.prefix_length = PrefixLength::new(n)
+                .map_err(|e| invalid("routing.prefix_length", e.to_string()))?;
+        }
+        Ok(())
     }
 }
 
@@ -94,7 +117,7 @@ fn parse_param(text: &str) -> Result<(String, String), SettingsError> {
     }
 }
 
-fn parse_file(path: &PathBuf) -> Result<FileConfig, SettingsError> {
+fn parse_file(path: &PathBuf) -> Result<Settings, SettingsError> {
     let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
         path: path.clone(),
         source,
@@ -105,23 +128,71 @@ fn parse_file(path: &PathBuf) -> Result<FileConfig, SettingsError> {
 /// Parses a configuration file's text (`path` names it in errors) and validates it: what
 /// `serve --config` does once the file is read.
 pub fn settings_from_text(text: &str, path: &std::path::Path) -> Result<Settings, SettingsError> {
-    Settings::from_file(parse_text(text, path)?)
+    parse_text(text, path)?.validate()
 }
 
-fn parse_text(text: &str, path: &std::path::Path) -> Result<FileConfig, SettingsError> {
+/// Reads the text into settings. An error is placed at its line, and when that line holds a
+/// `key = value` the message names the key's dotted path (`timeouts.connect_ms`,
+/// `discovery.dns[1].port`): a field's decoder knows what is wrong but not where it is.
+fn parse_text(text: &str, path: &std::path::Path) -> Result<Settings, SettingsError> {
     toml::from_str(text).map_err(|e| {
-        let line = e
-            .span()
-            // Bytes, not a str slice: a span inside a character must not panic.
-            .map(|s| {
-                let upto = &text.as_bytes()[..s.start.min(text.len())];
-                upto.iter().filter(|&&b| b == b'\n').count() + 1
-            })
-            .unwrap_or(1);
+        let at = e.span().map_or(0, |s| s.start.min(text.len()));
+        // Bytes, not a str slice: a span inside a character must not panic.
+        let line = text.as_bytes()[..at]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            + 1;
+        let message = e.message().replace('\n', " ");
+        let message = match key_at(text, line) {
+            Some(key) if !message.starts_with('`') => format!("`{key}`: {message}"),
+            _ => message,
+        };
         SettingsError::Parse {
             path: path.to_path_buf(),
             line,
-            message: e.message().replace('\n', " "),
+            message,
         }
     })
+}
+
+/// The dotted path of the key that line `line` (1-based) sets, from the table headers above
+/// it (an array of tables counts its entries: `discovery.dns[1]`). `None` for a line that sets
+/// no key (a header, a continued array).
+fn key_at(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let here = lines.get(line.checked_sub(1)?)?.trim();
+    let (key, _) = here.split_once('=')?;
+    let key = key.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('#') || key.starts_with('[') {
+        return None;
+    }
+    let header = lines[..line - 1]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with('['));
+    let table = match header {
+        None => return Some(key.to_string()),
+        Some(h) if h.starts_with("[[") => {
+            let name = h.trim_start_matches('[').split(']').next()?.trim();
+            let index = lines[..line - 1]
+                .iter()
+                .filter(|l| {
+                    let l = l.trim();
+                    l.starts_with("[[")
+                        && l.trim_start_matches('[').split(']').next().map(str::trim) == Some(name)
+                })
+                .count()
+                .checked_sub(1)?;
+            format!("{name}[{index}]")
+        }
+        Some(h) => h
+            .trim_start_matches('[')
+            .split(']')
+            .next()?
+            .trim()
+            .to_string(),
+    };
+    Some(format!("{table}.{key}"))
 }

@@ -1,8 +1,11 @@
+use std::time::Duration;
+
+use prefix_router_core::StrategyKind;
+
 use super::*;
 
 fn parse(text: &str) -> Result<Settings, SettingsError> {
-    let f: FileConfig = toml::from_str(text).map_err(|e| invalid("toml", e.to_string()))?;
-    Settings::from_file(f)
+    settings_from_text(text, std::path::Path::new("test.toml"))
 }
 
 fn err(text: &str) -> String {
@@ -18,12 +21,12 @@ fn example_file_is_valid_and_shows_the_defaults() {
     let s = parse(text).unwrap_or_else(|e| panic!("{e}"));
     let d = parse("").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(s.listen, d.listen);
-    assert_eq!(s.strategy, d.strategy);
-    assert_eq!(s.prefix_length, d.prefix_length);
+    assert_eq!(s.routing.strategy, d.routing.strategy);
+    assert_eq!(s.routing.prefix_length, d.routing.prefix_length);
     assert_eq!(s.limits, d.limits);
     assert_eq!(s.timeouts, d.timeouts);
     assert_eq!(s.health, d.health);
-    assert_eq!(s.max_retries, d.max_retries);
+    assert_eq!(s.retries.max_retries, d.retries.max_retries);
     assert_eq!(s.instances.len(), 2);
 }
 
@@ -31,15 +34,15 @@ fn example_file_is_valid_and_shows_the_defaults() {
 fn defaults() {
     let s = parse("").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);
-    assert!(s.admin.is_none());
+    assert!(s.admin.api().is_none());
     assert_eq!(
-        s.strategy.kind,
+        s.routing.strategy.kind,
         StrategyKind::named("cache-aware").expect("registered")
     );
-    assert_eq!(s.prefix_length.get(), 1024);
+    assert_eq!(s.routing.prefix_length.get(), 1024);
     assert_eq!(s.limits.max_body_bytes, 32 * 1024 * 1024);
     assert_eq!(s.timeouts.first_byte, Duration::from_secs(600));
-    assert_eq!(s.max_retries, 2);
+    assert_eq!(s.retries.max_retries, 2);
 }
 
 #[test]
@@ -131,7 +134,7 @@ fn overrides_win_over_the_file() {
         overrides: Overrides::default(),
     };
     let s = src.load().unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(s.prefix_length.get(), 2048);
+    assert_eq!(s.routing.prefix_length.get(), 2048);
     assert_eq!(s.instances.len(), 1);
     src.overrides = Overrides {
         instances: vec!["http://127.0.0.1:10".into(), "http://127.0.0.1:11".into()],
@@ -141,12 +144,12 @@ fn overrides_win_over_the_file() {
     };
     let s = src.load().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(s.instances.len(), 2);
-    assert_eq!(s.strategy.concurrency_threshold.get(), 8);
+    assert_eq!(s.routing.strategy.concurrency_threshold.get(), 8);
     assert_eq!(
-        s.strategy.kind,
+        s.routing.strategy.kind,
         StrategyKind::named("round-robin").expect("registered")
     );
-    assert_eq!(s.prefix_length.get(), 2048);
+    assert_eq!(s.routing.prefix_length.get(), 2048);
     let _ = std::fs::remove_file(path);
 }
 
@@ -154,7 +157,7 @@ fn overrides_win_over_the_file() {
 fn strategy_parameters_from_the_file_and_the_flags() {
     let s = parse("[routing]\nstrategy = \"cache-aware\"\n[routing.params]\nindex-blocks = 4096\ntie-tolerance = 0.25\nblock-chars = \"64\"\n")
         .unwrap_or_else(|e| panic!("{e}"));
-    let p = &s.strategy.params;
+    let p = &s.routing.strategy.params;
     assert_eq!(p.get("index-blocks").map(String::as_str), Some("4096"));
     assert_eq!(p.get("tie-tolerance").map(String::as_str), Some("0.25"));
     assert_eq!(p.get("block-chars").map(String::as_str), Some("64"));
@@ -175,7 +178,7 @@ fn strategy_parameters_from_the_file_and_the_flags() {
         },
     };
     let s = src.load().unwrap_or_else(|e| panic!("{e}"));
-    let p = &s.strategy.params;
+    let p = &s.routing.strategy.params;
     assert_eq!(p.get("index-blocks").map(String::as_str), Some("8192"));
     assert_eq!(p.get("cache-chars").map(String::as_str), Some("100000"));
     src.overrides.strategy_params = vec!["index-blocks".into()];

@@ -1,0 +1,419 @@
+//! The file's sections, as the router uses them: each is what serde reads (unknown fields
+//! refused, every field optional with the default its `Default` gives, which
+//! `router.example.toml` documents), and each field's decoder refuses what it cannot hold.
+//! What needs more than one field to check is in [`super::Settings::validate`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use prefix_router_core::strategy::OverflowPolicy;
+use prefix_router_core::{ConcurrencyThreshold, PrefixLength, StrategyConfig, StrategyKind};
+use serde::{Deserialize, Deserializer};
+
+use super::de;
+use super::DEFAULT_STRATEGY;
+
+/// `[admin]`: the API is on when a token is set.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Admin {
+    /// Listen address (default [`super::DEFAULT_ADMIN_LISTEN`]).
+    #[serde(deserialize_with = "de::opt_addr")]
+    pub listen: Option<SocketAddr>,
+    /// Bearer token.
+    pub token: Option<String>,
+}
+
+/// The admin API, when on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminSettings {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Bearer token.
+    pub token: String,
+}
+
+impl Admin {
+    /// On, listening at `listen` with `token`.
+    pub fn on(listen: SocketAddr, token: impl Into<String>) -> Self {
+        Admin {
+            listen: Some(listen),
+            token: Some(token.into()),
+        }
+    }
+    /// The API's address and token, when it is on.
+    pub fn api(&self) -> Option<AdminSettings> {
+        let token = self.token.clone()?;
+        let listen = self.listen.unwrap_or_else(|| {
+            super::DEFAULT_ADMIN_LISTEN
+                .parse()
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8081)))
+        });
+        Some(AdminSettings { listen, token })
+    }
+}
+
+/// `[routing]`: the strategy and the key length.
+#[derive(Debug, Clone)]
+pub struct Routing {
+    /// The strategy with its settings.
+    pub strategy: StrategyConfig,
+    /// Key length (bytes for the native API, characters for OpenAI APIs).
+    pub prefix_length: PrefixLength,
+}
+
+impl Default for Routing {
+    fn default() -> Self {
+        // A registered name (a unit test builds the default settings).
+        let kind = StrategyKind::named(DEFAULT_STRATEGY)
+            .or_else(|| StrategyKind::all().next())
+            .expect("a strategy is registered");
+        Routing {
+            strategy: StrategyConfig::new(kind),
+            prefix_length: PrefixLength::default(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Routing {
+    /// The section's fields are the strategy's: read together, built into one
+    /// [`StrategyConfig`] (which `validate` then builds once to check its parameters).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize, Default)]
+        #[serde(deny_unknown_fields, default)]
+        struct Fields {
+            strategy: Option<String>,
+            prefix_length: Option<u64>,
+            concurrency_threshold: Option<u64>,
+            overflow: Option<String>,
+            balance_factor: Option<f64>,
+            params: BTreeMap<String, toml::Value>,
+        }
+        let f = Fields::deserialize(d)?;
+        let mut r = Routing::default();
+        if let Some(name) = &f.strategy {
+            r.strategy = StrategyConfig::new(
+                name.parse::<StrategyKind>()
+                    .map_err(|e| D::Error::custom(format!("`routing.strategy`: {e}")))?,
+            );
+        }
+        if let Some(t) = f.concurrency_threshold {
+            r.strategy.concurrency_threshold = ConcurrencyThreshold::new(t)
+                .map_err(|e| D::Error::custom(format!("`routing.concurrency_threshold`: {e}")))?;
+        }
+        if let Some(o) = &f.overflow {
+            r.strategy.overflow = o
+                .parse::<OverflowPolicy>()
+                .map_err(|e| D::Error::custom(format!("`routing.overflow`: {e}")))?;
+        }
+        r.strategy.balance_factor = f.balance_factor;
+        // Strategies read their parameters as text; they check names and values.
+        for (name, v) in f.params {
+            let text = match v {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(n) => n.to_string(),
+                toml::Value::Float(x) => x.to_string(),
+                other => {
+                    return Err(D::Error::custom(format!(
+                        "`routing.params.{name}` must be a string or a number, got a {}",
+                        other.type_str()
+                    )))
+                }
+            };
+            r.strategy.params.insert(name, text);
+        }
+        if let Some(n) = f.prefix_length {
+            r.prefix_length = PrefixLength::new(n)
+                .map_err(|e| D::Error::custom(format!("`routing.prefix_length`: {e}")))?;
+        }
+        Ok(r)
+    }
+}
+
+/// `[limits]`: what clients may send.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest request body (bytes).
+    #[serde(deserialize_with = "de::within::<1, { u64::MAX }, _, _>")]
+    pub max_body_bytes: u64,
+    /// Largest request head (HTTP/1 buffer, HTTP/2 header list), bytes.
+    #[serde(deserialize_with = "de::within::<8192, 16777216, _, _>")]
+    pub max_header_bytes: usize,
+    /// Most client connections at once.
+    #[serde(deserialize_with = "de::within::<1, 1000000, _, _>")]
+    pub max_connections: usize,
+    /// Most connections at once from one client address (0 in the file, `None`: no limit).
+    #[serde(deserialize_with = "de::zero_off::<1000000, _, _>")]
+    pub max_connections_per_client: Option<usize>,
+    /// Most requests in flight on one instance; past it, 429 (0 in the file, `None`: no cap).
+    #[serde(deserialize_with = "de::zero_off::<1000000, _, _>")]
+    pub max_in_flight_per_instance: Option<u32>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 32 * 1024 * 1024,
+            max_header_bytes: 64 * 1024,
+            max_connections: 10_000,
+            max_connections_per_client: Some(1024),
+            max_in_flight_per_instance: None,
+        }
+    }
+}
+
+/// `[timeouts]`, each `<name>_ms` in the file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// Connecting to an instance.
+    #[serde(rename = "connect_ms", deserialize_with = "de::millis")]
+    pub connect: Duration,
+    /// Request sent to response head received (prefill can take minutes: generous default).
+    #[serde(rename = "first_byte_ms", deserialize_with = "de::millis")]
+    pub first_byte: Duration,
+    /// Longest pause between two response chunks.
+    #[serde(rename = "idle_stream_ms", deserialize_with = "de::millis")]
+    pub idle_stream: Duration,
+    /// Reading the client's body.
+    #[serde(rename = "client_body_ms", deserialize_with = "de::millis")]
+    pub client_body: Duration,
+    /// Receiving a request head, from its first byte (slow clients are cut after it).
+    #[serde(rename = "client_header_ms", deserialize_with = "de::millis")]
+    pub client_header: Duration,
+    /// A client connection idle (no request open, no traffic) for this long is closed.
+    #[serde(rename = "client_idle_ms", deserialize_with = "de::millis")]
+    pub client_idle: Duration,
+    /// Shutdown's wait for in-flight requests.
+    #[serde(rename = "shutdown_grace_ms", deserialize_with = "de::millis")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        let ms = Duration::from_millis;
+        Timeouts {
+            connect: ms(2_000),
+            first_byte: ms(600_000),
+            idle_stream: ms(300_000),
+            client_body: ms(30_000),
+            client_header: ms(10_000),
+            client_idle: ms(60_000),
+            shutdown_grace: ms(30_000),
+        }
+    }
+}
+
+/// `[retries]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retries {
+    /// Further attempts after the first on refused connections, 503 and 429.
+    #[serde(deserialize_with = "de::within::<0, 10, _, _>")]
+    pub max_retries: u32,
+}
+
+impl Default for Retries {
+    fn default() -> Self {
+        Retries { max_retries: 2 }
+    }
+}
+
+/// `[health]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthSettings {
+    /// Probe actively.
+    pub active: bool,
+    /// With active probes, new instances start unknown and take requests only after their
+    /// first passed probe.
+    pub wait_for_first_check: bool,
+    /// Probed path.
+    #[serde(deserialize_with = "de::abs_path")]
+    pub path: String,
+    /// Between probes (also the tick that ends passive ejections).
+    #[serde(rename = "interval_ms", deserialize_with = "de::millis")]
+    pub interval: Duration,
+    /// Probe timeout.
+    #[serde(rename = "timeout_ms", deserialize_with = "de::millis")]
+    pub timeout: Duration,
+    /// Failed probes in a row that eject.
+    #[serde(deserialize_with = "de::at_least_one")]
+    pub unhealthy_threshold: u32,
+    /// Good probes in a row that bring back.
+    #[serde(deserialize_with = "de::at_least_one")]
+    pub healthy_threshold: u32,
+    /// Connect errors or 5xx in a row that eject.
+    #[serde(deserialize_with = "de::at_least_one")]
+    pub passive_failures: u32,
+    /// First ejection time; doubles on each repeated ejection.
+    #[serde(rename = "eject_backoff_ms", deserialize_with = "de::millis")]
+    pub eject_backoff: Duration,
+    /// Longest ejection time.
+    #[serde(rename = "max_eject_backoff_ms", deserialize_with = "de::millis")]
+    pub max_eject_backoff: Duration,
+}
+
+impl Default for HealthSettings {
+    fn default() -> Self {
+        HealthSettings {
+            active: true,
+            wait_for_first_check: true,
+            path: "/health".into(),
+            interval: Duration::from_millis(5_000),
+            timeout: Duration::from_millis(2_000),
+            unhealthy_threshold: 3,
+            healthy_threshold: 2,
+            passive_failures: 3,
+            eject_backoff: Duration::from_millis(5_000),
+            max_eject_backoff: Duration::from_millis(60_000),
+        }
+    }
+}
+
+impl HealthSettings {
+    /// The state a new instance starts in: unknown until its first passed probe when probes
+    /// run and must pass first, else healthy (nothing would ever check it).
+    pub fn joins_as(&self) -> prefix_router_core::InstanceState {
+        if self.active && self.wait_for_first_check {
+            prefix_router_core::InstanceState::Unknown
+        } else {
+            prefix_router_core::InstanceState::Healthy
+        }
+    }
+}
+
+/// `[engine_metrics]`: scraping each instance's own Prometheus endpoint.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineMetrics {
+    /// On or off (default off).
+    pub scrape: bool,
+    /// Path scraped.
+    #[serde(deserialize_with = "de::abs_path")]
+    pub path: String,
+    /// Time between scrapes.
+    #[serde(rename = "interval_ms", deserialize_with = "de::millis")]
+    pub interval: Duration,
+}
+
+impl Default for EngineMetrics {
+    fn default() -> Self {
+        EngineMetrics {
+            scrape: false,
+            path: "/metrics".into(),
+            interval: Duration::from_millis(15_000),
+        }
+    }
+}
+
+/// Which records of a DNS name are instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DnsRecord {
+    /// A/AAAA: every address, at the target's port.
+    #[default]
+    Address,
+    /// SRV: every target host's addresses, at the record's port (Kubernetes publishes these
+    /// for a Service's named ports, Consul for every service).
+    Srv,
+}
+
+impl<'de> Deserialize<'de> for DnsRecord {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.trim().to_ascii_lowercase().as_str() {
+            "a" => Ok(DnsRecord::Address),
+            "srv" => Ok(DnsRecord::Srv),
+            _ => Err(serde::de::Error::custom(format!(
+                "'{text}' is not a record kind; expected \"a\" or \"srv\""
+            ))),
+        }
+    }
+}
+
+/// One `[[discovery.dns]]` entry: a name resolved on an interval into instances
+/// `http://<address>:<port>`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsTarget {
+    /// Name to resolve (a Kubernetes headless Service, an SRV name).
+    pub name: String,
+    /// Port (A/AAAA records; 0, left out, for SRV, whose records carry it).
+    #[serde(default)]
+    pub port: u16,
+    /// Which records to ask for.
+    #[serde(default)]
+    pub record: DnsRecord,
+    /// The name server to ask (`ip:port`); `None`: the system's (`/etc/hosts` and the C
+    /// library's resolver for A/AAAA, `/etc/resolv.conf` for SRV).
+    #[serde(default, deserialize_with = "de::opt_addr")]
+    pub server: Option<SocketAddr>,
+    /// Re-resolution interval.
+    #[serde(
+        rename = "interval_ms",
+        default = "dns_interval",
+        deserialize_with = "de::millis"
+    )]
+    pub interval: Duration,
+    /// Weight of each instance.
+    #[serde(default = "one", deserialize_with = "de::at_least_one")]
+    pub weight: u32,
+    /// Models of each instance (empty: any).
+    #[serde(default)]
+    pub models: Vec<String>,
+}
+
+fn dns_interval() -> Duration {
+    Duration::from_millis(10_000)
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `[discovery]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Discovery {
+    /// Ask each instance's `/v1/models` what it serves (LoRA adapters included).
+    pub models: bool,
+    /// Time between two rounds of model discovery.
+    #[serde(rename = "models_interval_ms", deserialize_with = "de::millis")]
+    pub models_interval: Duration,
+    /// DNS targets.
+    pub dns: Vec<DnsTarget>,
+}
+
+impl Default for Discovery {
+    fn default() -> Self {
+        Discovery {
+            models: false,
+            models_interval: Duration::from_millis(30_000),
+            dns: Vec::new(),
+        }
+    }
+}
+
+impl Discovery {
+    /// Model discovery's interval, when it is on.
+    pub fn models_every(&self) -> Option<Duration> {
+        self.models.then_some(self.models_interval)
+    }
+}
+
+/// One `[[instances]]` entry, and the body of the admin API's add.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceEntry {
+    /// Base URL, `http://host:port`.
+    pub url: String,
+    /// Relative capacity (default 1).
+    #[serde(default)]
+    pub weight: Option<u32>,
+    /// Models and adapters served; empty means any.
+    #[serde(default)]
+    pub models: Vec<String>,
+}
