@@ -108,11 +108,7 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
         state,
         settings.routing.strategy.clone(),
         settings.routing.prefix_length,
-    )
-    .map_err(|e| SettingsError::Invalid {
-        field: crate::settings::config_field(&e),
-        message: e.to_string(),
-    })?;
+    )?;
     set_members(state, settings.instances).await;
     // The listener's certificate is read again from the same files (a rotation); a bad file
     // keeps the one in force and fails the reload with the field named.

@@ -81,6 +81,13 @@ pub fn config_field(e: &ConfigError) -> String {
     }
 }
 
+impl From<ConfigError> for SettingsError {
+    /// A strategy configuration error, named by its settings field.
+    fn from(e: ConfigError) -> Self {
+        invalid(config_field(&e), e.to_string())
+    }
+}
+
 /// The router's settings: the configuration file's shape (every section and field optional,
 /// unknown ones refused; `router.example.toml` shows each with its default), checked.
 #[derive(Debug, Clone, Deserialize)]
@@ -220,10 +227,7 @@ impl Settings {
             _ => {}
         }
         // Built once here only to check it (building is cheap: no strategy allocates up front).
-        self.routing
-            .strategy
-            .build()
-            .map_err(|e| invalid(config_field(&e), e.to_string()))?;
+        self.routing.strategy.build()?;
         if self.health.max_eject_backoff < self.health.eject_backoff {
             return Err(invalid(
                 "health.max_eject_backoff_ms",

@@ -53,11 +53,7 @@ impl AppState {
         let routing = Routing::new(
             settings.routing.strategy.clone(),
             settings.routing.prefix_length,
-        )
-        .map_err(|e| SettingsError::Invalid {
-            field: crate::settings::config_field(&e),
-            message: e.to_string(),
-        })?;
+        )?;
         let tls = settings.tls.clone().map(tls::Listener::new).transpose()?;
         let client_tls = tls::client_config(&settings.upstream_tls)?;
         let membership = Membership {

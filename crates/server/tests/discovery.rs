@@ -123,13 +123,7 @@ async fn srv_records_follow_scale_out_and_in_and_a_failing_server_keeps_the_flee
     eventually("c joins", || urls(&r).len() == 3).await;
     let mut reached = std::collections::HashSet::new();
     for i in 0..6 {
-        let ans = post(
-            r.local_addr(),
-            "/v1/completions",
-            &[],
-            format!(r#"{{"prompt":"{i}"}}"#),
-        )
-        .await;
+        let ans = complete(r.local_addr(), &format!("{i}")).await;
         assert_eq!(ans.status, StatusCode::OK);
         reached.insert(ans.upstream());
     }
@@ -148,13 +142,7 @@ async fn srv_records_follow_scale_out_and_in_and_a_failing_server_keeps_the_flee
         (StatusCode::OK, ups[holder].name.clone())
     );
     for i in 0..6 {
-        let ans = post(
-            r.local_addr(),
-            "/v1/completions",
-            &[],
-            format!(r#"{{"prompt":"x{i}"}}"#),
-        )
-        .await;
+        let ans = complete(r.local_addr(), &format!("x{i}")).await;
         assert_ne!(
             ans.upstream(),
             ups[holder].name,
