@@ -66,6 +66,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", env = "PREFIX_ROUTER_CONCURRENCY_THRESHOLD")]
     pub concurrency_threshold: Option<u64>,
 
+    /// Append one JSON line per request to FILE: hashes and lengths, never prompt text or group
+    /// ids; reopened on SIGHUP (logrotate). `simulate --trace FILE` replays it.
+    #[arg(long, value_name = "FILE", env = "PREFIX_ROUTER_ACCESS_LOG")]
+    pub access_log: Option<std::path::PathBuf>,
+
     /// Log format; the level comes from RUST_LOG (default info).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "PREFIX_ROUTER_LOG_FORMAT")]
     pub log_format: LogFormat,
@@ -95,6 +100,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             prefix_length: args.prefix_length,
             concurrency_threshold: args.concurrency_threshold,
             strategy_params: args.strategy_params,
+            access_log: args.access_log,
         },
     };
     // Validate before starting anything, so a bad value is one line and exit code 1.

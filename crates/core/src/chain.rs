@@ -49,6 +49,9 @@ pub struct Chain {
     pub blocks: Vec<u64>,
     /// Units of prompt read (at most the spec's `max_units`).
     pub units: u32,
+    /// A hash of the routing group, when there is one (for logs: the id itself may name a
+    /// tenant; the hash does not, and still tells groups apart).
+    pub group: Option<u64>,
 }
 
 impl Chain {
@@ -56,7 +59,11 @@ impl Chain {
     pub fn of_chars(group: Option<&str>, text: &str, spec: ChainSpec) -> Chain {
         let mut blocks = Vec::new();
         let units = chars_into(group, text, spec, &mut blocks);
-        Chain { blocks, units }
+        Chain {
+            blocks,
+            units,
+            group: group.map(|g| group_seed(Some(g))),
+        }
     }
 
     /// The chain of raw bytes (the native API) under `group`.
@@ -74,6 +81,7 @@ impl Chain {
         Chain {
             blocks,
             units: bytes.len() as u32,
+            group: group.map(|g| group_seed(Some(g))),
         }
     }
 }

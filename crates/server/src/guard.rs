@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use prefix_router_core::{Instance, Ticket, Usage};
 
+use crate::access_log::Entry;
 use crate::metrics::{ApiLabels, InstanceLabels, RequestLabels};
 use crate::outcome::Outcome;
 use crate::state::AppState;
@@ -25,6 +26,8 @@ pub struct InFlightGuard {
     completed: bool,
     usage: Option<Usage>,
     first_byte_seen: bool,
+    /// The access log's line, when the log is on: filled in as the request goes, sent on drop.
+    log: Option<Box<Entry>>,
 }
 
 impl InFlightGuard {
@@ -42,6 +45,32 @@ impl InFlightGuard {
             completed: false,
             usage: None,
             first_byte_seen: false,
+            log: None,
+        }
+    }
+
+    /// Writes `entry` to the access log when the request ends (with its status, times and
+    /// usage filled in then).
+    pub fn log_as(&mut self, entry: Entry) {
+        self.log = Some(Box::new(entry));
+    }
+
+    /// This attempt is retried elsewhere: the next one writes the request's line.
+    pub fn no_log(&mut self) {
+        self.log = None;
+    }
+
+    /// The instance's status code (for the access log).
+    pub fn set_status(&mut self, status: u16) {
+        if let Some(e) = self.log.as_mut() {
+            e.status = status;
+        }
+    }
+
+    /// The engine's `usage.completion_tokens` (for the access log).
+    pub fn output_tokens(&mut self, n: u32) {
+        if let Some(e) = self.log.as_mut() {
+            e.output_tokens = Some(n);
         }
     }
 
@@ -87,13 +116,17 @@ impl InFlightGuard {
             return;
         }
         self.first_byte_seen = true;
+        let ttft = self.received.elapsed().as_secs_f64();
+        if let Some(e) = self.log.as_mut() {
+            e.ttft_s = Some(ttft);
+        }
         self.state
             .metrics
             .ttft
             .get_or_create(&InstanceLabels {
                 instance: self.instance.id().to_string(),
             })
-            .observe(self.received.elapsed().as_secs_f64());
+            .observe(ttft);
         if self.outcome == Outcome::Ok {
             if let Some(t) = self.ticket.as_mut() {
                 t.first_token(self.state.now_s());
@@ -122,8 +155,18 @@ impl Drop for InFlightGuard {
                 outcome: outcome.label(),
             })
             .inc();
+        let duration = self.received.elapsed().as_secs_f64();
         m.duration
             .get_or_create(&ApiLabels { api: self.api })
-            .observe(self.received.elapsed().as_secs_f64());
+            .observe(duration);
+        if let (Some(mut e), Some(log)) = (self.log.take(), &self.state.access_log) {
+            e.outcome = outcome.label();
+            e.duration_s = duration;
+            if let Some(u) = self.usage {
+                e.prompt_tokens = Some(u.prompt_tokens);
+                e.cached_tokens = u.cached_tokens;
+            }
+            log.log(*e);
+        }
     }
 }

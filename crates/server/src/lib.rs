@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod access_log;
 pub mod admin;
 pub mod body;
 pub mod canned;

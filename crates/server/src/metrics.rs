@@ -122,6 +122,20 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Registers the access log's counters (its own: metrics beside their component).
+    pub fn register_access_log(&mut self, log: &crate::access_log::AccessLog) {
+        self.registry.register(
+            "access_log_lines",
+            "Access log lines written",
+            log.written.clone(),
+        );
+        self.registry.register(
+            "access_log_dropped",
+            "Access log lines dropped because the writer was behind (no request waits for it)",
+            log.dropped.clone(),
+        );
+    }
+
     /// Creates the metrics and registers them.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("prefix_router");

@@ -13,10 +13,11 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use prefix_router_core::extract::{chat_route, completion_route, native_route};
 use prefix_router_core::{
-    dispatch, Chain, Dispatched, ExtractError, FleetSnapshot, Instance, KeyHash, KeyOptions,
-    RouteRequest, Strategy,
+    dispatch, Chain, ChainSpec, Dispatched, ExtractError, FleetSnapshot, Instance, KeyHash,
+    KeyOptions, RouteRequest, Strategy,
 };
 
+use crate::access_log::{unix_now, Entry};
 use crate::body::{read_body, ProxyBody};
 use crate::error::ApiError;
 use crate::guard::InFlightGuard;
@@ -346,9 +347,13 @@ async fn forward(
         Api::Other => &state.fallback,
         _ => &routing.strategy,
     };
+    // The access log records every request's chain, whether or not the strategy reads one.
+    let logging = state.access_log.is_some();
     let opts = KeyOptions {
         prefix_length: routing.prefix_length,
-        chain: strategy.chain_spec(),
+        chain: strategy
+            .chain_spec()
+            .or_else(|| logging.then(ChainSpec::default)),
     };
     let Extracted { key, chain, model } = extract(api, &parts.headers, &body, &opts)?;
     let mut route_req = RouteRequest {
@@ -366,6 +371,27 @@ async fn forward(
         let view = candidates(state, &snapshot, &tried, model.as_deref())?;
         let fleet = view.as_ref().unwrap_or(&snapshot);
         let mut routed = route(state, strategy, &mut route_req, fleet, api, received)?;
+        if logging {
+            routed.guard.log_as(Entry {
+                t: unix_now() - received.elapsed().as_secs_f64(),
+                api: api.label(),
+                model: model.as_deref().map(Into::into),
+                group: chain.group,
+                prompt_units: chain.units,
+                block_units: opts.chain.map_or(0, |c| c.block_units),
+                chain: chain.blocks.as_slice().into(),
+                instance: routed.id.as_str().into(),
+                reason: routed.reason,
+                attempt: attempt_no,
+                status: 0,
+                outcome: "",
+                ttft_s: None,
+                duration_s: 0.0,
+                prompt_tokens: None,
+                cached_tokens: None,
+                output_tokens: None,
+            });
+        }
         // Another attempt is possible when retries remain and another instance could take it
         // (only computed on a failure: the common path allocates nothing for it).
         let can_retry = |tried: &[Arc<Instance>], instance: &Arc<Instance>| {
@@ -383,11 +409,14 @@ async fn forward(
                 if !(failure.retryable() && can_retry(&tried, &routed.instance)) {
                     return Err(failure.answer(&routed.id, settings.timeouts.first_byte));
                 }
+                routed.guard.no_log();
                 failure.label()
             }
             Ok(resp) => match retryable_status(resp.status()) {
                 Some(r) if can_retry(&tried, &routed.instance) => {
                     routed.guard.fail(Outcome::Retried);
+                    // One line per request: the attempt that answers it writes it.
+                    routed.guard.no_log();
                     // Nothing of this answer reached the client. Dropping it closes that
                     // connection rather than waiting for a body that may never end.
                     drop(resp);
@@ -396,6 +425,7 @@ async fn forward(
                 _ => {
                     let status = resp.status();
                     routed.guard.set_outcome(Outcome::of_status(status));
+                    routed.guard.set_status(status.as_u16());
                     tracing::debug!(
                         api = api.label(),
                         instance = %routed.id,
@@ -404,8 +434,9 @@ async fn forward(
                         attempt = attempt_no,
                         "relaying"
                     );
-                    // Only a strategy that learns from usage is worth the scan.
-                    let scan_usage = status.is_success() && strategy.reads_usage();
+                    // Only a strategy that learns from usage, or the access log, is worth
+                    // the scan.
+                    let scan_usage = status.is_success() && (strategy.reads_usage() || logging);
                     return Ok(relay(resp, routed, settings, scan_usage));
                 }
             },

@@ -72,6 +72,11 @@ pub fn set_routing(
 /// Reads the configuration source again and applies its instances and routing. Other settings
 /// (listen addresses, limits, timeouts, health) take effect only on restart.
 pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
+    // The log file first, whatever the configuration says: logrotate moved it away and sent
+    // SIGHUP, and a bad configuration must not keep the router writing to the moved file.
+    if let Some(log) = &state.access_log {
+        log.reopen();
+    }
     let Some(source) = &state.source else {
         return Err(SettingsError::Invalid {
             field: "config".into(),
@@ -93,6 +98,7 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
         ),
         ("health", settings.health != now.health),
         ("discovery", settings.discovery != now.discovery),
+        ("access_log", settings.access_log != now.access_log),
         (
             "engine_metrics",
             settings.engine_metrics != now.engine_metrics,

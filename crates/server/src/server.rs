@@ -36,6 +36,8 @@ pub struct RunningRouter {
     shutdown: watch::Sender<bool>,
     serve: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
+    /// The access log's writer: drained, not aborted, at shutdown.
+    log_writer: Option<JoinHandle<()>>,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
@@ -115,6 +117,11 @@ impl Router {
             tracing::info!(addr = %local, "admin API listening");
             admin_addr = Some(local);
         }
+        let log_writer = state
+            .access_log
+            .as_ref()
+            .and_then(|log| log.writer())
+            .map(tokio::spawn);
         let serve = tokio::spawn(accept_loop(listener, Arc::clone(&state), rx));
         tracing::info!(%addr, instances = state.fleet.snapshot().len(), "router listening");
         Ok(RunningRouter {
@@ -124,6 +131,7 @@ impl Router {
             shutdown: tx,
             serve,
             background,
+            log_writer,
         })
     }
 }
@@ -151,6 +159,11 @@ impl RunningRouter {
         let _ = self.serve.await;
         for task in &self.background {
             task.abort();
+        }
+        if let (Some(log), Some(writer)) = (&self.state.access_log, self.log_writer) {
+            log.close();
+            // Bounded: a stuck disk must not hold the process forever.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
         }
     }
 }

@@ -56,8 +56,8 @@ mod source;
 mod tests;
 
 pub use sections::{
-    Admin, AdminSettings, Discovery, DnsRecord, DnsTarget, EngineMetrics, HealthSettings,
-    InstanceEntry, Limits, Retries, Routing, Timeouts,
+    AccessLogSettings, Admin, AdminSettings, Discovery, DnsRecord, DnsTarget, EngineMetrics,
+    HealthSettings, InstanceEntry, Limits, Retries, Routing, Timeouts,
 };
 pub use source::{settings_from_text, ConfigSource, Overrides};
 
@@ -112,6 +112,8 @@ pub struct Settings {
     pub discovery: Discovery,
     /// Scraping the engines' own metrics.
     pub engine_metrics: EngineMetrics,
+    /// The access log.
+    pub access_log: AccessLogSettings,
     /// TLS on the data-plane listener, when configured.
     #[serde(deserialize_with = "de::listener_tls")]
     pub tls: Option<crate::tls::TlsFiles>,
@@ -135,6 +137,7 @@ impl Default for Settings {
             health: HealthSettings::default(),
             discovery: Discovery::default(),
             engine_metrics: EngineMetrics::default(),
+            access_log: AccessLogSettings::default(),
             tls: None,
             upstream_tls: Default::default(),
             instances: Vec::new(),

@@ -40,6 +40,8 @@ pub struct AppState {
     /// Sources of the member list; the lock serializes edits (reload, admin API, discovery)
     /// so none is lost.
     pub membership: tokio::sync::Mutex<Membership>,
+    /// The access log, when configured.
+    pub access_log: Option<crate::access_log::AccessLog>,
     /// The origin of [`AppState::now_s`].
     started: Instant,
 }
@@ -56,6 +58,21 @@ impl AppState {
         )?;
         let tls = settings.tls.clone().map(tls::Listener::new).transpose()?;
         let client_tls = tls::client_config(&settings.upstream_tls)?;
+        let access_log = match &settings.access_log.path {
+            None => None,
+            Some(path) => Some(
+                crate::access_log::AccessLog::open(path, settings.access_log.queue).map_err(
+                    |e| SettingsError::Invalid {
+                        field: "access_log.path".into(),
+                        message: format!("cannot open {}: {e}", path.display()),
+                    },
+                )?,
+            ),
+        };
+        let mut metrics = Metrics::new();
+        if let Some(log) = &access_log {
+            metrics.register_access_log(log);
+        }
         let membership = Membership {
             static_specs: settings.instances.clone(),
             ..Membership::default()
@@ -66,11 +83,12 @@ impl AppState {
             fallback: Arc::new(LeastOutstanding),
             client: upstream::client(settings.timeouts.connect, client_tls),
             tls,
-            metrics: Metrics::new(),
+            metrics,
             stats: StatsTable::default(),
             settings,
             source,
             membership: tokio::sync::Mutex::new(membership),
+            access_log,
             started: Instant::now(),
         }))
     }

@@ -77,6 +77,13 @@ impl RelayBody {
     /// The answer went out completely.
     fn complete(&mut self) {
         let usage = self.usage.as_mut().and_then(UsageScanner::finish);
+        if let Some(n) = self
+            .usage
+            .as_ref()
+            .and_then(UsageScanner::completion_tokens)
+        {
+            self.guard.output_tokens(n);
+        }
         self.guard.complete(usage);
     }
 

@@ -5,7 +5,8 @@
 //! the last before `data: [DONE]`, with `stream_options.include_usage`). Cache-aware routing
 //! compares `cached_tokens` with what it predicted, so the relay hands both to the request's
 //! ticket. The body is neither buffered nor parsed nor delayed: each chunk is searched for the
-//! byte patterns `"prompt_tokens":` and `"cached_tokens":` followed by a number (or `null`), and
+//! byte patterns `"prompt_tokens":`, `"cached_tokens":` and `"completion_tokens":` (for the
+//! access log) followed by a number (or `null`), and
 //! the last [`TAIL`] bytes are kept so that a pattern cut between two chunks is still found.
 //!
 //! In valid JSON those byte sequences only occur as object keys: inside a string their quotes
@@ -21,6 +22,8 @@ const _: () = assert!(PROMPT.len() + MAX_SPACE + 10 < TAIL);
 
 const PROMPT: &[u8] = b"\"prompt_tokens\":";
 const CACHED: &[u8] = b"\"cached_tokens\":";
+const COMPLETION: &[u8] = b"\"completion_tokens\":";
+const _: () = assert!(COMPLETION.len() + MAX_SPACE + 10 < TAIL);
 
 /// The usage found so far in one response body.
 #[derive(Debug, Clone)]
@@ -29,6 +32,7 @@ pub struct UsageScanner {
     tail_len: usize,
     prompt_tokens: Option<u32>,
     cached_tokens: Option<u32>,
+    completion_tokens: Option<u32>,
 }
 
 /// What follows a pattern.
@@ -55,7 +59,13 @@ impl UsageScanner {
             tail_len: 0,
             prompt_tokens: None,
             cached_tokens: None,
+            completion_tokens: None,
         }
+    }
+
+    /// `usage.completion_tokens`, when seen (the access log's output tokens).
+    pub fn completion_tokens(&self) -> Option<u32> {
+        self.completion_tokens
     }
 
     /// Looks at the next chunk of the body.
@@ -110,6 +120,10 @@ impl UsageScanner {
             } else if let Some(after) = rest.strip_prefix(CACHED) {
                 if let Value::Done(v) = value(after, at_end) {
                     self.cached_tokens = v;
+                }
+            } else if let Some(after) = rest.strip_prefix(COMPLETION) {
+                if let Value::Done(Some(n)) = value(after, at_end) {
+                    self.completion_tokens = Some(n);
                 }
             }
             i = start + 1;
@@ -179,6 +193,19 @@ mod tests {
             prompt_tokens: prompt,
             cached_tokens: cached,
         })
+    }
+
+    #[test]
+    fn completion_tokens_are_found_however_the_body_is_cut() {
+        let body =
+            br#"{"usage":{"prompt_tokens":1234,"completion_tokens":  56,"total_tokens":1290}}"#;
+        for cut in 0..=body.len() {
+            let mut s = UsageScanner::new();
+            s.feed(&body[..cut]);
+            s.feed(&body[cut..]);
+            let _ = s.finish();
+            assert_eq!(s.completion_tokens(), Some(56), "cut at {cut}");
+        }
     }
 
     fn whole(body: &[u8]) -> Option<Usage> {

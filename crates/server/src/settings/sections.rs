@@ -404,6 +404,29 @@ impl Discovery {
     }
 }
 
+/// `[access_log]`: one JSON line per request (hashes and lengths, never prompt text or group
+/// ids), written off the request path.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLogSettings {
+    /// The file (appended to; reopened on SIGHUP, so that logrotate can move it). Off when
+    /// not set.
+    pub path: Option<std::path::PathBuf>,
+    /// Lines waiting for the writer; past it, lines are dropped and counted, and no request
+    /// waits.
+    #[serde(deserialize_with = "de::within::<1, 16777216, _, _>")]
+    pub queue: usize,
+}
+
+impl Default for AccessLogSettings {
+    fn default() -> Self {
+        AccessLogSettings {
+            path: None,
+            queue: 65_536,
+        }
+    }
+}
+
 /// One `[[instances]]` entry, and the body of the admin API's add.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

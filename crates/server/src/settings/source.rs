@@ -30,6 +30,8 @@ pub struct Overrides {
     /// malformed one is a one-line error naming `--strategy-param` (a comma-separated
     /// `PREFIX_ROUTER_STRATEGY_PARAMS` is for the command line parser to split).
     pub strategy_params: Vec<String>,
+    /// `--access-log FILE`.
+    pub access_log: Option<PathBuf>,
 }
 
 /// Where settings come from: read again on reload (SIGHUP, admin API).
@@ -69,6 +71,9 @@ impl Overrides {
         }
         if self.admin_token.is_some() {
             s.admin.token.clone_from(&self.admin_token);
+        }
+        if self.access_log.is_some() {
+            s.access_log.path.clone_from(&self.access_log);
         }
         if !self.instances.is_empty() {
             let entries: Vec<InstanceEntry> = self
