@@ -69,7 +69,7 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "NAME", conflicts_with = "trace")]
     pub workload: Option<String>,
 
-    /// Replay a trace file instead (our JSONL or Mooncake's format).
+    /// Replay a trace file instead: our JSONL, Mooncake's, ShareGPT, or serve's --access-log.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
 

@@ -47,7 +47,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "NAME", conflicts_with = "trace")]
     pub workload: Option<String>,
 
-    /// Replay a trace file instead (our JSONL, Mooncake's format or ShareGPT).
+    /// Replay a trace file instead: our JSONL, Mooncake's, ShareGPT, or serve's --access-log.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
 
@@ -218,11 +218,7 @@ fn load_workload(args: &BenchArgs) -> Result<(String, WorkloadSource, Vec<Reques
     if let Some(path) = &args.trace {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("--trace: cannot read {}", path.display()))?;
-        let format = match trace::detect_format(&text) {
-            trace::TraceFormat::Jsonl => "jsonl",
-            trace::TraceFormat::Mooncake => "mooncake",
-            trace::TraceFormat::Sharegpt => "sharegpt",
-        };
+        let format = trace::detect_format(&text).name();
         let mut requests =
             trace::load_trace(path).with_context(|| format!("--trace {}", path.display()))?;
         if let Some(n) = args.requests {

@@ -154,9 +154,7 @@ fn load_workload(args: &SimulateArgs) -> Result<SimWorkload> {
 
 fn load_trace(args: &SimulateArgs, path: &Path) -> Result<SimWorkload> {
     let format = match std::fs::read_to_string(path).map(|text| trace::detect_format(&text)) {
-        Ok(trace::TraceFormat::Jsonl) => "jsonl",
-        Ok(trace::TraceFormat::Mooncake) => "mooncake",
-        Ok(trace::TraceFormat::Sharegpt) => "sharegpt",
+        Ok(f) => f.name(),
         Err(e) => {
             return Err(e).with_context(|| format!("--trace: cannot read {}", path.display()))
         }

@@ -22,61 +22,14 @@ use prefix_router_loadgen::{BenchConfig, BenchOutcome, FailureKind, LoadMode};
 mod dns;
 use prefix_router_workload::{Message, Request, Role, Segment};
 
-const TOKEN: &str = "chaos-token";
+mod support;
+use support::*;
 
 fn env_f64(name: &str, default: f64) -> f64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
-    l.local_addr()
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A blocking HTTP/1.1 exchange on a fresh connection: (status, body).
-fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: chaos\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    if s.write_all(req.as_bytes()).is_err() {
-        return (0, String::new());
-    }
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
-}
-
-fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Sends `sig` to process `pid`; whether it was delivered.
-fn signal_pid(pid: u32, sig: &str) -> bool {
-    Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
 }
 
 fn signal(child: &Child, sig: &str) {
@@ -86,66 +39,6 @@ fn signal(child: &Child, sig: &str) {
 /// An admin API call naming one instance: (status, body).
 fn admin_post(admin: u16, path: &str, url: &str) -> (u16, String) {
     http(admin, "POST", path, &format!(r#"{{"url":"{url}"}}"#))
-}
-
-/// One mock engine process on a fixed port (so it can come back where it was).
-struct Engine {
-    port: u16,
-    child: Option<Child>,
-}
-
-impl Engine {
-    fn start(port: u16) -> Engine {
-        let mut e = Engine { port, child: None };
-        e.spawn();
-        e
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new(env!("CARGO_BIN_EXE_prefix-router"))
-            .args([
-                "mock-engine",
-                "--listen",
-                &format!("127.0.0.1:{}", self.port),
-            ])
-            .args(["--preset", "small", "--time-scale", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start mock-engine: {e}"));
-        self.child = Some(child);
-        let port = self.port;
-        wait_until("the engine to listen", Duration::from_secs(10), || {
-            http(port, "GET", "/health", "").0 == 200
-        });
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn child(&self) -> &Child {
-        self.child
-            .as_ref()
-            .unwrap_or_else(|| panic!("engine {} is down", self.port))
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        if let Some(c) = &self.child {
-            // A stopped process does not die of SIGKILL until continued on some systems.
-            signal_pid(c.id(), "CONT");
-        }
-        self.kill();
-    }
 }
 
 /// The router process, configured from a file it reloads on SIGHUP.

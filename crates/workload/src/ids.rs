@@ -6,7 +6,7 @@
 //! | top bits | source |
 //! | --- | --- |
 //! | `00` | the seeded generators ([`generator_id`]) |
-//! | `01` | Mooncake traces ([`mooncake_id`]) |
+//! | `01` | chained block hashes: Mooncake traces and the router's access log ([`mooncake_id`]) |
 //! | `10` | literal text: ShareGPT files, JSONL `"content"` messages ([`crate::text::text_segment`]) |
 //! | `11` | reserved (ids written by users in our JSONL `segments` form may use any value) |
 //!

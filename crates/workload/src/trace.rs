@@ -1,4 +1,4 @@
-//! Trace files: our JSONL and Mooncake's.
+//! Trace files: our JSONL, Mooncake's, and the router's access log ([`access_log`]).
 //!
 //! # Our JSONL format
 //!
@@ -32,6 +32,10 @@
 //! and surplus ids are dropped; if it is longer than `512 * hash_ids.len()`, the excess becomes
 //! one tail segment unique to the request (its content is unknown, so nothing is assumed
 //! shared). `output_length` 0 is read as 1 (an engine generates at least one token).
+
+pub mod access_log;
+
+pub use access_log::AccessRecord;
 
 use crate::ids::{block_hash, mooncake_id, mooncake_tail_id};
 use crate::request::{Message, Request, Role, Segment};
@@ -275,6 +279,41 @@ pub fn parse_mooncake(text: &str, path: &str) -> Result<Vec<Request>, TraceError
     Ok(out)
 }
 
+/// Parses the router's access log (`serve --access-log`) into requests, sorted by arrival and
+/// numbered in that order; times are seconds from the first line.
+pub fn parse_access_log(text: &str, path: &str) -> Result<Vec<Request>, TraceError> {
+    let mut records = Vec::new();
+    for (n, l) in numbered_lines(text) {
+        let r: AccessRecord = serde_json::from_str(l).map_err(|e| TraceError::Line {
+            path: path.to_string(),
+            line: n,
+            why: e.to_string(),
+        })?;
+        records.push((n, r));
+    }
+    let start = records
+        .iter()
+        .map(|(_, r)| r.t)
+        .filter(|t| t.is_finite())
+        .fold(f64::INFINITY, f64::min);
+    let mut out = Vec::with_capacity(records.len());
+    for (i, (n, r)) in records.iter().enumerate() {
+        out.push(
+            r.to_request(i as u64, start)
+                .map_err(|why| TraceError::Line {
+                    path: path.to_string(),
+                    line: *n,
+                    why,
+                })?,
+        );
+    }
+    out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    for (i, r) in out.iter_mut().enumerate() {
+        r.id = i as u64;
+    }
+    Ok(out)
+}
+
 /// The formats [`load_trace`] recognizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TraceFormat {
@@ -282,12 +321,26 @@ pub enum TraceFormat {
     Jsonl,
     /// Mooncake JSONL (lines carry `hash_ids`).
     Mooncake,
+    /// The router's access log (lines carry `chain` and `block_units`).
+    AccessLog,
     /// A ShareGPT JSON array.
     Sharegpt,
 }
 
+impl TraceFormat {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            TraceFormat::Jsonl => "jsonl",
+            TraceFormat::Mooncake => "mooncake",
+            TraceFormat::AccessLog => "access-log",
+            TraceFormat::Sharegpt => "sharegpt",
+        }
+    }
+}
+
 /// Guesses the format of trace text: a JSON array is ShareGPT; a first line with `hash_ids` is
-/// Mooncake; anything else is ours.
+/// Mooncake, one with `chain` and `block_units` the router's access log; anything else is ours.
 pub fn detect_format(text: &str) -> TraceFormat {
     if text.trim_start().starts_with('[') {
         return TraceFormat::Sharegpt;
@@ -295,6 +348,9 @@ pub fn detect_format(text: &str) -> TraceFormat {
     let first = numbered_lines(text).next().map(|(_, l)| l).unwrap_or("");
     match serde_json::from_str::<serde_json::Value>(first) {
         Ok(v) if v.get("hash_ids").is_some() => TraceFormat::Mooncake,
+        Ok(v) if v.get("chain").is_some() && v.get("block_units").is_some() => {
+            TraceFormat::AccessLog
+        }
         _ => TraceFormat::Jsonl,
     }
 }
@@ -313,6 +369,7 @@ pub fn load_trace(path: impl AsRef<Path>) -> Result<Vec<Request>, TraceError> {
             crate::sharegpt::parse_sharegpt(&text, &label, &Default::default())?.requests
         }
         TraceFormat::Mooncake => parse_mooncake(&text, &label)?,
+        TraceFormat::AccessLog => parse_access_log(&text, &label)?,
         TraceFormat::Jsonl => parse_jsonl(&text, &label)?,
     };
     if requests.is_empty() {

@@ -177,3 +177,43 @@ proptest! {
         prop_assert_eq!(back, requests);
     }
 }
+
+#[test]
+fn the_access_log_replays_its_sharing_tokens_and_times() {
+    // Two requests sharing the first two blocks, a third in another group; one without usage.
+    let text = r#"{"t":1700000010.5,"api":"chat","model":"m","group":"00000000000000aa","prompt_units":400,"block_units":128,"chain":[11,12,13],"instance":"http://127.0.0.1:1","reason":"cold","attempt":0,"status":200,"outcome":"ok","ttft_s":0.1,"duration_s":0.5,"prompt_tokens":100,"cached_tokens":0,"output_tokens":7}
+{"t":1700000010.0,"api":"chat","model":"m","group":"00000000000000aa","prompt_units":300,"block_units":128,"chain":[11,12],"instance":"http://127.0.0.1:1","reason":"cold","attempt":0,"status":200,"outcome":"ok","ttft_s":0.1,"duration_s":0.5,"prompt_tokens":null,"cached_tokens":null,"output_tokens":null}
+{"t":1700000011.0,"api":"completions","model":null,"group":null,"prompt_units":40,"block_units":128,"chain":[],"instance":"http://127.0.0.1:2","reason":"cold","attempt":0,"status":200,"outcome":"ok","ttft_s":0.1,"duration_s":0.5}
+"#;
+    assert_eq!(detect_format(text), TraceFormat::AccessLog);
+    let r = parse_access_log(text, "access.jsonl").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.len(), 3);
+    // Sorted by arrival, seconds from the first.
+    let t: Vec<f64> = r.iter().map(|q| q.arrival_s).collect();
+    assert_eq!(t, [0.0, 0.5, 1.0]);
+    let segs = |q: &Request| q.messages[0].segments.clone();
+    let (a, b, c) = (segs(&r[0]), segs(&r[1]), segs(&r[2]));
+    // No usage: 300 units at 4 a token = 75 tokens, 32 a block; the tail is its own.
+    assert_eq!(a.iter().map(|s| s.tokens).sum::<u32>(), 75);
+    assert_eq!(
+        b.iter().map(|s| s.tokens).sum::<u32>(),
+        100,
+        "the engine's count"
+    );
+    assert_eq!(
+        (a[0].id, a[1].id),
+        (b[0].id, b[1].id),
+        "shared blocks, shared ids"
+    );
+    assert_ne!(a.last().map(|s| s.id), b.last().map(|s| s.id));
+    assert_eq!(c.len(), 1, "shorter than a block: one unique segment");
+    assert_eq!((r[0].output_tokens, r[1].output_tokens), (1, 7));
+    assert_eq!(r[0].group.as_deref(), Some("00000000000000aa"));
+    assert_eq!(r[2].group, None);
+    let bad = r#"{"t":"soon","prompt_units":1,"block_units":1,"chain":[]}"#;
+    let e = parse_access_log(bad, "x.jsonl")
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("x.jsonl:1:"), "{e}");
+}

@@ -1,0 +1,120 @@
+//! The access log end to end, as a user runs it: `serve --access-log` in front of two
+//! `mock-engine` processes, `bench` through it, then the log read back: one line per request
+//! bench sent, the same prompt, cached and output tokens (so the same hit rate), and
+//! `simulate --trace` replays the file.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_prefix-router"))
+}
+
+#[test]
+fn the_log_agrees_with_bench_and_simulate_replays_it() {
+    let dir = std::env::temp_dir().join(format!("pr-access-replay-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.join("access.jsonl");
+    let engines: Vec<Engine> = (0..2).map(|_| Engine::start(free_port())).collect();
+    let port = free_port();
+    let mut serve = bin()
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(
+            engines
+                .iter()
+                .flat_map(|e| ["--instance".to_string(), e.url()]),
+        )
+        .arg("--access-log")
+        .arg(&log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start serve: {e}"));
+    wait_until("serve to be ready", Duration::from_secs(10), || {
+        http(port, "GET", "/ready", "")
+            .1
+            .contains("\"healthy_instances\":2")
+    });
+    let report = dir.join("bench.json");
+    let bench = bin()
+        .args(["bench", "--target", &format!("http://127.0.0.1:{port}")])
+        .args([
+            "--workload",
+            "rag",
+            "--requests",
+            "60",
+            "--concurrency",
+            "4",
+            "--json",
+        ])
+        .arg(&report)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run bench: {e}"));
+    assert!(
+        bench.status.success(),
+        "bench: {}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    // SIGTERM: serve drains in-flight requests and the log's queue, then exits.
+    assert!(signal_pid(serve.id(), "TERM"));
+    let status = serve.wait().unwrap_or_else(|e| panic!("{e}"));
+    assert!(status.success(), "serve exited with {status}");
+
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let json: Value = std::fs::read_to_string(&report)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    let result = &json["results"][0];
+    assert_eq!(
+        Some(lines.len() as u64),
+        result["requests"].as_u64(),
+        "one line per request"
+    );
+    let sum = |k: &str| lines.iter().filter_map(|l| l[k].as_u64()).sum::<u64>();
+    for k in ["prompt_tokens", "cached_tokens", "output_tokens"] {
+        assert_eq!(
+            Some(sum(k)),
+            result[k].as_u64(),
+            "{k}: the log and bench agree"
+        );
+    }
+    let log_hit = sum("cached_tokens") as f64 / sum("prompt_tokens").max(1) as f64;
+    let bench_hit = result["kv_hit_rate"].as_f64().unwrap_or(-1.0);
+    assert!(
+        (log_hit - bench_hit).abs() <= 0.02,
+        "hit rate: log {log_hit}, bench {bench_hit}"
+    );
+    assert!(lines
+        .iter()
+        .all(|l| l["status"] == 200 && l["outcome"] == "ok"));
+    assert!(lines
+        .iter()
+        .any(|l| l["chain"].as_array().is_some_and(|c| c.len() > 4)));
+
+    let sim = bin()
+        .args(["simulate", "--trace"])
+        .arg(&log)
+        .args(["--instances", "2", "--strategies", "cache-aware,random"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run simulate: {e}"));
+    let out = String::from_utf8_lossy(&sim.stdout);
+    assert!(
+        sim.status.success(),
+        "simulate: {}{out}",
+        String::from_utf8_lossy(&sim.stderr)
+    );
+    assert!(out.contains("access-log") && out.contains("60"), "{out}");
+    drop(engines);
+    let _ = std::fs::remove_dir_all(&dir);
+}
