@@ -36,14 +36,15 @@ pub fn client(connect: Duration, tls: rustls::ClientConfig) -> UpstreamClient {
         .pool_idle_timeout(POOL_IDLE)
         // Each pooled connection keeps the largest read buffer it ever grew (hyper's default
         // cap is 408 KiB): over a long run the pool's connections creep towards it, which a
-        // heap profile of a million-request soak showed as the router's only growth. Engine
-        // answers are SSE events and JSON of a few KiB; 64 KiB still reads them in one go.
+        // heap profile of a soak showed as the router's only growth (and 64 KiB still as most
+        // of it). Engine answers are SSE events and JSON of a few KiB: 16 KiB reads them in
+        // one go, and a longer answer simply takes more reads.
         .http1_max_buf_size(UPSTREAM_READ_BUF)
         .build(connector)
 }
 
 /// Largest read buffer of one upstream connection.
-const UPSTREAM_READ_BUF: usize = 64 * 1024;
+const UPSTREAM_READ_BUF: usize = 16 * 1024;
 
 /// Headers that belong to one connection, never forwarded (RFC 9110 section 7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
