@@ -145,6 +145,8 @@ impl AccessLog {
         let written = self.written.clone();
         Some(async move {
             let mut line = Vec::with_capacity(1024);
+            // Warned once per run of failures (a full disk must not flood the log as well).
+            let mut failing = false;
             let mut write = |out: &mut BufWriter<File>, entry: &Entry| {
                 line.clear();
                 if serde_json::to_writer(&mut line, entry).is_err() {
@@ -152,16 +154,28 @@ impl AccessLog {
                 }
                 line.push(b'\n');
                 match out.write_all(&line) {
-                    Ok(()) => written.inc(),
-                    Err(e) => {
-                        tracing::warn!(path = %shown, error = %e, "cannot write the access log");
-                        0
+                    Ok(()) => {
+                        written.inc();
+                        failing = false;
                     }
-                };
+                    Err(e) if !failing => {
+                        failing = true;
+                        tracing::warn!(path = %shown, error = %e, "cannot write the access log");
+                    }
+                    Err(_) => {}
+                }
             };
             loop {
                 let entry = tokio::select! {
-                    e = rx.recv() => e,
+                    e = rx.recv() => match e {
+                        Some(e) => Some(e),
+                        // Every sender is gone (the router's state was dropped): nothing more
+                        // can come.
+                        None => {
+                            let _ = out.flush();
+                            return;
+                        }
+                    },
                     () = signals.wake.notified() => None,
                 };
                 if let Some(entry) = &entry {
