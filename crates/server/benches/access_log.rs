@@ -40,7 +40,9 @@ fn main() {
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
     let task = writer.spawn(log.writer().unwrap_or_else(|| panic!("a writer")));
-    let chain: Vec<u64> = (0..blocks).map(|b| b.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+    let chain: Vec<u64> = (0..blocks)
+        .map(|b| b.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
     let id = String::from("http://10.0.0.5:8000");
     let model: Option<String> = Some("llama-3.1-8b".into());
     let received = Instant::now();
