@@ -102,24 +102,12 @@ impl MooncakeRecord {
         if self.input_length == 0 {
             return Err("input_length: must be at least 1".into());
         }
-        let mut left = self.input_length;
-        let mut segments = Vec::with_capacity(self.hash_ids.len() + 1);
-        let mut last = 0u64;
-        for &h in &self.hash_ids {
-            if left == 0 {
-                break;
-            }
-            let tokens = left.min(MOONCAKE_BLOCK_TOKENS);
-            last = mooncake_id(h);
-            segments.push(Segment { id: last, tokens });
-            left -= tokens;
-        }
-        if left > 0 {
-            segments.push(Segment {
-                id: mooncake_tail_id(last, line),
-                tokens: left,
-            });
-        }
+        let segments = chained_segments(
+            &self.hash_ids,
+            self.input_length,
+            MOONCAKE_BLOCK_TOKENS,
+            line,
+        );
         Ok(Request {
             id: line,
             arrival_s: self.timestamp / 1000.0,
@@ -129,6 +117,35 @@ impl MooncakeRecord {
             output_tokens: self.output_length.max(1),
         })
     }
+}
+
+/// The segments of a prompt of `tokens` tokens known by the chained hashes of its blocks of
+/// `per_block` tokens: one segment a block (the last used one cut to what is left, surplus
+/// hashes dropped), and what runs past the hashes one tail segment unique to request `line`
+/// (its content is unknown, so nothing is assumed shared).
+fn chained_segments(hashes: &[u64], tokens: u32, per_block: u32, line: u64) -> Vec<Segment> {
+    let mut left = tokens;
+    let mut segments = Vec::with_capacity(hashes.len() + 1);
+    let mut last = 0u64;
+    for &h in hashes {
+        if left == 0 {
+            break;
+        }
+        let t = left.min(per_block.max(1));
+        last = mooncake_id(h);
+        segments.push(Segment {
+            id: last,
+            tokens: t,
+        });
+        left -= t;
+    }
+    if left > 0 {
+        segments.push(Segment {
+            id: mooncake_tail_id(last, line),
+            tokens: left,
+        });
+    }
+    segments
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]

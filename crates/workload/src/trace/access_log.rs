@@ -9,8 +9,7 @@
 //! reported no usage) is read as 1. The group hash stays the request's group, so tenants stay
 //! apart; the time is seconds from the log's first line.
 
-use super::{Message, Request, Role, Segment};
-use crate::ids::{mooncake_id, mooncake_tail_id};
+use super::{Message, Request, Role};
 
 /// Units a token when the engine reported no `prompt_tokens`: English text runs about four
 /// characters a token.
@@ -59,27 +58,7 @@ impl AccessRecord {
         let per_block = ((f64::from(self.block_units) * f64::from(tokens) / f64::from(units))
             .round() as u32)
             .max(1);
-        let mut left = tokens;
-        let mut segments = Vec::with_capacity(self.chain.len() + 1);
-        let mut last = 0u64;
-        for &h in &self.chain {
-            if left == 0 {
-                break;
-            }
-            let t = left.min(per_block);
-            last = mooncake_id(h);
-            segments.push(Segment {
-                id: last,
-                tokens: t,
-            });
-            left -= t;
-        }
-        if left > 0 {
-            segments.push(Segment {
-                id: mooncake_tail_id(last, line),
-                tokens: left,
-            });
-        }
+        let segments = super::chained_segments(&self.chain, tokens, per_block, line);
         Ok(Request {
             id: line,
             arrival_s: self.t - start,
