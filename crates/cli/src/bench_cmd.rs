@@ -216,11 +216,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
 /// `--concurrency` set on a generator's arrivals).
 fn load_workload(args: &BenchArgs) -> Result<(String, WorkloadSource, Vec<Request>)> {
     if let Some(path) = &args.trace {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--trace: cannot read {}", path.display()))?;
-        let format = trace::detect_format(&text).name();
-        let mut requests =
-            trace::load_trace(path).with_context(|| format!("--trace {}", path.display()))?;
+        let (format, mut requests) =
+            trace::load_trace_as(path).with_context(|| format!("--trace {}", path.display()))?;
+        let format = format.name();
         if let Some(n) = args.requests {
             requests.truncate(usize::try_from(n).unwrap_or(usize::MAX));
         }

@@ -153,14 +153,9 @@ fn load_workload(args: &SimulateArgs) -> Result<SimWorkload> {
 }
 
 fn load_trace(args: &SimulateArgs, path: &Path) -> Result<SimWorkload> {
-    let format = match std::fs::read_to_string(path).map(|text| trace::detect_format(&text)) {
-        Ok(f) => f.name(),
-        Err(e) => {
-            return Err(e).with_context(|| format!("--trace: cannot read {}", path.display()))
-        }
-    };
-    let mut requests =
-        trace::load_trace(path).with_context(|| format!("--trace {}", path.display()))?;
+    let (format, mut requests) =
+        trace::load_trace_as(path).with_context(|| format!("--trace {}", path.display()))?;
+    let format = format.name();
     if let Some(n) = args.requests {
         requests.truncate(usize::try_from(n).unwrap_or(usize::MAX));
     }

@@ -4,7 +4,8 @@
 //! groups apart).
 //!
 //! The request path only moves an [`Entry`] into a bounded channel (`try_send`: never waits).
-//! One writer task formats and appends the lines, flushing whenever the channel is empty. When
+//! One writer, on a blocking thread (file writes must not hold a runtime worker), formats and
+//! appends the lines, flushing whenever the channel is empty. When
 //! the writer falls behind and the channel is full, the entry is dropped and counted
 //! (`access_log_dropped_total`): a slow disk must not slow requests. `reopen` (SIGHUP) makes the
 //! writer open the path again, so that logrotate can move the file away.
@@ -124,6 +125,13 @@ impl AccessLog {
         }
     }
 
+    /// Starts the writer on a blocking thread of the current runtime.
+    pub fn spawn_writer(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let writer = self.writer()?;
+        let rt = tokio::runtime::Handle::current();
+        Some(tokio::task::spawn_blocking(move || rt.block_on(writer)))
+    }
+
     /// Asks the writer to open the path again (after logrotate moved the file).
     pub fn reopen(&self) {
         self.signals.reopen.store(true, Ordering::Release);
@@ -136,7 +144,8 @@ impl AccessLog {
         self.signals.wake.notify_one();
     }
 
-    /// The writer task; `None` after the first call.
+    /// The writer task; `None` after the first call. It does blocking file I/O: run it with
+    /// [`AccessLog::spawn_writer`] (or on a thread of its own).
     pub fn writer(&self) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         let (mut rx, mut out) = self.rx.lock().ok()?.take()?;
         let path = self.path.clone();
@@ -147,23 +156,25 @@ impl AccessLog {
             let mut line = Vec::with_capacity(1024);
             // Warned once per run of failures (a full disk must not flood the log as well).
             let mut failing = false;
-            let mut write = |out: &mut BufWriter<File>, entry: &Entry| {
+            // Most write failures (a full disk) show at flush, past the buffer: both go
+            // through the same check.
+            let mut report = move |result: std::io::Result<()>| match result {
+                Ok(()) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(path = %shown, error = %e, "cannot write the access log");
+                }
+                Err(_) => {}
+            };
+            let mut write = |out: &mut BufWriter<File>, entry: &Entry| -> std::io::Result<()> {
                 line.clear();
                 if serde_json::to_writer(&mut line, entry).is_err() {
-                    return;
+                    return Ok(());
                 }
                 line.push(b'\n');
-                match out.write_all(&line) {
-                    Ok(()) => {
-                        written.inc();
-                        failing = false;
-                    }
-                    Err(e) if !failing => {
-                        failing = true;
-                        tracing::warn!(path = %shown, error = %e, "cannot write the access log");
-                    }
-                    Err(_) => {}
-                }
+                out.write_all(&line)?;
+                written.inc();
+                Ok(())
             };
             loop {
                 let entry = tokio::select! {
@@ -172,17 +183,17 @@ impl AccessLog {
                         // Every sender is gone (the router's state was dropped): nothing more
                         // can come.
                         None => {
-                            let _ = out.flush();
+                            report(out.flush());
                             return;
                         }
                     },
                     () = signals.wake.notified() => None,
                 };
                 if let Some(entry) = &entry {
-                    write(&mut out, entry);
+                    report(write(&mut out, entry));
                 }
                 if signals.reopen.swap(false, Ordering::AcqRel) {
-                    let _ = out.flush();
+                    report(out.flush());
                     match open(&path) {
                         Ok(f) => out = f,
                         Err(e) => {
@@ -192,13 +203,13 @@ impl AccessLog {
                 }
                 if signals.close.load(Ordering::Acquire) {
                     while let Ok(entry) = rx.try_recv() {
-                        write(&mut out, &entry);
+                        report(write(&mut out, &entry));
                     }
-                    let _ = out.flush();
+                    report(out.flush());
                     return;
                 }
                 if rx.is_empty() {
-                    let _ = out.flush();
+                    report(out.flush());
                 }
             }
         })

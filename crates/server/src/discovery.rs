@@ -103,7 +103,7 @@ impl DnsSource {
     /// Resolves the target once into instance specs (sorted, without duplicates).
     pub async fn resolve(&self) -> Result<Vec<InstanceSpec>, DiscoveryError> {
         let t = &self.target;
-        let mut addrs: Vec<SocketAddr> = match (&self.client, t.record) {
+        let addrs: Vec<SocketAddr> = match (&self.client, t.record) {
             (None, _) => tokio::net::lookup_host((t.name.as_str(), t.port))
                 .await?
                 .collect(),
@@ -115,10 +115,9 @@ impl DnsSource {
                 .collect(),
             (Some(c), DnsRecord::Srv) => srv_addrs(c, &t.name).await?,
         };
-        addrs.sort();
-        addrs.dedup();
         let mut urls: Vec<String> = addrs.into_iter().filter_map(url_of).collect();
         urls.sort();
+        urls.dedup();
         Ok(urls
             .into_iter()
             .map(|url| InstanceSpec {

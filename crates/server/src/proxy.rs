@@ -380,7 +380,7 @@ async fn forward(
                 prompt_units: chain.units,
                 block_units: opts.chain.map_or(0, |c| c.block_units),
                 chain: chain.blocks.as_slice().into(),
-                instance: routed.id.as_str().into(),
+                instance: Arc::clone(&routed.instance.id().0),
                 reason: routed.reason,
                 attempt: attempt_no,
                 status: 0,

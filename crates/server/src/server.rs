@@ -117,11 +117,7 @@ impl Router {
             tracing::info!(addr = %local, "admin API listening");
             admin_addr = Some(local);
         }
-        let log_writer = state
-            .access_log
-            .as_ref()
-            .and_then(|log| log.writer())
-            .map(tokio::spawn);
+        let log_writer = state.access_log.as_ref().and_then(|log| log.spawn_writer());
         let serve = tokio::spawn(accept_loop(listener, Arc::clone(&state), rx));
         tracing::info!(%addr, instances = state.fleet.snapshot().len(), "router listening");
         Ok(RunningRouter {

@@ -261,7 +261,7 @@ impl Settings {
             })
             .collect();
         Settings {
-            instances: validate_instances(&entries)?,
+            instances: entries.iter().map(de::spec_of).collect(),
             ..Settings::default()
         }
         .validate()

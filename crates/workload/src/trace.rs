@@ -375,13 +375,19 @@ pub fn detect_format(text: &str) -> TraceFormat {
 /// Reads a trace file of any recognized format ([`detect_format`]); ShareGPT files are replayed
 /// with [`crate::sharegpt::ReplayOptions::default`]. Errors name the file, line and field.
 pub fn load_trace(path: impl AsRef<Path>) -> Result<Vec<Request>, TraceError> {
+    load_trace_as(path).map(|(_, requests)| requests)
+}
+
+/// [`load_trace`], also saying which format the file was read as (one read of the file).
+pub fn load_trace_as(path: impl AsRef<Path>) -> Result<(TraceFormat, Vec<Request>), TraceError> {
     let path = path.as_ref();
     let label = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
         path: label.clone(),
         source,
     })?;
-    let requests = match detect_format(&text) {
+    let format = detect_format(&text);
+    let requests = match format {
         TraceFormat::Sharegpt => {
             crate::sharegpt::parse_sharegpt(&text, &label, &Default::default())?.requests
         }
@@ -395,7 +401,7 @@ pub fn load_trace(path: impl AsRef<Path>) -> Result<Vec<Request>, TraceError> {
             why: "holds no request".into(),
         });
     }
-    Ok(requests)
+    Ok((format, requests))
 }
 
 /// A hasher for keys that are already uniform 64-bit hashes: passes them through.
