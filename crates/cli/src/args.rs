@@ -41,6 +41,9 @@ pub enum Command {
     /// published experiment.
     #[command(after_help = strategies_help())]
     Demo(Box<crate::demo_cmd::DemoArgs>),
+    /// Profile a trace (or serve's access log) and sweep routing settings over it in the
+    /// simulator: what prefix routing buys on this traffic, and the settings to use.
+    Analyze(Box<crate::analyze_cmd::AnalyzeArgs>),
 }
 
 /// Where `--overflow` sends a request whose preferred instance is busy.
@@ -172,6 +175,12 @@ pub struct SimulateArgs {
     /// Write an SVG with the TTFT CDF, the per-instance share and the hit rate over time.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+
+    /// Write the workload (generated, or the trace after --requests and --rate) to FILE as our
+    /// JSONL and exit without simulating: a trace to replay with `simulate --trace`, `bench
+    /// --trace` or `analyze`.
+    #[arg(long, value_name = "FILE", conflicts_with = "load")]
+    pub write_trace: Option<PathBuf>,
 }
 
 /// Applies `--strategy-param NAME=VALUE` assignments to the strategies that have `NAME`; an

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod analyze_cmd;
 mod args;
 mod bench_cmd;
 mod demo_cmd;
@@ -31,6 +32,7 @@ fn main() -> ExitCode {
         Command::MockEngine(args) => mock_engine_cmd::run(*args),
         Command::Bench(args) => bench_cmd::run(*args),
         Command::Demo(args) => demo_cmd::run(*args),
+        Command::Analyze(args) => analyze_cmd::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -27,12 +27,20 @@ impl DelayedBar {
 
     /// Records where the simulation is.
     pub fn update(&mut self, p: Progress<'_>) {
+        self.update_raw(
+            p.done_total(),
+            p.grand_total(),
+            &format!("{} ({}/{})", p.strategy, p.strategy_index + 1, p.strategies),
+        );
+    }
+
+    /// Records `pos` of `len` done, with `msg` beside the bar.
+    pub fn update_raw(&mut self, pos: u64, len: u64, msg: &str) {
         if self.bar.is_none() {
             if self.started.elapsed() < SHOW_AFTER {
                 return;
             }
-            let bar =
-                ProgressBar::with_draw_target(Some(p.grand_total()), ProgressDrawTarget::stderr());
+            let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
             let style =
                 ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
                     .unwrap_or_else(|_| ProgressStyle::default_bar());
@@ -40,13 +48,9 @@ impl DelayedBar {
             self.bar = Some(bar);
         }
         if let Some(bar) = &self.bar {
-            bar.set_position(p.done_total());
-            bar.set_message(format!(
-                "{} ({}/{})",
-                p.strategy,
-                p.strategy_index + 1,
-                p.strategies
-            ));
+            bar.set_length(len);
+            bar.set_position(pos);
+            bar.set_message(msg.to_string());
         }
     }
 

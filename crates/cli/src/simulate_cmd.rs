@@ -23,6 +23,9 @@ const HIT_RATE_BUCKETS: usize = 50;
 /// Runs `simulate`.
 pub fn run(args: SimulateArgs) -> Result<()> {
     let workload = load_workload(&args)?;
+    if let Some(path) = &args.write_trace {
+        return write_trace(path, &workload.requests);
+    }
     if !args.load.is_empty() {
         return run_sweep(&args, &workload);
     }
@@ -83,6 +86,18 @@ fn run_sweep(args: &SimulateArgs, workload: &SimWorkload) -> Result<()> {
     if let Some(path) = &args.plot {
         plot::write_load_svg(&sweep, path).with_context(|| format!("--plot {}", path.display()))?;
     }
+    Ok(())
+}
+
+/// `--write-trace`: the requests as our JSONL.
+fn write_trace(path: &Path, requests: &[Request]) -> Result<()> {
+    let file = std::fs::File::create(path)
+        .with_context(|| format!("--write-trace: cannot create {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    trace::write_jsonl(requests, &mut out)
+        .and_then(|()| std::io::Write::flush(&mut out))
+        .with_context(|| format!("--write-trace: cannot write {}", path.display()))?;
+    eprintln!("wrote {} requests to {}", requests.len(), path.display());
     Ok(())
 }
 

@@ -44,6 +44,10 @@ impl Hasher for BlockHashHasher {
 
 type BlockMap = HashMap<u64, u32, BuildHasherDefault<BlockHashHasher>>;
 
+/// Stale map entries tolerated beyond as many as there are live blocks, so a small cache does
+/// not sweep at every commit.
+const STALE_SLACK: usize = 4096;
+
 /// One cached block in the slab.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
@@ -52,6 +56,8 @@ struct Slot {
     refs: u32,
     prev: u32,
     next: u32,
+    /// Cached now; false once evicted (its slot waits on the free list).
+    live: bool,
 }
 
 /// Result of looking a request's blocks up in the cache.
@@ -81,6 +87,9 @@ pub struct PrefixCache {
     private: u32,
     /// Blocks evicted since creation.
     evictions: u64,
+    /// Live slots: the blocks findable by hash. The map may hold more entries: eviction leaves
+    /// its entry behind (see [`PrefixCache::slot_of`]).
+    cached: u32,
 }
 
 impl PrefixCache {
@@ -99,6 +108,7 @@ impl PrefixCache {
             evictable: 0,
             private: 0,
             evictions: 0,
+            cached: 0,
         }
     }
 
@@ -109,7 +119,18 @@ impl PrefixCache {
 
     /// Blocks findable by hash (referenced or not).
     pub fn cached_blocks(&self) -> u32 {
-        self.map.len() as u32
+        self.cached
+    }
+
+    /// The live slot holding `hash`. Eviction does not remove the block's map entry: the
+    /// entry of a block evicted long ago is a cache miss in the table, and at one eviction
+    /// per new block it cost more than a third of a long-prompt simulation. A stale entry
+    /// points at a slot that is free or holds another hash, so it reads as absent, and
+    /// [`PrefixCache::commit`] sweeps the stale ones out once they outnumber the live.
+    fn slot_of(&self, hash: u64) -> Option<u32> {
+        let s = *self.map.get(&hash)?;
+        let slot = &self.slots[s as usize];
+        (slot.live && slot.hash == hash).then_some(s)
     }
 
     /// Cached blocks nobody uses: what eviction can reclaim.
@@ -145,20 +166,20 @@ impl PrefixCache {
 
     /// Whether a block with this chained hash is cached.
     pub fn contains(&self, hash: u64) -> bool {
-        self.map.contains_key(&hash)
+        self.slot_of(hash).is_some()
     }
 
     /// Reference count of a cached block (`None` when not cached).
     pub fn refs(&self, hash: u64) -> Option<u32> {
-        self.map.get(&hash).map(|&s| self.slots[s as usize].refs)
+        self.slot_of(hash).map(|s| self.slots[s as usize].refs)
     }
 
     /// Longest run of leading `hashes` present in the cache. O(matched blocks + 1).
     pub fn longest_prefix(&self, hashes: &[u64]) -> PrefixMatch {
         let mut m = PrefixMatch::default();
         for h in hashes {
-            match self.map.get(h) {
-                Some(&s) => {
+            match self.slot_of(*h) {
+                Some(s) => {
                     m.blocks += 1;
                     if self.slots[s as usize].refs == 0 {
                         m.unreferenced += 1;
@@ -176,7 +197,7 @@ impl PrefixCache {
     pub fn acquire_prefix(&mut self, hashes: &[u64], slots_out: &mut Vec<u32>) -> usize {
         let mut taken = 0;
         for h in hashes {
-            let Some(&s) = self.map.get(h) else { break };
+            let Some(s) = self.slot_of(*h) else { break };
             if self.slots[s as usize].refs == 0 {
                 self.lru_unlink(s);
                 self.evictable -= 1;
@@ -234,7 +255,7 @@ impl PrefixCache {
     /// reference, findable by `hash`. Returns its slot, or `None` when a block with that hash is
     /// already cached (the block then stays private, as a duplicate, until released).
     pub fn commit(&mut self, hash: u64) -> Option<u32> {
-        if self.private == 0 || self.map.contains_key(&hash) {
+        if self.private == 0 || self.slot_of(hash).is_some() {
             return None;
         }
         let slot = Slot {
@@ -242,6 +263,7 @@ impl PrefixCache {
             refs: 1,
             prev: NIL,
             next: NIL,
+            live: true,
         };
         let s = match self.free_slots.pop() {
             Some(s) => {
@@ -255,6 +277,14 @@ impl PrefixCache {
         };
         self.map.insert(hash, s);
         self.private -= 1;
+        self.cached += 1;
+        if self.map.len() > 2 * self.cached as usize + STALE_SLACK {
+            let slots = &self.slots;
+            self.map.retain(|h, s| {
+                let slot = &slots[*s as usize];
+                slot.live && slot.hash == *h
+            });
+        }
         Some(s)
     }
 
@@ -295,8 +325,8 @@ impl PrefixCache {
         }
         self.lru_unlink(s);
         self.evictable -= 1;
-        let hash = self.slots[s as usize].hash;
-        self.map.remove(&hash);
+        self.slots[s as usize].live = false;
+        self.cached -= 1;
         self.free_slots.push(s);
         self.evictions += 1;
     }
@@ -387,6 +417,35 @@ mod tests {
             c.release(s);
         }
         assert_eq!(c.evictable_blocks(), 2);
+    }
+
+    #[test]
+    fn evicted_entries_read_as_absent_and_are_swept() {
+        let mut c = PrefixCache::new(4);
+        cache_chain(&mut c, &[1, 2, 3, 4]);
+        assert!(c.allocate(4));
+        c.free_private(4);
+        assert!(
+            !c.contains(1) && c.refs(4).is_none(),
+            "evicted, though its entry stayed"
+        );
+        // A slot reused for another hash does not answer for the evicted one.
+        cache_chain(&mut c, &[7]);
+        assert!(c.contains(7) && !c.contains(1) && !c.contains(4));
+        assert_eq!(c.cached_blocks(), 1);
+        // A block evicted and cached again is found in its new slot.
+        cache_chain(&mut c, &[1]);
+        assert!(c.contains(1));
+        // Churn through many hashes: the map keeps at most twice the live blocks plus slack.
+        for round in 0..3_000u64 {
+            cache_chain(&mut c, &[100 + 3 * round, 101 + 3 * round, 102 + 3 * round]);
+        }
+        assert!(c.cached_blocks() <= 4);
+        assert!(
+            c.map.len() <= 2 * 4 + STALE_SLACK,
+            "{} entries",
+            c.map.len()
+        );
     }
 
     #[test]

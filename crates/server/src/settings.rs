@@ -59,7 +59,7 @@ pub use sections::{
     AccessLogSettings, Admin, AdminSettings, Discovery, DnsRecord, DnsTarget, EngineMetrics,
     HealthSettings, InstanceEntry, Limits, Retries, Routing, Timeouts,
 };
-pub use source::{settings_from_text, ConfigSource, Overrides};
+pub use source::{read_fields, settings_from_text, ConfigSource, Overrides};
 
 /// Default data-plane address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";

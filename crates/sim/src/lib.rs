@@ -28,7 +28,7 @@ pub use config::{Driver, SimConfig};
 pub use error::SimError;
 pub use input::{SimWorkload, WorkloadSource};
 pub use report::{FleetSummary, Report, StrategyResult, StrategySettings, WorkloadSummary};
-pub use simulate::{engine_config, routing_keys, simulate, Progress};
+pub use simulate::{engine_config, routing_keys, simulate, simulate_keyed, Prepared, Progress};
 pub use stats::{HitRateBucket, LatencySummary};
 
 #[cfg(test)]

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use prefix_router_core::extract::chat_route;
 use prefix_router_core::{
-    dispatch, Chain, End, ExtractError, InstanceId, KeyHash, KeyOptions, RequestInfo, RouteRequest,
-    RouteRng, Strategy, Ticket, Usage,
+    dispatch, Chain, ChainSpec, End, ExtractError, InstanceId, KeyHash, KeyOptions, PrefixLength,
+    RequestInfo, RouteRequest, RouteRng, Strategy, Ticket, Usage,
 };
 use prefix_router_engine_model::{EngineConfig, EngineEvent, EngineRequest};
 use prefix_router_workload::Request;
@@ -71,6 +71,48 @@ pub struct RunInputs<'a> {
     pub engine: &'a EngineConfig,
     /// Fleet, driver and scale settings.
     pub config: &'a SimConfig,
+    /// Each request's chain, derived once for runs that share a chain spec (a strategy with
+    /// another spec derives its own per arrival).
+    pub chains: Option<&'a Chains>,
+}
+
+/// Every request's block chain under one spec. A strategy that reads chains (`cache-aware`)
+/// otherwise renders each prompt up to the chain's bound at every arrival of every run, which
+/// on long prompts costs more than the rest of the simulation; a sweep derives them once.
+#[derive(Debug, Clone)]
+pub struct Chains {
+    /// How they were cut.
+    pub spec: ChainSpec,
+    /// One per request, in order.
+    pub chains: Vec<Chain>,
+}
+
+impl Chains {
+    /// Derives the chains of `requests` under `spec` (and the key at `prefix_length`, which
+    /// the extraction reads in the same pass) exactly as a run would.
+    pub fn derive(
+        requests: &[Request],
+        spec: ChainSpec,
+        prefix_length: PrefixLength,
+    ) -> Result<Self, SimError> {
+        let opts = KeyOptions {
+            prefix_length,
+            chain: Some(spec),
+        };
+        let chains = requests
+            .iter()
+            .enumerate()
+            .map(|(request, req)| {
+                route_info(req, &opts).map(|info| info.chain).map_err(|e| {
+                    SimError::InvalidRequest {
+                        request,
+                        why: format!("routing key: {e}"),
+                    }
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Chains { spec, chains })
+    }
 }
 
 struct Loop<'a> {
@@ -196,7 +238,15 @@ impl Loop<'_> {
         }
         let req = &inputs.requests[request];
         let mut key = inputs.keys[request];
-        if let Some(spec) = self.strategy.chain_spec() {
+        let prepared = self.strategy.chain_spec().and_then(|spec| {
+            inputs
+                .chains
+                .filter(|c| c.spec == spec)
+                .and_then(|c| c.chains.get(request))
+        });
+        if let Some(chain) = prepared {
+            self.chain.clone_from(chain);
+        } else if let Some(spec) = self.strategy.chain_spec() {
             let opts = KeyOptions {
                 prefix_length: inputs.config.prefix_length,
                 chain: Some(spec),
@@ -410,6 +460,7 @@ mod tests {
             keys: &keys,
             engine: &engine,
             config: c,
+            chains: None,
         };
         run_strategy(inputs, &strategy, &mut |_| {}).expect("run completes")
     }

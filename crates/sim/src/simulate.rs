@@ -7,7 +7,7 @@ use prefix_router_workload::Request;
 
 use crate::metrics::summarize;
 use crate::report::{FleetSummary, Report, StrategySettings, WorkloadSummary};
-use crate::run::{run_strategy, RunInputs};
+use crate::run::{run_strategy, Chains, RunInputs};
 use crate::{SimConfig, SimError, SimWorkload};
 
 /// Where a simulation is, for progress bars.
@@ -93,22 +93,78 @@ pub fn simulate(
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Report, SimError> {
     config.validate()?;
+    engine_config(&config.preset)?;
+    if workload.requests.is_empty() {
+        return Err(SimError::EmptyWorkload);
+    }
+    let keys = routing_keys(&workload.requests, config)?;
+    let prepared = Prepared {
+        keys: &keys,
+        chains: None,
+        oracle_hit_rate: None,
+    };
+    simulate_keyed(workload, config, prepared, progress)
+}
+
+/// What a sweep that replays the same requests many times derives once and hands every run.
+#[derive(Debug, Clone, Copy)]
+pub struct Prepared<'a> {
+    /// Each request's routing key at the config's prefix length ([`routing_keys`]).
+    pub keys: &'a [KeyHash],
+    /// Each request's chain, for the strategies cut with its spec ([`Chains`]).
+    pub chains: Option<&'a Chains>,
+    /// The trace's oracle hit rate at the engine's block size (computed when `None`).
+    pub oracle_hit_rate: Option<f64>,
+}
+
+/// [`simulate`] with each request's routing key already derived by [`routing_keys`] at
+/// `config.prefix_length`: a sweep that replays the same requests many times (other
+/// strategies, fleet sizes, arrival rates) derives the keys once per prefix length, which on
+/// long prompts costs more than a simulation ([`Prepared`]).
+pub fn simulate_keyed(
+    workload: &SimWorkload,
+    config: &SimConfig,
+    prepared: Prepared<'_>,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Report, SimError> {
+    config.validate()?;
     let engine = engine_config(&config.preset)?;
     let requests = &workload.requests;
     if requests.is_empty() {
         return Err(SimError::EmptyWorkload);
+    }
+    let Prepared { keys, chains, .. } = prepared;
+    if keys.len() != requests.len() {
+        return Err(SimError::InvalidConfig {
+            field: "keys",
+            why: format!(
+                "{} routing keys for {} requests: derive them with routing_keys",
+                keys.len(),
+                requests.len()
+            ),
+        });
+    }
+    if let Some(c) = chains.filter(|c| c.chains.len() != requests.len()) {
+        return Err(SimError::InvalidConfig {
+            field: "chains",
+            why: format!(
+                "{} chains for {} requests: derive them with Chains::derive",
+                c.chains.len(),
+                requests.len()
+            ),
+        });
     }
     let strategies = config
         .strategies
         .iter()
         .map(|s| s.build())
         .collect::<Result<Vec<_>, _>>()?;
-    let keys = routing_keys(requests, config)?;
     let inputs = RunInputs {
         requests,
-        keys: &keys,
+        keys,
         engine: &engine,
         config,
+        chains,
     };
 
     let total = requests.len() as u64;
@@ -140,10 +196,9 @@ pub fn simulate(
             scale_events: config.scale.clone(),
             strategies: config.strategies.iter().map(settings).collect(),
         },
-        oracle_hit_rate: prefix_router_workload::trace::oracle_hit_rate(
-            requests,
-            engine.block_tokens,
-        ),
+        oracle_hit_rate: prepared.oracle_hit_rate.unwrap_or_else(|| {
+            prefix_router_workload::trace::oracle_hit_rate(requests, engine.block_tokens)
+        }),
         results,
     })
 }

@@ -42,6 +42,7 @@ fn run(requests: &[Request], strategy: &str, seed: u64) -> RunOutcome {
         keys: &keys,
         engine: &engine,
         config: &config,
+        chains: None,
     };
     run_strategy(inputs, &s, &mut |_| {}).expect("runs")
 }

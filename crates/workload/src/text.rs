@@ -11,6 +11,8 @@
 //! Literal text (ShareGPT conversations, `"content"` messages of our JSONL traces) is turned into
 //! a [`Segment`] by [`text_segment`]: its whitespace-separated words are counted and its id is
 //! chained from the previous segment, the role and the words, so equal histories give equal ids.
+//! [`text_segments`] does the same in chunks of a fixed number of words, so prompts that share
+//! only their opening words still share segments.
 
 use crate::ids::CONTENT_ID_TAG;
 use crate::request::{Role, Segment};
@@ -123,6 +125,65 @@ pub fn text_segment(parent: u64, role: Role, text: &str) -> Option<Segment> {
     })
 }
 
+/// Turns literal text into segments of at most `chunk_words` words each (0: no limit, one
+/// segment as [`text_segment`] gives), appended to `out`. Each chunk's id is chained from the
+/// previous one's (the first from `parent`) exactly as [`text_segment`] chains, so a chunk equals
+/// `text_segment(p, role, chunk_text)` where `p` is the id before it, and prompts whose words
+/// agree up to a chunk boundary share every segment up to it. Returns the last id appended, or
+/// `parent` when the text has no words.
+pub fn text_segments(
+    parent: u64,
+    role: Role,
+    text: &str,
+    chunk_words: usize,
+    out: &mut Vec<Segment>,
+) -> u64 {
+    chunk_segments(parent, role, text.split_whitespace(), chunk_words, out)
+}
+
+/// [`text_segments`] over words already split (text parts of one message run on as one text).
+pub(crate) fn chunk_segments<'a>(
+    parent: u64,
+    role: Role,
+    words: impl Iterator<Item = &'a str>,
+    chunk_words: usize,
+    out: &mut Vec<Segment>,
+) -> u64 {
+    let limit = if chunk_words == 0 {
+        usize::MAX
+    } else {
+        chunk_words
+    };
+    let start =
+        |parent: u64| xxh3_64_with_seed(&parent.to_le_bytes(), CONTENT_SEED ^ role_tag(role));
+    let mut last = parent;
+    let mut h = start(last);
+    let mut in_chunk = 0usize;
+    for w in words {
+        // The same word-by-word chain as text_segment, restarted from each chunk's id.
+        h = xxh3_64_with_seed(w.as_bytes(), h);
+        in_chunk += 1;
+        if in_chunk == limit {
+            last = push_chunk(h, in_chunk, out);
+            h = start(last);
+            in_chunk = 0;
+        }
+    }
+    if in_chunk > 0 {
+        last = push_chunk(h, in_chunk, out);
+    }
+    last
+}
+
+fn push_chunk(h: u64, words: usize, out: &mut Vec<Segment>) -> u64 {
+    let id = CONTENT_ID_TAG | (h >> 2);
+    out.push(Segment {
+        id,
+        tokens: u32::try_from(words).unwrap_or(u32::MAX),
+    });
+    id
+}
+
 fn role_tag(role: Role) -> u64 {
     match role {
         Role::System => 1,
@@ -188,6 +249,30 @@ mod tests {
         );
         assert_eq!(a.id >> 62, 0b10);
         assert!(text_segment(0, Role::User, "  \n").is_none());
+    }
+
+    #[test]
+    fn text_segments_chunks_chain_like_text_segment() {
+        let text = "a b c d e f g";
+        let mut out = Vec::new();
+        let last = text_segments(9, Role::User, text, 3, &mut out);
+        assert_eq!(
+            out.iter().map(|s| s.tokens).collect::<Vec<_>>(),
+            vec![3, 3, 1]
+        );
+        assert_eq!(out[0], text_segment(9, Role::User, "a b c").unwrap());
+        assert_eq!(
+            out[1],
+            text_segment(out[0].id, Role::User, "d e f").unwrap()
+        );
+        assert_eq!(out[2], text_segment(out[1].id, Role::User, "g").unwrap());
+        assert_eq!(last, out[2].id);
+        let mut whole = Vec::new();
+        text_segments(9, Role::User, text, 0, &mut whole);
+        assert_eq!(whole, vec![text_segment(9, Role::User, text).unwrap()]);
+        let mut none = Vec::new();
+        assert_eq!(text_segments(9, Role::User, " \n ", 3, &mut none), 9);
+        assert!(none.is_empty());
     }
 
     proptest! {

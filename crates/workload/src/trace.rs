@@ -1,4 +1,5 @@
-//! Trace files: our JSONL, Mooncake's, and the router's access log ([`access_log`]).
+//! Trace files: our JSONL, Mooncake's, the router's access log ([`access_log`]) and OpenAI
+//! request bodies ([`openai`]).
 //!
 //! # Our JSONL format
 //!
@@ -34,8 +35,10 @@
 //! shared). `output_length` 0 is read as 1 (an engine generates at least one token).
 
 pub mod access_log;
+pub mod openai;
 
-pub use access_log::AccessRecord;
+pub use access_log::{parse_access_log, parse_access_log_records, AccessRecord};
+pub use openai::{parse_openai_bodies, OPENAI_CHUNK_WORDS, OPENAI_DEFAULT_OUTPUT_TOKENS};
 
 use crate::ids::{block_hash, mooncake_id, mooncake_tail_id};
 use crate::request::{Message, Request, Role, Segment};
@@ -296,41 +299,6 @@ pub fn parse_mooncake(text: &str, path: &str) -> Result<Vec<Request>, TraceError
     Ok(out)
 }
 
-/// Parses the router's access log (`serve --access-log`) into requests, sorted by arrival and
-/// numbered in that order; times are seconds from the first line.
-pub fn parse_access_log(text: &str, path: &str) -> Result<Vec<Request>, TraceError> {
-    let mut records = Vec::new();
-    for (n, l) in numbered_lines(text) {
-        let r: AccessRecord = serde_json::from_str(l).map_err(|e| TraceError::Line {
-            path: path.to_string(),
-            line: n,
-            why: e.to_string(),
-        })?;
-        records.push((n, r));
-    }
-    let start = records
-        .iter()
-        .map(|(_, r)| r.t)
-        .filter(|t| t.is_finite())
-        .fold(f64::INFINITY, f64::min);
-    let mut out = Vec::with_capacity(records.len());
-    for (i, (n, r)) in records.iter().enumerate() {
-        out.push(
-            r.to_request(i as u64, start)
-                .map_err(|why| TraceError::Line {
-                    path: path.to_string(),
-                    line: *n,
-                    why,
-                })?,
-        );
-    }
-    out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
-    for (i, r) in out.iter_mut().enumerate() {
-        r.id = i as u64;
-    }
-    Ok(out)
-}
-
 /// The formats [`load_trace`] recognizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TraceFormat {
@@ -342,6 +310,8 @@ pub enum TraceFormat {
     AccessLog,
     /// A ShareGPT JSON array.
     Sharegpt,
+    /// OpenAI request bodies, one a line ([`openai`]).
+    OpenAi,
 }
 
 impl TraceFormat {
@@ -352,12 +322,15 @@ impl TraceFormat {
             TraceFormat::Mooncake => "mooncake",
             TraceFormat::AccessLog => "access-log",
             TraceFormat::Sharegpt => "sharegpt",
+            TraceFormat::OpenAi => "openai",
         }
     }
 }
 
 /// Guesses the format of trace text: a JSON array is ShareGPT; a first line with `hash_ids` is
-/// Mooncake, one with `chain` and `block_units` the router's access log; anything else is ours.
+/// Mooncake, one with `chain` and `block_units` the router's access log, one that is an OpenAI
+/// request body (a `messages` list whose first message has `content`, or a string `prompt`, and
+/// neither of our `t` and `output_tokens`) OpenAI bodies; anything else is ours.
 pub fn detect_format(text: &str) -> TraceFormat {
     if text.trim_start().starts_with('[') {
         return TraceFormat::Sharegpt;
@@ -368,12 +341,28 @@ pub fn detect_format(text: &str) -> TraceFormat {
         Ok(v) if v.get("chain").is_some() && v.get("block_units").is_some() => {
             TraceFormat::AccessLog
         }
+        Ok(v) if looks_like_openai_body(&v) => TraceFormat::OpenAi,
         _ => TraceFormat::Jsonl,
     }
 }
 
-/// Reads a trace file of any recognized format ([`detect_format`]); ShareGPT files are replayed
-/// with [`crate::sharegpt::ReplayOptions::default`]. Errors name the file, line and field.
+fn looks_like_openai_body(v: &serde_json::Value) -> bool {
+    // Our JSONL may hold `content` messages too, but it always has `t` and `output_tokens`,
+    // which no OpenAI body does.
+    if v.get("t").is_some() || v.get("output_tokens").is_some() {
+        return false;
+    }
+    let chat = v
+        .get("messages")
+        .and_then(|m| m.as_array())
+        .and_then(|m| m.first())
+        .is_some_and(|m| m.get("content").is_some());
+    chat || v.get("prompt").is_some_and(|p| p.is_string())
+}
+
+/// Reads a trace file of any recognized format ([`detect_format`]: our JSONL, Mooncake, the
+/// router's access log, OpenAI bodies, ShareGPT); ShareGPT files are replayed with
+/// [`crate::sharegpt::ReplayOptions::default`]. Errors name the file, line and field.
 pub fn load_trace(path: impl AsRef<Path>) -> Result<Vec<Request>, TraceError> {
     load_trace_as(path).map(|(_, requests)| requests)
 }
@@ -386,18 +375,26 @@ pub fn load_trace_as(path: impl AsRef<Path>) -> Result<(TraceFormat, Vec<Request
         path: label.clone(),
         source,
     })?;
-    let format = detect_format(&text);
+    parse_trace(&text, &label)
+}
+
+/// Parses trace text of any recognized format ([`detect_format`]), as [`load_trace_as`] does a
+/// file, for a caller that has read the text already; `label` names it in errors. Text with no
+/// request is an error.
+pub fn parse_trace(text: &str, label: &str) -> Result<(TraceFormat, Vec<Request>), TraceError> {
+    let format = detect_format(text);
     let requests = match format {
         TraceFormat::Sharegpt => {
-            crate::sharegpt::parse_sharegpt(&text, &label, &Default::default())?.requests
+            crate::sharegpt::parse_sharegpt(text, label, &Default::default())?.requests
         }
-        TraceFormat::Mooncake => parse_mooncake(&text, &label)?,
-        TraceFormat::AccessLog => parse_access_log(&text, &label)?,
-        TraceFormat::Jsonl => parse_jsonl(&text, &label)?,
+        TraceFormat::Mooncake => parse_mooncake(text, label)?,
+        TraceFormat::AccessLog => parse_access_log(text, label)?,
+        TraceFormat::OpenAi => parse_openai_bodies(text, label)?,
+        TraceFormat::Jsonl => parse_jsonl(text, label)?,
     };
     if requests.is_empty() {
         return Err(TraceError::Format {
-            path: label,
+            path: label.to_string(),
             why: "holds no request".into(),
         });
     }

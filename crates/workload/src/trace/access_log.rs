@@ -8,18 +8,26 @@
 //! full block becomes a tail segment unique to the request. `output_tokens` missing (the engine
 //! reported no usage) is read as 1. The group hash stays the request's group, so tenants stay
 //! apart; the time is seconds from the log's first line.
+//!
+//! The record also keeps what the router observed (the instance, the reason, the status, the
+//! outcome, the latencies, the engine's cached tokens), so an analysis can set what the router
+//! saw beside what the simulator predicts ([`parse_access_log_records`]).
 
-use super::{Message, Request, Role};
+use super::{numbered_lines, Message, Request, Role, TraceError};
 
 /// Units a token when the engine reported no `prompt_tokens`: English text runs about four
 /// characters a token.
 pub const UNITS_PER_TOKEN: f64 = 4.0;
 
-/// The fields of an access-log line a replay needs (the others are ignored).
-#[derive(Debug, Clone, serde::Deserialize)]
+/// The fields of an access-log line a replay or an analysis needs (the others are ignored).
+/// Every observed field is optional so logs of older servers, and hand-written lines, still read.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 pub struct AccessRecord {
     /// Arrival, Unix seconds.
     pub t: f64,
+    /// The API called: `chat`, `completions`, `embeddings`, `native`, `other`.
+    #[serde(default)]
+    pub api: Option<String>,
     /// Requested model.
     #[serde(default)]
     pub model: Option<String>,
@@ -38,17 +46,47 @@ pub struct AccessRecord {
     /// The engine's output tokens.
     #[serde(default)]
     pub output_tokens: Option<u32>,
+    /// The instance the request went to (the last one, after retries).
+    #[serde(default)]
+    pub instance: Option<String>,
+    /// Why it went there (the routing decision's reason).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// HTTP status the instance answered (the server writes 0 when none came).
+    #[serde(default)]
+    pub status: Option<u16>,
+    /// How it ended (`ok`, `upstream_error`, `cancelled`, ...).
+    #[serde(default)]
+    pub outcome: Option<String>,
+    /// Arrival to first response byte, seconds.
+    #[serde(default)]
+    pub ttft_s: Option<f64>,
+    /// Arrival to end, seconds.
+    #[serde(default)]
+    pub duration_s: Option<f64>,
+    /// The engine's cached prompt tokens (`usage.prompt_tokens_details.cached_tokens`).
+    #[serde(default)]
+    pub cached_tokens: Option<u32>,
 }
 
 impl AccessRecord {
-    /// The request of this line; `line` salts the unique tail and becomes the id. `start` is the
-    /// log's first arrival (times become seconds from it).
-    pub fn to_request(&self, line: u64, start: f64) -> Result<Request, String> {
-        if !(self.t.is_finite() && self.t >= start) {
+    /// What makes a line unusable whatever else the log holds.
+    fn check(&self) -> Result<(), String> {
+        if !self.t.is_finite() {
             return Err("t: must be a finite Unix time".into());
         }
         if self.block_units == 0 && !self.chain.is_empty() {
             return Err("block_units: must be at least 1 with a chain".into());
+        }
+        Ok(())
+    }
+
+    /// The request of this line; `line` salts the unique tail and becomes the id. `start` is the
+    /// log's first arrival (times become seconds from it).
+    pub fn to_request(&self, line: u64, start: f64) -> Result<Request, String> {
+        self.check()?;
+        if self.t < start {
+            return Err("t: must not be before the log's start".into());
         }
         let units = self.prompt_units.max(1);
         let tokens = match self.prompt_tokens {
@@ -68,4 +106,56 @@ impl AccessRecord {
             output_tokens: self.output_tokens.unwrap_or(1).max(1),
         })
     }
+}
+
+/// The records with their 1-based line numbers, in file order, each checked.
+fn numbered_records(text: &str, path: &str) -> Result<Vec<(usize, AccessRecord)>, TraceError> {
+    numbered_lines(text)
+        .map(|(n, l)| {
+            let err = |why: String| TraceError::Line {
+                path: path.to_string(),
+                line: n,
+                why,
+            };
+            let r: AccessRecord = serde_json::from_str(l).map_err(|e| err(e.to_string()))?;
+            r.check().map_err(err)?;
+            Ok((n, r))
+        })
+        .collect()
+}
+
+/// Parses the router's access log into its records, in file order (not sorted: the server
+/// writes a line when a request ends); `path` only labels errors. A line that
+/// [`parse_access_log`] would reject is rejected here with the same error.
+pub fn parse_access_log_records(text: &str, path: &str) -> Result<Vec<AccessRecord>, TraceError> {
+    Ok(numbered_records(text, path)?
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect())
+}
+
+/// Parses the router's access log (`serve --access-log`) into requests, sorted by arrival and
+/// numbered in that order; times are seconds from the earliest line.
+pub fn parse_access_log(text: &str, path: &str) -> Result<Vec<Request>, TraceError> {
+    let records = numbered_records(text, path)?;
+    let start = records
+        .iter()
+        .map(|(_, r)| r.t)
+        .fold(f64::INFINITY, f64::min);
+    let mut out = Vec::with_capacity(records.len());
+    for (i, (n, r)) in records.iter().enumerate() {
+        out.push(
+            r.to_request(i as u64, start)
+                .map_err(|why| TraceError::Line {
+                    path: path.to_string(),
+                    line: *n,
+                    why,
+                })?,
+        );
+    }
+    out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    for (i, r) in out.iter_mut().enumerate() {
+        r.id = i as u64;
+    }
+    Ok(out)
 }

@@ -133,6 +133,10 @@ fn load_trace_detects_formats_and_reports_io() {
     )
     .unwrap();
     assert_eq!(load_trace(&sharegpt).unwrap().len(), 4);
+    let openai = dir.join("o.jsonl");
+    std::fs::write(&openai, "{\"prompt\": \"a b\"}\n{\"prompt\": \"c\"}\n").unwrap();
+    let (format, requests) = load_trace_as(&openai).unwrap();
+    assert_eq!((format, requests.len()), (TraceFormat::OpenAi, 2));
     let empty = dir.join("e.jsonl");
     std::fs::write(&empty, "\n").unwrap();
     assert!(load_trace(&empty)
@@ -216,4 +220,40 @@ fn the_access_log_replays_its_sharing_tokens_and_times() {
         .unwrap_err()
         .to_string();
     assert!(e.starts_with("x.jsonl:1:"), "{e}");
+}
+
+#[test]
+fn access_log_records_keep_what_the_router_observed() {
+    // A line as the server writes it (every key of its Entry), then one of an older log.
+    let text = r#"{"t":1700000010.5,"api":"chat","model":"m","group":"00000000000000aa","prompt_units":400,"block_units":128,"chain":[11,12,13],"instance":"http://127.0.0.1:1","reason":"cache_hit","attempt":1,"status":200,"outcome":"ok","ttft_s":0.125,"duration_s":0.5,"prompt_tokens":100,"cached_tokens":64,"output_tokens":7}
+
+{"t":1700000009.0,"prompt_units":40,"block_units":128,"chain":[]}
+"#;
+    let records = parse_access_log_records(text, "access.jsonl").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(records.len(), 2, "file order, not sorted");
+    let r = &records[0];
+    assert_eq!(r.t, 1700000010.5);
+    assert_eq!(r.api.as_deref(), Some("chat"));
+    assert_eq!(r.instance.as_deref(), Some("http://127.0.0.1:1"));
+    assert_eq!(r.reason.as_deref(), Some("cache_hit"));
+    assert_eq!(r.status, Some(200));
+    assert_eq!(r.outcome.as_deref(), Some("ok"));
+    assert_eq!(r.ttft_s, Some(0.125));
+    assert_eq!(r.duration_s, Some(0.5));
+    assert_eq!(r.prompt_tokens, Some(100));
+    assert_eq!(r.cached_tokens, Some(64));
+    assert_eq!(r.output_tokens, Some(7));
+    assert_eq!(r.chain, [11, 12, 13]);
+    let old = &records[1];
+    assert_eq!(
+        (old.instance.clone(), old.status, old.ttft_s),
+        (None, None, None)
+    );
+    // The same line errors as the replay.
+    let bad = "{\"t\":1,\"prompt_units\":1,\"block_units\":0,\"chain\":[5]}";
+    let e = parse_access_log_records(bad, "x.jsonl")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, parse_access_log(bad, "x.jsonl").unwrap_err().to_string());
+    assert_eq!(e, "x.jsonl:1: block_units: must be at least 1 with a chain");
 }

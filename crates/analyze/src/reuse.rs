@@ -1,0 +1,196 @@
+//! Reuse distance: how many distinct prompt tokens pass between two uses of a prefix. An LRU
+//! prefix cache keeps a prefix exactly when fewer distinct tokens than it holds were touched in
+//! between (Mattson's stack distance), so the distribution, set against one instance's cache and
+//! the fleet's, says what any router can hope to keep.
+//!
+//! Each block reference is one step of a clock; a Fenwick tree over the clock marks where every
+//! block was last touched, so the distinct blocks touched since a block's previous use are the
+//! marks after that use: O(log n) a reference.
+
+use std::collections::HashMap;
+
+use prefix_router_workload::Request;
+
+/// Block references above which every `stride`-th block of each chain stands for its
+/// neighbours (distances scale by the stride), so memory stays bounded on long prompts: 16 Mi
+/// references is 64 MiB of tree.
+const MAX_REFERENCES: u64 = 16 << 20;
+
+/// Reuse distances of a trace.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Reuse {
+    /// Requests that reuse a prefix seen before (their distance is that of the end of the
+    /// shared opening).
+    pub reuses: u64,
+    /// Median distance, tokens.
+    pub p50_tokens: u64,
+    /// 90th percentile, tokens.
+    pub p90_tokens: u64,
+    /// One instance's prefix cache, tokens (from the engine model).
+    pub instance_cache_tokens: u64,
+    /// Every instance's together.
+    pub fleet_cache_tokens: u64,
+    /// Reuses that come back within one instance's cache: kept even by a cache-blind balancer
+    /// if the instance sees all the traffic, and by any router.
+    pub within_instance: f64,
+    /// Reuses within the fleet's cache but not one instance's: kept only by a router that
+    /// partitions prefixes over instances.
+    pub within_fleet_only: f64,
+    /// Reuses beyond the fleet's cache: no router keeps them (more instances or a larger cache
+    /// would).
+    pub beyond_fleet: f64,
+    /// Blocks of a chain standing for one (1 unless the trace is very long).
+    pub stride: u32,
+}
+
+struct Fenwick(Vec<u32>);
+
+impl Fenwick {
+    fn add(&mut self, pos: usize, delta: i32) {
+        let mut i = pos + 1;
+        while i <= self.0.len() {
+            self.0[i - 1] = self.0[i - 1].wrapping_add_signed(delta);
+            i += i & i.wrapping_neg();
+        }
+    }
+    /// Sum of positions `0..end`.
+    fn prefix(&self, end: usize) -> u64 {
+        let mut i = end.min(self.0.len());
+        let mut s = 0u64;
+        while i > 0 {
+            s += u64::from(self.0[i - 1]);
+            i -= i & i.wrapping_neg();
+        }
+        s
+    }
+}
+
+/// Reuse distances of `requests` (in arrival order) with `block_tokens`-token blocks, against
+/// caches of `instance_cache_tokens` each over `instances` instances.
+pub fn reuse_distances(
+    requests: &[Request],
+    block_tokens: u32,
+    instance_cache_tokens: u64,
+    instances: u32,
+) -> Reuse {
+    let total: u64 = requests
+        .iter()
+        .map(|r| u64::from(r.prompt_tokens() / block_tokens.max(1)))
+        .sum();
+    let stride = total.div_ceil(MAX_REFERENCES).max(1) as usize;
+    let mut tree = Fenwick(vec![0; (total as usize).div_ceil(stride) + 1]);
+    let mut last: HashMap<u64, usize> = HashMap::new();
+    let mut clock = 0usize;
+    let mut distances = Vec::new();
+    let mut hashes = Vec::new();
+    for r in requests {
+        r.block_hashes_into(block_tokens, &mut hashes);
+        // The opening's last block, measured before this request touches anything: its own
+        // blocks are the prefix itself, not traffic that passed in between.
+        let deepest = hashes
+            .iter()
+            .step_by(stride)
+            .map_while(|h| last.get(h).copied())
+            .last()
+            .map(|prev| tree.prefix(clock) - tree.prefix(prev + 1));
+        for h in hashes.iter().step_by(stride) {
+            if clock >= tree.0.len() {
+                break;
+            }
+            if let Some(prev) = last.insert(*h, clock) {
+                tree.add(prev, -1);
+            }
+            tree.add(clock, 1);
+            clock += 1;
+        }
+        if let Some(d) = deepest {
+            distances.push(d * stride as u64 * u64::from(block_tokens));
+        }
+    }
+    distances.sort_unstable();
+    let n = distances.len();
+    let pct = |p: f64| -> u64 {
+        if n == 0 {
+            return 0;
+        }
+        let rank = ((p / 100.0) * n as f64).ceil() as usize;
+        distances[rank.clamp(1, n) - 1]
+    };
+    let fleet = instance_cache_tokens.saturating_mul(u64::from(instances.max(1)));
+    let share = |f: &dyn Fn(u64) -> bool| {
+        if n == 0 {
+            0.0
+        } else {
+            distances.iter().filter(|d| f(**d)).count() as f64 / n as f64
+        }
+    };
+    Reuse {
+        reuses: n as u64,
+        p50_tokens: pct(50.0),
+        p90_tokens: pct(90.0),
+        instance_cache_tokens,
+        fleet_cache_tokens: fleet,
+        within_instance: share(&|d| d < instance_cache_tokens),
+        within_fleet_only: share(&|d| d >= instance_cache_tokens && d < fleet),
+        beyond_fleet: share(&|d| d >= fleet),
+        stride: stride as u32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefix_router_workload::{Message, Role, Segment};
+
+    fn req(id: u64, segs: &[(u64, u32)]) -> Request {
+        Request {
+            id,
+            arrival_s: id as f64,
+            group: None,
+            model: None,
+            messages: vec![Message::new(
+                Role::User,
+                segs.iter()
+                    .map(|&(id, tokens)| Segment { id, tokens })
+                    .collect(),
+            )],
+            output_tokens: 1,
+        }
+    }
+
+    #[test]
+    fn distance_counts_distinct_tokens_in_between() {
+        // A (64 tokens = 4 blocks), then B and C (unique, 160 tokens = 10 blocks each), then A
+        // again: 20 distinct blocks of others (320 tokens) passed, whatever B's repeats.
+        let a = req(0, &[(1, 64)]);
+        let b = req(1, &[(2, 160)]);
+        let c = req(2, &[(3, 160)]);
+        let again = req(3, &[(1, 64), (9, 16)]);
+        let r = reuse_distances(&[a, b.clone(), c, b, again], 16, 400, 2);
+        assert_eq!(r.reuses, 2, "B's repeat and A's");
+        // B's repeat: C's 10 blocks in between; A's: B and C, 20 blocks.
+        assert_eq!(r.p90_tokens, 320);
+        assert_eq!(r.p50_tokens, 160);
+        assert_eq!(r.within_instance, 1.0);
+        let small = reuse_distances(
+            &[
+                req(0, &[(1, 64)]),
+                req(1, &[(2, 160)]),
+                req(2, &[(3, 160)]),
+                req(3, &[(1, 64)]),
+            ],
+            16,
+            200,
+            2,
+        );
+        assert_eq!(small.reuses, 1);
+        assert_eq!((small.within_instance, small.within_fleet_only), (0.0, 1.0));
+        assert_eq!(small.stride, 1);
+    }
+
+    #[test]
+    fn no_reuse_gives_zeros() {
+        let r = reuse_distances(&[req(0, &[(1, 64)]), req(1, &[(2, 64)])], 16, 100, 1);
+        assert_eq!((r.reuses, r.p50_tokens, r.beyond_fleet), (0, 0, 0.0));
+    }
+}
