@@ -1,7 +1,7 @@
 //! The access log end to end, as a user runs it: `serve --access-log` in front of two
 //! `mock-engine` processes, `bench` through it, then the log read back: one line per request
 //! bench sent, the same prompt, cached and output tokens (so the same hit rate), and
-//! `simulate --trace` replays the file.
+//! `simulate --trace` replays the file, and `analyze` reports the same figures from it.
 
 mod support;
 
@@ -115,6 +115,42 @@ fn the_log_agrees_with_bench_and_simulate_replays_it() {
         String::from_utf8_lossy(&sim.stderr)
     );
     assert!(out.contains("access-log") && out.contains("60"), "{out}");
+
+    // analyze reads the log: what it says was served agrees with bench (same requests, hit
+    // rate within 2 points), and its sweep runs on it.
+    let analysis = dir.join("analysis.json");
+    let an = bin()
+        .arg("analyze")
+        .arg(&log)
+        .args(["--instances", "2", "--rates", "1", "--json"])
+        .arg(&analysis)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run analyze: {e}"));
+    let text = String::from_utf8_lossy(&an.stdout);
+    assert!(
+        an.status.success(),
+        "analyze: {}{text}",
+        String::from_utf8_lossy(&an.stderr)
+    );
+    assert!(
+        text.contains("As served (the access log): 60 requests, 60 ok")
+            && text.contains("Recommendation: "),
+        "{text}"
+    );
+    let a: Value = std::fs::read_to_string(&analysis)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    assert_eq!(
+        a["observed"]["requests"].as_u64(),
+        result["requests"].as_u64()
+    );
+    assert_eq!(a["traffic"]["requests"].as_u64(), Some(60));
+    let served_hit = a["observed"]["hit_rate"].as_f64().unwrap_or(-1.0);
+    assert!(
+        (served_hit - bench_hit).abs() <= 0.02,
+        "hit rate: analyze {served_hit}, bench {bench_hit}"
+    );
     drop(engines);
     let _ = std::fs::remove_dir_all(&dir);
 }
