@@ -9,10 +9,11 @@ use prefix_router_core::{ConcurrencyThreshold, PrefixLength, StrategyConfig, Str
 
 /// Prefix lengths `prefix-aware` is tried at (characters).
 pub const PREFIX_LENGTHS: [usize; 3] = [1024, 4096, 16384];
-/// Overflow thresholds it is tried at (in-flight requests): the default and a tight one. A
-/// looser one than the default rarely differs from it (an instance 32 deep already queues), and
-/// each value costs three simulations a prefix length.
-pub const THRESHOLDS: [u32; 2] = [8, 32];
+/// Overflow thresholds it is tried at (in-flight requests): the default and a loose one. Under
+/// load, long answers keep many requests in flight on every instance, and at the default a hot
+/// key overflows to instances without its prefix; a tighter one only overflows more. Each
+/// value costs three simulations a prefix length.
+pub const THRESHOLDS: [u32; 2] = [32, 128];
 /// `cache-aware` variants beside its defaults: its share bound off and looser, and wider ties
 /// (more locality at some queueing).
 pub const CACHE_AWARE_VARIANTS: [(&str, &str); 3] = [
@@ -135,7 +136,7 @@ mod tests {
         let default = Setting::new(StrategyConfig::new(ca), PrefixLength::default());
         let g = grid(&default);
         assert_eq!(g.len(), 2 + 6 + 4, "current is the cache-aware default");
-        assert!(g.iter().any(|s| s.label() == "prefix-aware len=4096 t=8"));
+        assert!(g.iter().any(|s| s.label() == "prefix-aware len=4096 t=128"));
         assert!(g.iter().any(|s| s.label() == "cache-aware max-share=1.5"));
         let mut odd = StrategyConfig::new(ca);
         odd.params.insert("decode-chars".into(), "512".into());
