@@ -103,25 +103,35 @@ fn sweep(a: &Analysis, area: &Area<'_, '_>) -> Result<(), AnalyzeError> {
             .label(format!("{factor}x the trace's rate"))
             .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled()));
     }
-    for (s, name) in [(a.recommended, "recommended"), (a.current, "today")] {
-        if let Some(o) = a.outcome(s, 0) {
-            let p = (o.hit_rate, value(o));
-            chart
-                .draw_series([
-                    Circle::new(p, 8, BLACK.stroke_width(2)).into_dyn(),
-                    Text::new(
-                        format!("{name}: {}", a.settings[s].label()),
-                        p,
-                        ("sans-serif", 14),
-                    )
-                    .into_dyn(),
-                ])
-                .map_err(plot_err)?;
+    // Rings around the two settings that matter, named in the legend (labels beside the
+    // points would overlap: the two are often neighbours).
+    let rings = [
+        (a.recommended, "recommended", BLACK),
+        (a.current, "today", RGBColor(213, 94, 0)),
+    ];
+    for (s, name, c) in rings {
+        if s == a.current && name == "today" && a.current == a.recommended {
+            continue;
         }
+        let points: Vec<(f64, f64)> = a
+            .outcomes
+            .iter()
+            .filter(|o| o.setting == s)
+            .map(|o| (o.hit_rate, value(o)))
+            .collect();
+        chart
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 8, c.stroke_width(2))),
+            )
+            .map_err(plot_err)?
+            .label(format!("{name}: {}", a.settings[s].label()))
+            .legend(move |(x, y)| Circle::new((x + 10, y), 7, c.stroke_width(2)));
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.4))
         .draw()

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use prefix_router_sim::stats::nearest_rank;
 use prefix_router_workload::Request;
 
 /// Block references above which every `stride`-th block of each chain stands for its
@@ -109,13 +110,7 @@ pub fn reuse_distances(
     }
     distances.sort_unstable();
     let n = distances.len();
-    let pct = |p: f64| -> u64 {
-        if n == 0 {
-            return 0;
-        }
-        let rank = ((p / 100.0) * n as f64).ceil() as usize;
-        distances[rank.clamp(1, n) - 1]
-    };
+    let pct = |p: f64| nearest_rank(&distances, p).unwrap_or(0);
     let fleet = instance_cache_tokens.saturating_mul(u64::from(instances.max(1)));
     let share = |f: &dyn Fn(u64) -> bool| {
         if n == 0 {

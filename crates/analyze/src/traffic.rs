@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use prefix_router_sim::stats::nearest_rank;
 use prefix_router_workload::Request;
 
 use crate::keys::{key_buckets, KeyBuckets};
@@ -38,14 +39,13 @@ impl TokenStats {
             return Self::default();
         }
         v.sort_unstable();
-        let n = v.len();
-        let at = |p: f64| v[(((p / 100.0) * n as f64).ceil() as usize).clamp(1, n) - 1];
+        let at = |p: f64| nearest_rank(&v, p).unwrap_or(0);
         TokenStats {
-            mean: v.iter().sum::<u64>() as f64 / n as f64,
+            mean: v.iter().sum::<u64>() as f64 / v.len() as f64,
             p50: at(50.0),
             p90: at(90.0),
             p99: at(99.0),
-            max: v[n - 1],
+            max: at(100.0),
         }
     }
 }

@@ -34,12 +34,14 @@ impl LatencySummary {
 /// Nearest rank (rather than interpolation) always returns an observed value, so a reported
 /// P99 is a latency some request really had.
 pub fn percentile_sorted(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
+    nearest_rank(sorted, p).unwrap_or(0.0)
+}
+
+/// Nearest-rank percentile (`p` in 0..=100) of any ascending samples (`None` when empty).
+pub fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
     let n = sorted.len();
     let rank = ((p / 100.0) * n as f64).ceil() as usize;
-    sorted[rank.clamp(1, n) - 1]
+    sorted.get(rank.clamp(1, n.max(1)) - 1).copied()
 }
 
 /// The 101 percentiles 0, 1, ..., 100 of ascending samples (a compact CDF for plots and JSON).
