@@ -31,7 +31,7 @@ pub struct Setting {
     pub prefix_length: usize,
     /// `prefix-aware`'s overflow threshold (`None` for strategies without one).
     pub concurrency_threshold: Option<u32>,
-    /// The strategy's own parameters that differ from its defaults.
+    /// The strategy's own parameters, as set.
     pub params: BTreeMap<String, String>,
     /// What the simulator builds.
     #[serde(skip)]

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use prefix_router_workload::trace::{self, TraceError, TraceFormat};
+use prefix_router_workload::trace::{self, AccessRecord, TraceError, TraceFormat};
 use prefix_router_workload::Request;
 
 use crate::observed::Observed;
@@ -16,8 +16,9 @@ pub struct Input {
     pub format: Option<TraceFormat>,
     /// The requests, sorted by arrival.
     pub requests: Vec<Request>,
-    /// The access log's own figures (status, hit rate, TTFT, shares as served).
-    pub observed: Option<Observed>,
+    /// The access log's lines, in the requests' order (sorted by arrival), when the trace is
+    /// the router's own log: what it saw ([`Input::observed`]).
+    pub records: Option<Vec<AccessRecord>>,
 }
 
 impl Input {
@@ -31,17 +32,20 @@ impl Input {
             source,
         })?;
         let (format, requests) = trace::parse_trace(&text, &label)?;
-        let observed = match format {
-            TraceFormat::AccessLog => Some(Observed::from_records(
-                &trace::parse_access_log_records(&text, &label)?,
-            )),
+        let records = match format {
+            TraceFormat::AccessLog => {
+                let mut records = trace::parse_access_log_records(&text, &label)?;
+                // The requests' order: by arrival, ties in file order (both sorts are stable).
+                records.sort_by(|a, b| a.t.total_cmp(&b.t));
+                Some(records)
+            }
             _ => None,
         };
         Ok(Input {
             label,
             format: Some(format),
             requests,
-            observed,
+            records,
         })
     }
 
@@ -51,8 +55,21 @@ impl Input {
             label: label.into(),
             format: None,
             requests,
-            observed: None,
+            records: None,
         }
+    }
+
+    /// Keeps the first `n` requests (and their access-log lines).
+    pub fn truncate(&mut self, n: usize) {
+        self.requests.truncate(n);
+        if let Some(r) = &mut self.records {
+            r.truncate(n);
+        }
+    }
+
+    /// What the router saw, when the trace is its access log.
+    pub fn observed(&self) -> Option<Observed> {
+        self.records.as_deref().map(Observed::from_records)
     }
 
     /// Seconds from the first arrival to the last.

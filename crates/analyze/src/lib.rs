@@ -40,7 +40,7 @@ pub const TRUST: &str =
     "These figures come from the simulator's engine model, not from your GPUs. \
 Its hit rates and TTFT percentiles agreed with real HTTP runs through the router and mock engines \
 within 0.6 points and 0.2% at P50 on the demo's workload (README, 'What the demo shows'; CI checks \
-5 points and 20% in tests/demo_agreement.rs). Its latencies follow the preset's cost model \
+5 points and 20% in crates/cli/tests/demo_agreement.rs). Its latencies follow the preset's cost model \
 (CALIBRATION.md), so trust the ranking of settings and the hit rates more than the absolute \
 milliseconds; confirm the choice with `prefix-router bench --trace` against your fleet.";
 
@@ -89,7 +89,7 @@ pub struct AnalyzeConfig {
     pub current: Setting,
     /// Where today's setting came from (a config file, or serve's defaults).
     pub current_source: String,
-    /// Arrival rates to try, as multiples of the trace's own (the first should be 1).
+    /// Arrival rates to try, as multiples of the trace's own (run in ascending order).
     pub rate_factors: Vec<f64>,
     /// Fleet sizes to try for the recommended setting, as differences from `instances`.
     pub fleet_deltas: Vec<i32>,
@@ -212,6 +212,11 @@ pub fn analyze(
     if config.rate_factors.is_empty() {
         return Err(invalid("rates", "at least one is needed".into()));
     }
+    // Ascending, each once: the first is the one the plot's CDFs and "today" rows lead with.
+    let mut rate_factors = config.rate_factors.clone();
+    rate_factors.sort_by(f64::total_cmp);
+    rate_factors.dedup();
+    let rate_factors = &rate_factors;
     if input.requests.len() < 2 || input.span_s() <= 0.0 {
         return Err(invalid(
             "trace",
@@ -245,13 +250,7 @@ pub fn analyze(
                 config.current.prefix_length,
             )
         });
-        let sweep = Sweep::new(
-            input,
-            &settings,
-            &config.rate_factors,
-            &config.preset,
-            config.seed,
-        );
+        let sweep = Sweep::new(input, &settings, rate_factors, &config.preset, config.seed);
         (profile.join(), sweep)
     });
     let traffic = traffic.map_err(|_| invalid("trace", "profiling the traffic panicked".into()))?;
@@ -262,7 +261,7 @@ pub fn analyze(
         .filter_map(|d| u32::try_from(i64::from(config.instances) + i64::from(*d)).ok())
         .filter(|n| *n >= 1 && *n != config.instances)
         .collect();
-    let mut jobs: Vec<Job> = (0..config.rate_factors.len())
+    let mut jobs: Vec<Job> = (0..rate_factors.len())
         .flat_map(|rate| {
             (0..settings.len()).map(move |setting| Job {
                 setting,
@@ -274,7 +273,7 @@ pub fn analyze(
     // Longest first, so no thread idles at the end behind one slow run: strategies that read
     // chains cost the most.
     jobs.sort_by_key(|j| std::cmp::Reverse(settings[j.setting].reads_chains()));
-    let total = jobs.len() + fleet_sizes.len() * config.rate_factors.len();
+    let total = jobs.len() + fleet_sizes.len() * rate_factors.len();
     let outcomes = sweep.run(&jobs, config.threads, &mut |done, _, setting| {
         progress(Step {
             done,
@@ -316,7 +315,7 @@ pub fn analyze(
             format!(
                 "lowest TTFT {} over {} rates (geometric mean {:.1} ms against today's {:.1} ms)",
                 config.objective.name(),
-                config.rate_factors.len(),
+                rate_factors.len(),
                 scores[best],
                 scores[current]
             ),
@@ -326,7 +325,7 @@ pub fn analyze(
     let fleet_jobs: Vec<Job> = fleet_sizes
         .iter()
         .flat_map(|&instances| {
-            (0..config.rate_factors.len()).map(move |rate| Job {
+            (0..rate_factors.len()).map(move |rate| Job {
                 setting: recommended,
                 rate,
                 instances,
@@ -352,9 +351,9 @@ pub fn analyze(
             cache_tokens,
         },
         traffic,
-        observed: input.observed.clone(),
+        observed: input.observed(),
         settings,
-        rate_factors: config.rate_factors.clone(),
+        rate_factors: rate_factors.clone(),
         outcomes,
         fleet_sizes: fleet_outcomes,
         objective: config.objective,

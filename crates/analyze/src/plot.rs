@@ -138,7 +138,7 @@ fn sweep(a: &Analysis, area: &Area<'_, '_>) -> Result<(), AnalyzeError> {
         .map_err(plot_err)
 }
 
-/// Panel 2: TTFT CDFs at the trace's own rate.
+/// Panel 2: TTFT CDFs at the first (lowest) rate.
 fn cdfs(a: &Analysis, area: &Area<'_, '_>) -> Result<(), AnalyzeError> {
     let mut picks: Vec<(String, usize)> = vec![(
         format!("recommended: {}", a.settings[a.recommended].label()),
@@ -164,7 +164,10 @@ fn cdfs(a: &Analysis, area: &Area<'_, '_>) -> Result<(), AnalyzeError> {
     let (lo, hi) = log_range(curves.iter().flat_map(|(_, c)| c.iter().copied()));
     let mut chart = ChartBuilder::on(area)
         .caption(
-            "Time to first token at the trace's own rate: cumulative distribution",
+            format!(
+                "Time to first token at {}x the trace's rate: cumulative distribution",
+                a.rate_factors.first().copied().unwrap_or(1.0)
+            ),
             ("sans-serif", 22),
         )
         .margin(12)

@@ -13,8 +13,7 @@ use prefix_router_sim::stats::nearest_rank;
 use prefix_router_workload::Request;
 
 /// Block references above which every `stride`-th block of each chain stands for its
-/// neighbours (distances scale by the stride), so memory stays bounded on long prompts: 16 Mi
-/// references is 64 MiB of tree.
+/// neighbours ([`stride_for`]): 16 Mi references is 64 MiB of tree.
 const MAX_REFERENCES: u64 = 16 << 20;
 
 /// Reuse distances of a trace.
@@ -66,6 +65,21 @@ impl Fenwick {
     }
 }
 
+/// Every `stride`-th block of each chain stands for its neighbours once the trace holds more
+/// than [`MAX_REFERENCES`] blocks, so the reuse tree here and the traffic profile's prefix trie
+/// stay bounded on long prompts (distances and lengths then count in steps of the stride).
+pub fn stride_for(requests: &[Request], block_tokens: u32) -> usize {
+    stride_within(requests, block_tokens, MAX_REFERENCES)
+}
+
+fn stride_within(requests: &[Request], block_tokens: u32, max_references: u64) -> usize {
+    let total: u64 = requests
+        .iter()
+        .map(|r| u64::from(r.prompt_tokens() / block_tokens.max(1)))
+        .sum();
+    total.div_ceil(max_references.max(1)).max(1) as usize
+}
+
 /// Reuse distances of `requests` (in arrival order) with `block_tokens`-token blocks, against
 /// caches of `instance_cache_tokens` each over `instances` instances.
 pub fn reuse_distances(
@@ -74,27 +88,48 @@ pub fn reuse_distances(
     instance_cache_tokens: u64,
     instances: u32,
 ) -> Reuse {
-    let total: u64 = requests
+    distances_within(
+        requests,
+        block_tokens,
+        instance_cache_tokens,
+        instances,
+        MAX_REFERENCES,
+    )
+}
+
+fn distances_within(
+    requests: &[Request],
+    block_tokens: u32,
+    instance_cache_tokens: u64,
+    instances: u32,
+    max_references: u64,
+) -> Reuse {
+    let stride = stride_within(requests, block_tokens, max_references);
+    let references: usize = requests
         .iter()
-        .map(|r| u64::from(r.prompt_tokens() / block_tokens.max(1)))
+        .map(|r| ((r.prompt_tokens() / block_tokens.max(1)) as usize).div_ceil(stride))
         .sum();
-    let stride = total.div_ceil(MAX_REFERENCES).max(1) as usize;
-    let mut tree = Fenwick(vec![0; (total as usize).div_ceil(stride) + 1]);
+    let mut tree = Fenwick(vec![0; references + 1]);
     let mut last: HashMap<u64, usize> = HashMap::new();
     let mut clock = 0usize;
     let mut distances = Vec::new();
-    let mut hashes = Vec::new();
+    let (mut hashes, mut sampled) = (Vec::new(), Vec::new());
     for r in requests {
         r.block_hashes_into(block_tokens, &mut hashes);
-        // The opening's last block, measured before this request touches anything: its own
-        // blocks are the prefix itself, not traffic that passed in between.
-        let deepest = hashes
-            .iter()
-            .step_by(stride)
-            .map_while(|h| last.get(h).copied())
-            .last()
-            .map(|prev| tree.prefix(clock) - tree.prefix(prev + 1));
-        for h in hashes.iter().step_by(stride) {
+        sampled.clear();
+        sampled.extend(hashes.iter().step_by(stride).copied());
+        let leading = sampled.iter().take_while(|h| last.contains_key(*h)).count();
+        // The opening's deepest block, measured before this request touches anything. An
+        // engine releases a request's blocks tail first, so the opening is the most recently
+        // used part of the request that last had it: the opening's shallower blocks were
+        // touched after its deepest one, and they are the prefix itself, not traffic between.
+        let deepest = leading
+            .checked_sub(1)
+            .and_then(|i| last.get(&sampled[i]).copied())
+            .map(|prev| {
+                (tree.prefix(clock) - tree.prefix(prev + 1)).saturating_sub(leading as u64 - 1)
+            });
+        for h in sampled.iter().rev() {
             if clock >= tree.0.len() {
                 break;
             }
@@ -181,6 +216,29 @@ mod tests {
         assert_eq!(small.reuses, 1);
         assert_eq!((small.within_instance, small.within_fleet_only), (0.0, 1.0));
         assert_eq!(small.stride, 1);
+    }
+
+    #[test]
+    fn a_stride_keeps_every_reuse_and_scales_distances() {
+        // 5 requests of 4..=10 blocks (34 in all) bounded to 16 references: stride 3, and the
+        // tree must hold each request's rounded-up share, or the last reuse is lost.
+        let reqs = [
+            req(0, &[(1, 64)]),
+            req(1, &[(2, 160)]),
+            req(2, &[(3, 160)]),
+            req(3, &[(2, 160)]),
+            req(4, &[(1, 64)]),
+        ];
+        let r = distances_within(&reqs, 16, 10_000, 1, 16);
+        assert_eq!(r.stride, 3);
+        assert_eq!(r.reuses, 2, "both repeats are still seen");
+        let exact = reuse_distances(&reqs, 16, 10_000, 1);
+        assert_eq!(exact.reuses, 2);
+        // Sampled distances count sampled blocks times the stride: near the exact ones.
+        assert!(
+            r.p90_tokens.abs_diff(exact.p90_tokens) <= 3 * 16 * 2,
+            "{r:?} vs {exact:?}"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use prefix_router_sim::stats::nearest_rank;
 use prefix_router_workload::Request;
 
 use crate::keys::{key_buckets, KeyBuckets};
-use crate::reuse::{reuse_distances, Reuse};
+use crate::reuse::{self, reuse_distances, Reuse};
 
 /// Hottest prefixes listed.
 pub const HOTTEST: usize = 5;
@@ -139,7 +139,7 @@ pub struct Traffic {
 
 struct Node {
     requests: u32,
-    blocks: u32,
+    tokens: u64,
     largest_child: u32,
     first: u32,
 }
@@ -155,16 +155,25 @@ pub fn profile(
     prefix_length: usize,
 ) -> Traffic {
     let n = requests.len() as u64;
+    let stride = reuse::stride_for(requests, block_tokens);
+    let sampled = |r: &Request, hashes: &mut Vec<u64>| {
+        r.block_hashes_into(block_tokens, hashes);
+        if stride > 1 {
+            let kept: Vec<u64> = hashes.iter().step_by(stride).copied().collect();
+            *hashes = kept;
+        }
+    };
+    // Tokens up to and including the `depth`-th sampled block.
+    let tokens_at = |depth: usize| (depth * stride + 1) as u64 * u64::from(block_tokens);
     let mut nodes: HashMap<u64, Node> = HashMap::new();
     let mut openings = vec![0u64; OPENING_BOUNDS.len() + 1];
-    let (mut total, mut hit) = (0u64, 0u64);
+    let mut total = 0u64;
     let mut hashes = Vec::new();
     for (i, r) in requests.iter().enumerate() {
         total += u64::from(r.prompt_tokens());
-        r.block_hashes_into(block_tokens, &mut hashes);
-        let leading = hashes.iter().take_while(|h| nodes.contains_key(h)).count() as u64;
-        let shared = leading * u64::from(block_tokens);
-        hit += shared;
+        sampled(r, &mut hashes);
+        let leading = hashes.iter().take_while(|h| nodes.contains_key(h)).count();
+        let shared = leading.checked_sub(1).map_or(0, tokens_at);
         let bucket = if shared == 0 {
             0
         } else {
@@ -174,7 +183,7 @@ pub fn profile(
         for (depth, h) in hashes.iter().enumerate() {
             let node = nodes.entry(*h).or_insert(Node {
                 requests: 0,
-                blocks: depth as u32 + 1,
+                tokens: tokens_at(depth),
                 largest_child: 0,
                 first: i as u32,
             });
@@ -183,7 +192,7 @@ pub fn profile(
     }
     // A prefix is where sharing ends when no child carries all of its requests.
     for r in requests {
-        r.block_hashes_into(block_tokens, &mut hashes);
+        sampled(r, &mut hashes);
         for pair in hashes.windows(2) {
             let child = nodes.get(&pair[1]).map_or(0, |c| c.requests);
             if let Some(parent) = nodes.get_mut(&pair[0]) {
@@ -198,7 +207,7 @@ pub fn profile(
     hottest.sort_by(|a, b| {
         b.requests
             .cmp(&a.requests)
-            .then(b.blocks.cmp(&a.blocks))
+            .then(b.tokens.cmp(&a.tokens))
             .then(a.first.cmp(&b.first))
     });
     let hottest = hottest
@@ -207,7 +216,7 @@ pub fn profile(
         .map(|node| HotPrefix {
             requests: u64::from(node.requests),
             share: f64::from(node.requests) / n.max(1) as f64,
-            tokens: u64::from(node.blocks) * u64::from(block_tokens),
+            tokens: node.tokens,
             first_request: u64::from(node.first),
         })
         .collect();
@@ -230,6 +239,8 @@ pub fn profile(
             }
         })
         .collect();
+    // The simulator's own ceiling (exact, whatever the stride).
+    let oracle = prefix_router_workload::trace::oracle_hit_rate(requests, block_tokens);
     let keys = key_buckets(requests);
     let collapse = collapse_at(&keys, prefix_length);
     let span_s = match (requests.first(), requests.last()) {
@@ -259,13 +270,9 @@ pub fn profile(
         block_tokens,
         openings,
         hottest,
-        oracle_hit_rate: if total == 0 {
-            0.0
-        } else {
-            hit as f64 / total as f64
-        },
+        oracle_hit_rate: oracle,
         total_prompt_tokens: total,
-        oracle_saved_tokens: hit,
+        oracle_saved_tokens: (oracle * total as f64).round() as u64,
         reuse: reuse_distances(requests, block_tokens, instance_cache_tokens, instances),
         tenants: tenants(requests),
         keys,

@@ -48,22 +48,30 @@ pub struct AnalyzeArgs {
     #[arg(long, value_name = "P", default_value = "llama-3.1-70b-h100x8")]
     pub preset: String,
 
-    /// Arrival rates to sweep, as multiples of the trace's own, comma-separated.
+    /// Arrival rates to sweep, as multiples of the trace's own (or --rate's), comma-separated,
+    /// each within (0, 16].
     #[arg(
         long,
         value_name = "a,b,...",
         value_delimiter = ',',
-        default_value = "1,1.5,2"
+        default_value = "1,1.5,2",
+        value_parser = parse_factor
     )]
     pub rates: Vec<f64>,
+
+    /// Replay the trace at a mean of R requests per second (timestamps rescaled, their shape
+    /// kept) instead of its own: for traces without timestamps (OpenAI bodies arrive one a
+    /// second) or to ask about another load.
+    #[arg(long, value_name = "R", value_parser = crate::args::parse_rate)]
+    pub rate: Option<f64>,
 
     /// The TTFT percentile settings are ranked on (geometric mean over the rates).
     #[arg(long, value_enum, default_value = "p90")]
     pub objective: ObjectiveArg,
 
-    /// Use the first N requests of the trace.
-    #[arg(long, value_name = "N")]
-    pub requests: Option<usize>,
+    /// Use the first N requests of the trace (by arrival).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub requests: Option<u64>,
 
     /// Seed of the router's random choices in every simulation.
     #[arg(long, value_name = "S", default_value_t = 1)]
@@ -85,9 +93,20 @@ pub struct AnalyzeArgs {
 /// Runs `analyze`.
 pub fn run(args: AnalyzeArgs) -> Result<()> {
     let started = Instant::now();
+    // A typo in an output path should not wait for the end of a long run.
+    for (flag, path) in [("--json", &args.json), ("--plot", &args.plot)] {
+        if let Some(dir) = path.as_deref().and_then(|p| p.parent()) {
+            if !dir.as_os_str().is_empty() && !dir.is_dir() {
+                anyhow::bail!("{flag}: the folder {} does not exist", dir.display());
+            }
+        }
+    }
     let mut input = Input::load(&args.trace)?;
     if let Some(n) = args.requests {
-        input.requests.truncate(n);
+        input.truncate(usize::try_from(n).unwrap_or(usize::MAX));
+    }
+    if let Some(rate) = args.rate {
+        crate::simulate_cmd::rescale_arrivals(&mut input.requests, rate);
     }
     let (current, source, listed) = current_setting(&args)?;
     let instances = args.instances.or(listed).unwrap_or(DEFAULT_INSTANCES);
@@ -123,6 +142,15 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         plot::write_svg(&analysis, path).with_context(|| format!("--plot {}", path.display()))?;
     }
     Ok(())
+}
+
+fn parse_factor(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 && f <= 16.0 => Ok(f),
+        _ => Err(format!(
+            "each rate is a multiple of the trace's rate within (0, 16], got '{s}'"
+        )),
+    }
 }
 
 /// Today's setting, where it came from, and the config's instance count (if it lists any).

@@ -264,7 +264,7 @@ fn parse_threshold(s: &str) -> Result<u32, String> {
         .map_err(|e| e.to_string())
 }
 
-fn parse_rate(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
         _ => Err(format!(

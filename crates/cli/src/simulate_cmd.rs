@@ -194,7 +194,7 @@ fn load_trace(args: &SimulateArgs, path: &Path) -> Result<SimWorkload> {
 /// Stretches or squeezes arrival times (keeping their shape) so the mean rate becomes `rate`:
 /// the load generator's own open-loop schedule, so `simulate` and `bench` replay a trace at the
 /// same times.
-fn rescale_arrivals(requests: &mut [Request], rate: f64) {
+pub(crate) fn rescale_arrivals(requests: &mut [Request], rate: f64) {
     // A single request, or one instant for all, has no rate to set: left as it is.
     let (Some(first), Some(last)) = (requests.first(), requests.last()) else {
         return;
