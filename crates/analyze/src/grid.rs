@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use prefix_router_core::strategy::OverflowPolicy;
-use prefix_router_core::{ConcurrencyThreshold, PrefixLength, StrategyConfig, StrategyKind};
+use prefix_router_core::{
+    ChainSpec, ConcurrencyThreshold, PrefixLength, StrategyConfig, StrategyKind,
+};
 
 /// Prefix lengths `prefix-aware` is tried at (characters).
 pub const PREFIX_LENGTHS: [usize; 3] = [1024, 4096, 16384];
@@ -36,6 +38,10 @@ pub struct Setting {
     /// What the simulator builds.
     #[serde(skip)]
     pub config: StrategyConfig,
+    /// How the strategy cuts block chains, if it reads them (asked of the built strategy once,
+    /// here; `None` also when the configuration does not build, which the sweep reports).
+    #[serde(skip)]
+    pub chain_spec: Option<ChainSpec>,
 }
 
 impl Setting {
@@ -47,6 +53,7 @@ impl Setting {
             prefix_length: prefix_length.get(),
             concurrency_threshold: thresholded.then(|| config.concurrency_threshold.get()),
             params: config.params.clone(),
+            chain_spec: config.build().ok().and_then(|s| s.chain_spec()),
             config,
         }
     }
@@ -71,7 +78,7 @@ impl Setting {
 
     /// Whether the strategy reads block chains (the costlier kind to simulate).
     pub fn reads_chains(&self) -> bool {
-        self.config.build().is_ok_and(|s| s.chain_spec().is_some())
+        self.chain_spec.is_some()
     }
 
     /// The same routing: same strategy settings and, where the strategy reads the key, the same
@@ -82,10 +89,6 @@ impl Setting {
     }
 }
 
-fn kind(name: &str) -> Option<StrategyKind> {
-    StrategyKind::named(name)
-}
-
 /// The sweep's settings: the baselines first, then `prefix-aware`, then `cache-aware`, then
 /// `current` if none of those is the same. Strategies without a key use `current`'s prefix
 /// length.
@@ -93,11 +96,11 @@ pub fn grid(current: &Setting) -> Vec<Setting> {
     let base_len = PrefixLength::new(current.prefix_length as u64).unwrap_or_default();
     let mut out = Vec::new();
     for name in ["random", "least-outstanding"] {
-        if let Some(k) = kind(name) {
+        if let Some(k) = StrategyKind::named(name) {
             out.push(Setting::new(StrategyConfig::new(k), base_len));
         }
     }
-    if let Some(k) = kind("prefix-aware") {
+    if let Some(k) = StrategyKind::named("prefix-aware") {
         for len in PREFIX_LENGTHS {
             for t in THRESHOLDS {
                 let (Ok(len), Ok(t)) = (
@@ -112,7 +115,7 @@ pub fn grid(current: &Setting) -> Vec<Setting> {
             }
         }
     }
-    if let Some(k) = kind("cache-aware") {
+    if let Some(k) = StrategyKind::named("cache-aware") {
         out.push(Setting::new(StrategyConfig::new(k), base_len));
         for (param, value) in CACHE_AWARE_VARIANTS {
             let mut c = StrategyConfig::new(k);

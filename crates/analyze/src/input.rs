@@ -25,22 +25,8 @@ impl Input {
     /// Reads a trace file: our JSONL, the router's access log, Mooncake's JSONL, ShareGPT, or a
     /// JSONL of OpenAI request bodies (detected from the content).
     pub fn load(path: impl AsRef<Path>) -> Result<Self, TraceError> {
-        let path = path.as_ref();
-        let label = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
-            path: label.clone(),
-            source,
-        })?;
-        let (format, requests) = trace::parse_trace(&text, &label)?;
-        let records = match format {
-            TraceFormat::AccessLog => {
-                let mut records = trace::parse_access_log_records(&text, &label)?;
-                // The requests' order: by arrival, ties in file order (both sorts are stable).
-                records.sort_by(|a, b| a.t.total_cmp(&b.t));
-                Some(records)
-            }
-            _ => None,
-        };
+        let (label, text) = trace::read_text(path)?;
+        let (format, requests, records) = trace::parse_trace_with_records(&text, &label)?;
         Ok(Input {
             label,
             format: Some(format),

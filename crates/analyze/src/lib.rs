@@ -48,6 +48,9 @@ milliseconds; confirm the choice with `prefix-router bench --trace` against your
 /// engine model's error is no reason to change a running router.
 pub const KEEP_MARGIN: f64 = 0.02;
 
+/// The fastest rate a sweep tries, as a multiple of the trace's own.
+pub const MAX_RATE_FACTOR: f64 = 16.0;
+
 /// Which TTFT percentile the settings are ranked on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -69,7 +72,8 @@ impl Objective {
             Objective::P99 => "p99",
         }
     }
-    fn of(self, o: &Outcome) -> f64 {
+    /// Its value in an outcome, ms.
+    pub fn of(self, o: &Outcome) -> f64 {
         match self {
             Objective::P50 => o.ttft_ms.p50,
             Objective::P90 => o.ttft_ms.p90,
@@ -202,11 +206,11 @@ pub fn analyze(
     if let Some(bad) = config
         .rate_factors
         .iter()
-        .find(|f| !(f.is_finite() && **f > 0.0 && **f <= 16.0))
+        .find(|f| !(f.is_finite() && **f > 0.0 && **f <= MAX_RATE_FACTOR))
     {
         return Err(invalid(
             "rates",
-            format!("each must be within (0, 16] times the trace's rate, got {bad}"),
+            format!("each must be within (0, {MAX_RATE_FACTOR}] times the trace's rate, got {bad}"),
         ));
     }
     if config.rate_factors.is_empty() {
@@ -243,7 +247,7 @@ pub fn analyze(
     let (traffic, sweep) = std::thread::scope(|scope| {
         let profile = scope.spawn(|| {
             traffic::profile(
-                &input.requests,
+                input,
                 engine.block_tokens,
                 cache_tokens,
                 config.instances,
@@ -254,7 +258,8 @@ pub fn analyze(
         (profile.join(), sweep)
     });
     let traffic = traffic.map_err(|_| invalid("trace", "profiling the traffic panicked".into()))?;
-    let sweep = sweep?;
+    let mut sweep = sweep?;
+    sweep.oracle_hit_rate = Some(traffic.oracle_hit_rate);
     let fleet_sizes: Vec<u32> = config
         .fleet_deltas
         .iter()

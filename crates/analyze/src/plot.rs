@@ -62,11 +62,7 @@ fn log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
 
 /// Panel 1: every setting at every rate, hit rate against the objective's TTFT.
 fn sweep(a: &Analysis, area: &Area<'_, '_>) -> Result<(), AnalyzeError> {
-    let value = |o: &crate::Outcome| match a.objective {
-        crate::Objective::P50 => o.ttft_ms.p50,
-        crate::Objective::P90 => o.ttft_ms.p90,
-        crate::Objective::P99 => o.ttft_ms.p99,
-    };
+    let value = |o: &crate::Outcome| a.objective.of(o);
     let (lo, hi) = log_range(a.outcomes.iter().map(value));
     let mut chart = ChartBuilder::on(area)
         .caption(

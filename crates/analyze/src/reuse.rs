@@ -80,6 +80,19 @@ fn stride_within(requests: &[Request], block_tokens: u32, max_references: u64) -
     total.div_ceil(max_references.max(1)).max(1) as usize
 }
 
+/// The block hashes of `r` that stand for the chain at `stride` ([`stride_for`]): every
+/// `stride`-th, from the first, into `out` (no copy when the stride is 1).
+pub fn sampled_hashes(r: &Request, block_tokens: u32, stride: usize, out: &mut Vec<u64>) {
+    r.block_hashes_into(block_tokens, out);
+    if stride > 1 {
+        let mut i = 0usize;
+        out.retain(|_| {
+            i += 1;
+            (i - 1) % stride == 0
+        });
+    }
+}
+
 /// Reuse distances of `requests` (in arrival order) with `block_tokens`-token blocks, against
 /// caches of `instance_cache_tokens` each over `instances` instances.
 pub fn reuse_distances(
@@ -88,23 +101,25 @@ pub fn reuse_distances(
     instance_cache_tokens: u64,
     instances: u32,
 ) -> Reuse {
-    distances_within(
+    let stride = stride_for(requests, block_tokens);
+    reuse_distances_at(
         requests,
         block_tokens,
+        stride,
         instance_cache_tokens,
         instances,
-        MAX_REFERENCES,
     )
 }
 
-fn distances_within(
+/// [`reuse_distances`] at a stride the caller already has.
+pub fn reuse_distances_at(
     requests: &[Request],
     block_tokens: u32,
+    stride: usize,
     instance_cache_tokens: u64,
     instances: u32,
-    max_references: u64,
 ) -> Reuse {
-    let stride = stride_within(requests, block_tokens, max_references);
+    let stride = stride.max(1);
     let references: usize = requests
         .iter()
         .map(|r| ((r.prompt_tokens() / block_tokens.max(1)) as usize).div_ceil(stride))
@@ -113,11 +128,9 @@ fn distances_within(
     let mut last: HashMap<u64, usize> = HashMap::new();
     let mut clock = 0usize;
     let mut distances = Vec::new();
-    let (mut hashes, mut sampled) = (Vec::new(), Vec::new());
+    let mut sampled = Vec::new();
     for r in requests {
-        r.block_hashes_into(block_tokens, &mut hashes);
-        sampled.clear();
-        sampled.extend(hashes.iter().step_by(stride).copied());
+        sampled_hashes(r, block_tokens, stride, &mut sampled);
         let leading = sampled.iter().take_while(|h| last.contains_key(*h)).count();
         // The opening's deepest block, measured before this request touches anything. An
         // engine releases a request's blocks tail first, so the opening is the most recently
@@ -229,7 +242,7 @@ mod tests {
             req(3, &[(2, 160)]),
             req(4, &[(1, 64)]),
         ];
-        let r = distances_within(&reqs, 16, 10_000, 1, 16);
+        let r = reuse_distances_at(&reqs, 16, stride_within(&reqs, 16, 16), 10_000, 1);
         assert_eq!(r.stride, 3);
         assert_eq!(r.reuses, 2, "both repeats are still seen");
         let exact = reuse_distances(&reqs, 16, 10_000, 1);

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 
 use prefix_router_core::{KeyHash, PrefixLength};
 use prefix_router_sim::run::Chains;
@@ -65,6 +65,9 @@ pub struct Sweep<'a> {
     pub preset: &'a str,
     /// Router seed.
     pub seed: u64,
+    /// The trace's oracle hit rate, once the traffic profile has it (each run's report then
+    /// takes it instead of computing it again).
+    pub oracle_hit_rate: Option<f64>,
     keys: HashMap<usize, Vec<KeyHash>>,
     chains: Vec<Chains>,
 }
@@ -103,19 +106,12 @@ impl<'a> Sweep<'a> {
             })
             .collect::<Vec<_>>();
         let mut keys = HashMap::new();
-        let first = workloads
-            .first()
-            .map(|(_, w)| w)
-            .ok_or(AnalyzeError::InvalidConfig {
-                field: "rates",
-                why: "at least one rate is needed".into(),
-            })?;
         for s in settings {
             if keys.contains_key(&s.prefix_length) {
                 continue;
             }
             let config = sim_config(s, 1, preset, seed)?;
-            let k = routing_keys(&first.requests, &config).map_err(|source| AnalyzeError::Sim {
+            let k = routing_keys(requests, &config).map_err(|source| AnalyzeError::Sim {
                 setting: s.label(),
                 source,
             })?;
@@ -125,19 +121,17 @@ impl<'a> Sweep<'a> {
         // changes `block-chars` or `max-chars`).
         let mut chains: Vec<Chains> = Vec::new();
         for s in settings {
-            let built = s.config.build().map_err(|e| AnalyzeError::InvalidConfig {
+            // Built here only to report a setting that does not build, by its label.
+            s.config.build().map_err(|e| AnalyzeError::InvalidConfig {
                 field: "current",
                 why: format!("{}: {e}", s.label()),
             })?;
-            let Some(spec) = built.chain_spec() else {
-                continue;
-            };
+            let Some(spec) = s.chain_spec else { continue };
             if chains.iter().any(|c| c.spec == spec) {
                 continue;
             }
-            let len = PrefixLength::new(s.prefix_length as u64).unwrap_or_default();
             chains.push(
-                Chains::derive(&first.requests, spec, len).map_err(|source| AnalyzeError::Sim {
+                Chains::derive(requests, spec).map_err(|source| AnalyzeError::Sim {
                     setting: s.label(),
                     source,
                 })?,
@@ -150,6 +144,7 @@ impl<'a> Sweep<'a> {
             base_rate_rps: input.rate_rps(),
             preset,
             seed,
+            oracle_hit_rate: None,
             keys,
         })
     }
@@ -163,41 +158,33 @@ impl<'a> Sweep<'a> {
         progress: &mut dyn FnMut(usize, usize, &str),
     ) -> Result<Vec<Outcome>, AnalyzeError> {
         let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<Option<Result<Outcome, AnalyzeError>>>> =
-            Mutex::new((0..jobs.len()).map(|_| None).collect());
-        let (tx, rx) = mpsc::channel::<usize>();
+        let mut results: Vec<Option<Result<Outcome, AnalyzeError>>> =
+            (0..jobs.len()).map(|_| None).collect();
         std::thread::scope(|scope| {
+            let (tx, rx) = mpsc::channel();
             for _ in 0..threads.clamp(1, jobs.len().max(1)) {
-                let tx = tx.clone();
-                let (next, results) = (&next, &results);
+                let (tx, next) = (tx.clone(), &next);
                 scope.spawn(move || loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(job) = jobs.get(i) else { break };
-                    let outcome = self.run_one(*job);
-                    if let Ok(mut r) = results.lock() {
-                        r[i] = Some(outcome);
-                    }
-                    if tx.send(i).is_err() {
+                    if tx.send((i, self.run_one(*job))).is_err() {
                         break;
                     }
                 });
             }
             drop(tx);
-            for (done, i) in rx.iter().enumerate() {
+            // Outcomes are gathered here, on the calling thread, which also reports progress.
+            for (done, (i, outcome)) in rx.iter().enumerate() {
                 let label = jobs
                     .get(i)
                     .and_then(|j| self.settings.get(j.setting))
                     .map(Setting::label)
                     .unwrap_or_default();
                 progress(done + 1, jobs.len(), &label);
+                results[i] = Some(outcome);
             }
         });
-        let results = results
-            .into_inner()
-            .map_err(|_| AnalyzeError::InvalidConfig {
-                field: "threads",
-                why: "a simulation thread panicked".into(),
-            })?;
+        // A worker that panicked takes the scope (and this call) with it, so every slot is set.
         results
             .into_iter()
             .map(|r| {
@@ -240,13 +227,14 @@ impl<'a> Sweep<'a> {
             source,
         };
         let config = sim_config(setting, job.instances, self.preset, self.seed)?;
-        let spec = setting.config.build().ok().and_then(|s| s.chain_spec());
-        let chains = self.chains.iter().find(|c| Some(c.spec) == spec);
+        let chains = self
+            .chains
+            .iter()
+            .find(|c| Some(c.spec) == setting.chain_spec);
         let prepared = Prepared {
             keys,
             chains,
-            // The report's oracle is not read: the traffic profile has its own.
-            oracle_hit_rate: Some(f64::NAN),
+            oracle_hit_rate: self.oracle_hit_rate,
         };
         let report = simulate_keyed(workload, &config, prepared, &mut |_| {}).map_err(sim_err)?;
         let r = report.results.first().ok_or(AnalyzeError::InvalidConfig {

@@ -8,7 +8,8 @@ use prefix_router_sim::stats::nearest_rank;
 use prefix_router_workload::Request;
 
 use crate::keys::{key_buckets, KeyBuckets};
-use crate::reuse::{self, reuse_distances, Reuse};
+use crate::reuse::{self, reuse_distances_at, Reuse};
+use crate::Input;
 
 /// Hottest prefixes listed.
 pub const HOTTEST: usize = 5;
@@ -142,27 +143,23 @@ struct Node {
     tokens: u64,
     largest_child: u32,
     first: u32,
+    /// The block before it (chained hashes: one parent whatever the request).
+    parent: Option<u64>,
 }
 
-/// Profiles `requests` (sorted by arrival) for a fleet of `instances` engines caching
+/// Profiles the trace's requests for a fleet of `instances` engines caching
 /// `instance_cache_tokens` each in `block_tokens`-token blocks, with `prefix_length` the
 /// prefix length configured today.
 pub fn profile(
-    requests: &[Request],
+    input: &Input,
     block_tokens: u32,
     instance_cache_tokens: u64,
     instances: u32,
     prefix_length: usize,
 ) -> Traffic {
+    let requests = &input.requests[..];
     let n = requests.len() as u64;
     let stride = reuse::stride_for(requests, block_tokens);
-    let sampled = |r: &Request, hashes: &mut Vec<u64>| {
-        r.block_hashes_into(block_tokens, hashes);
-        if stride > 1 {
-            let kept: Vec<u64> = hashes.iter().step_by(stride).copied().collect();
-            *hashes = kept;
-        }
-    };
     // Tokens up to and including the `depth`-th sampled block.
     let tokens_at = |depth: usize| (depth * stride + 1) as u64 * u64::from(block_tokens);
     let mut nodes: HashMap<u64, Node> = HashMap::new();
@@ -171,7 +168,7 @@ pub fn profile(
     let mut hashes = Vec::new();
     for (i, r) in requests.iter().enumerate() {
         total += u64::from(r.prompt_tokens());
-        sampled(r, &mut hashes);
+        reuse::sampled_hashes(r, block_tokens, stride, &mut hashes);
         let leading = hashes.iter().take_while(|h| nodes.contains_key(h)).count();
         let shared = leading.checked_sub(1).map_or(0, tokens_at);
         let bucket = if shared == 0 {
@@ -186,18 +183,19 @@ pub fn profile(
                 tokens: tokens_at(depth),
                 largest_child: 0,
                 first: i as u32,
+                parent: depth.checked_sub(1).map(|d| hashes[d]),
             });
             node.requests += 1;
         }
     }
     // A prefix is where sharing ends when no child carries all of its requests.
-    for r in requests {
-        sampled(r, &mut hashes);
-        for pair in hashes.windows(2) {
-            let child = nodes.get(&pair[1]).map_or(0, |c| c.requests);
-            if let Some(parent) = nodes.get_mut(&pair[0]) {
-                parent.largest_child = parent.largest_child.max(child);
-            }
+    let links: Vec<(u64, u32)> = nodes
+        .values()
+        .filter_map(|c| c.parent.map(|p| (p, c.requests)))
+        .collect();
+    for (parent, requests) in links {
+        if let Some(p) = nodes.get_mut(&parent) {
+            p.largest_child = p.largest_child.max(requests);
         }
     }
     let mut hottest: Vec<&Node> = nodes
@@ -243,18 +241,10 @@ pub fn profile(
     let oracle = prefix_router_workload::trace::oracle_hit_rate(requests, block_tokens);
     let keys = key_buckets(requests);
     let collapse = collapse_at(&keys, prefix_length);
-    let span_s = match (requests.first(), requests.last()) {
-        (Some(a), Some(b)) => (b.arrival_s - a.arrival_s).max(0.0),
-        _ => 0.0,
-    };
     Traffic {
         requests: n,
-        span_s,
-        rate_rps: if span_s > 0.0 {
-            (n.saturating_sub(1)) as f64 / span_s
-        } else {
-            0.0
-        },
+        span_s: input.span_s(),
+        rate_rps: input.rate_rps(),
         prompt_tokens: TokenStats::of(
             requests
                 .iter()
@@ -273,7 +263,13 @@ pub fn profile(
         oracle_hit_rate: oracle,
         total_prompt_tokens: total,
         oracle_saved_tokens: (oracle * total as f64).round() as u64,
-        reuse: reuse_distances(requests, block_tokens, instance_cache_tokens, instances),
+        reuse: reuse_distances_at(
+            requests,
+            block_tokens,
+            stride,
+            instance_cache_tokens,
+            instances,
+        ),
         tenants: tenants(requests),
         keys,
         collapse,

@@ -6,14 +6,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use prefix_router_analyze::{analyze, plot, render, AnalyzeConfig, Input, Objective, Setting};
+use prefix_router_analyze::{
+    analyze, plot, render, AnalyzeConfig, Input, Objective, Setting, MAX_RATE_FACTOR,
+};
 use prefix_router_core::{PrefixLength, StrategyConfig, StrategyKind};
 use prefix_router_server::settings::{read_fields, DEFAULT_STRATEGY};
 
 use crate::progress::DelayedBar;
-
-/// Fleet size when neither `--instances` nor `--current` gives one (as `simulate`).
-const DEFAULT_INSTANCES: u32 = 7;
 
 /// The percentile settings are ranked on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -45,7 +44,7 @@ pub struct AnalyzeArgs {
     pub instances: Option<u32>,
 
     /// Engine preset of every instance (see `prefix-router presets`).
-    #[arg(long, value_name = "P", default_value = "llama-3.1-70b-h100x8")]
+    #[arg(long, value_name = "P", default_value = crate::args::DEFAULT_PRESET)]
     pub preset: String,
 
     /// Arrival rates to sweep, as multiples of the trace's own (or --rate's), comma-separated,
@@ -109,7 +108,10 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         crate::simulate_cmd::rescale_arrivals(&mut input.requests, rate);
     }
     let (current, source, listed) = current_setting(&args)?;
-    let instances = args.instances.or(listed).unwrap_or(DEFAULT_INSTANCES);
+    let instances = args
+        .instances
+        .or(listed)
+        .unwrap_or(crate::args::DEFAULT_INSTANCES);
     let mut config = AnalyzeConfig::new(args.preset.clone(), instances, current);
     config.current_source = source;
     config.rate_factors = args.rates.clone();
@@ -146,9 +148,9 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
 
 fn parse_factor(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
-        Ok(f) if f.is_finite() && f > 0.0 && f <= 16.0 => Ok(f),
+        Ok(f) if f.is_finite() && f > 0.0 && f <= MAX_RATE_FACTOR => Ok(f),
         _ => Err(format!(
-            "each rate is a multiple of the trace's rate within (0, 16], got '{s}'"
+            "each rate is a multiple of the trace's rate within (0, {MAX_RATE_FACTOR}], got '{s}'"
         )),
     }
 }

@@ -9,6 +9,13 @@ use prefix_router_core::{ConcurrencyThreshold, PrefixLength, StrategyKind};
 use prefix_router_workload::scale::parse_scale_events;
 use prefix_router_workload::ScaleEvent;
 
+/// Engine preset of `simulate`, `demo` and `analyze` when `--preset` is not given: the
+/// published experiment's (Llama 3.1 70B on 8 H100s).
+pub const DEFAULT_PRESET: &str = "llama-3.1-70b-h100x8";
+
+/// Instances of `simulate` and `analyze` when neither `--instances` nor a config gives them.
+pub const DEFAULT_INSTANCES: u32 = 7;
+
 /// Default routing-key length in characters; see the `--prefix-length` help for why.
 pub const DEFAULT_PREFIX_LENGTH: u32 = 1024;
 
@@ -77,11 +84,11 @@ pub struct SimulateArgs {
     pub trace: Option<PathBuf>,
 
     /// Instances (engines) in the fleet at the start.
-    #[arg(long, value_name = "N", default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_INSTANCES, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub instances: u32,
 
     /// Engine preset of every instance (see `prefix-router presets`).
-    #[arg(long, value_name = "P", default_value = "llama-3.1-70b-h100x8")]
+    #[arg(long, value_name = "P", default_value = crate::args::DEFAULT_PRESET)]
     pub preset: String,
 
     /// Strategies to compare, comma-separated, run one after another on the same requests.

@@ -87,7 +87,7 @@ pub struct DemoArgs {
     pub params: Vec<String>,
 
     /// Engine preset of every mock engine (see `prefix-router presets`).
-    #[arg(long, value_name = "P", default_value = "llama-3.1-70b-h100x8")]
+    #[arg(long, value_name = "P", default_value = crate::args::DEFAULT_PRESET)]
     pub preset: String,
 
     /// Wall seconds per engine second. The default 0.08 replays the full long-context workload

@@ -58,11 +58,12 @@ impl Chain {
     /// The chain of `text` (characters are Unicode scalar values) under `group`.
     pub fn of_chars(group: Option<&str>, text: &str, spec: ChainSpec) -> Chain {
         let mut blocks = Vec::new();
-        let units = chars_into(group, text, spec, &mut blocks);
+        let seed = group_seed(group);
+        let units = chars_into(seed, text, spec, &mut blocks);
         Chain {
             blocks,
             units,
-            group: group.map(|g| group_seed(Some(g))),
+            group: group.is_some().then_some(seed),
         }
     }
 
@@ -70,7 +71,8 @@ impl Chain {
     pub fn of_bytes(group: Option<&str>, bytes: &[u8], spec: ChainSpec) -> Chain {
         let block = spec.block_units.max(1) as usize;
         let bytes = bytes.get(..spec.max_units as usize).unwrap_or(bytes);
-        let mut seed = group_seed(group);
+        let first = group_seed(group);
+        let mut seed = first;
         let blocks = bytes
             .chunks_exact(block)
             .map(|b| {
@@ -81,7 +83,7 @@ impl Chain {
         Chain {
             blocks,
             units: bytes.len() as u32,
-            group: group.map(|g| group_seed(Some(g))),
+            group: group.is_some().then_some(first),
         }
     }
 }
@@ -91,10 +93,11 @@ fn group_seed(group: Option<&str>) -> u64 {
     KeyHash::new(group, b"").0
 }
 
-/// Appends the block hashes of `text` to `out`; returns the characters read.
-fn chars_into(group: Option<&str>, text: &str, spec: ChainSpec, out: &mut Vec<u64>) -> u32 {
+/// Appends the block hashes of `text`, chained from `seed` (the group's), to `out`; returns the
+/// characters read.
+fn chars_into(seed: u64, text: &str, spec: ChainSpec, out: &mut Vec<u64>) -> u32 {
     let block = spec.block_units.max(1) as usize;
-    let mut seed = group_seed(group);
+    let mut seed = seed;
     let mut read = 0usize;
     let max = spec.max_units as usize;
     let mut rest = text;

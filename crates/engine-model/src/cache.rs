@@ -87,9 +87,6 @@ pub struct PrefixCache {
     private: u32,
     /// Blocks evicted since creation.
     evictions: u64,
-    /// Live slots: the blocks findable by hash. The map may hold more entries: eviction leaves
-    /// its entry behind (see [`PrefixCache::slot_of`]).
-    cached: u32,
 }
 
 impl PrefixCache {
@@ -108,7 +105,6 @@ impl PrefixCache {
             evictable: 0,
             private: 0,
             evictions: 0,
-            cached: 0,
         }
     }
 
@@ -119,7 +115,9 @@ impl PrefixCache {
 
     /// Blocks findable by hash (referenced or not).
     pub fn cached_blocks(&self) -> u32 {
-        self.cached
+        // Live slots: every slot not on the free list. (The map may hold more entries:
+        // eviction leaves its entry behind, see [`PrefixCache::slot_of`].)
+        (self.slots.len() - self.free_slots.len()) as u32
     }
 
     /// The live slot holding `hash`. Eviction does not remove the block's map entry: the
@@ -277,8 +275,7 @@ impl PrefixCache {
         };
         self.map.insert(hash, s);
         self.private -= 1;
-        self.cached += 1;
-        if self.map.len() > 2 * self.cached as usize + STALE_SLACK {
+        if self.map.len() > 2 * self.cached_blocks() as usize + STALE_SLACK {
             let slots = &self.slots;
             self.map.retain(|h, s| {
                 let slot = &slots[*s as usize];
@@ -326,7 +323,6 @@ impl PrefixCache {
         self.lru_unlink(s);
         self.evictable -= 1;
         self.slots[s as usize].live = false;
-        self.cached -= 1;
         self.free_slots.push(s);
         self.evictions += 1;
     }

@@ -22,11 +22,11 @@ use serde::Serialize;
 use tokio::sync::{mpsc, Notify};
 
 /// One request, as the writer gets it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Serialize)]
 pub struct Entry {
     /// Arrival, Unix seconds.
     pub t: f64,
-    /// `chat`, `completions`, `embeddings`, `native`, `other`.
+    /// `chat`, `completions`, `invocations` (the native API), `other`.
     pub api: &'static str,
     /// Requested model, if named.
     pub model: Option<Box<str>>,

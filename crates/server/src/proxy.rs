@@ -409,14 +409,11 @@ async fn forward(
                 if !(failure.retryable() && can_retry(&tried, &routed.instance)) {
                     return Err(failure.answer(&routed.id, settings.timeouts.first_byte));
                 }
-                routed.guard.no_log();
                 failure.label()
             }
             Ok(resp) => match retryable_status(resp.status()) {
                 Some(r) if can_retry(&tried, &routed.instance) => {
                     routed.guard.fail(Outcome::Retried);
-                    // One line per request: the attempt that answers it writes it.
-                    routed.guard.no_log();
                     // Nothing of this answer reached the client. Dropping it closes that
                     // connection rather than waiting for a body that may never end.
                     drop(resp);
@@ -452,6 +449,9 @@ async fn forward(
         let Routed {
             instance, guard, ..
         } = routed;
+        // One line per request: the attempt that answers it writes it.
+        let mut guard = guard;
+        guard.no_log();
         drop(guard);
         tried.push(instance);
         attempt_no += 1;

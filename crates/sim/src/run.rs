@@ -88,31 +88,33 @@ pub struct Chains {
 }
 
 impl Chains {
-    /// Derives the chains of `requests` under `spec` (and the key at `prefix_length`, which
-    /// the extraction reads in the same pass) exactly as a run would.
-    pub fn derive(
-        requests: &[Request],
-        spec: ChainSpec,
-        prefix_length: PrefixLength,
-    ) -> Result<Self, SimError> {
-        let opts = KeyOptions {
-            prefix_length,
-            chain: Some(spec),
-        };
+    /// Derives the chains of `requests` under `spec` exactly as a run would (a chain does not
+    /// depend on the key's prefix length).
+    pub fn derive(requests: &[Request], spec: ChainSpec) -> Result<Self, SimError> {
         let chains = requests
             .iter()
             .enumerate()
-            .map(|(request, req)| {
-                route_info(req, &opts).map(|info| info.chain).map_err(|e| {
-                    SimError::InvalidRequest {
-                        request,
-                        why: format!("routing key: {e}"),
-                    }
-                })
-            })
+            .map(|(i, req)| chained_route(req, i, PrefixLength::default(), spec).map(|r| r.chain))
             .collect::<Result<_, _>>()?;
         Ok(Chains { spec, chains })
     }
+}
+
+/// The key and chain of request number `request`, as the server's extraction reads them.
+fn chained_route(
+    req: &Request,
+    request: usize,
+    prefix_length: PrefixLength,
+    spec: ChainSpec,
+) -> Result<RequestInfo, SimError> {
+    let opts = KeyOptions {
+        prefix_length,
+        chain: Some(spec),
+    };
+    route_info(req, &opts).map_err(|e| SimError::InvalidRequest {
+        request,
+        why: format!("routing key: {e}"),
+    })
 }
 
 struct Loop<'a> {
@@ -238,25 +240,19 @@ impl Loop<'_> {
         }
         let req = &inputs.requests[request];
         let mut key = inputs.keys[request];
-        let prepared = self.strategy.chain_spec().and_then(|spec| {
-            inputs
+        if let Some(spec) = self.strategy.chain_spec() {
+            let prepared = inputs
                 .chains
                 .filter(|c| c.spec == spec)
-                .and_then(|c| c.chains.get(request))
-        });
-        if let Some(chain) = prepared {
-            self.chain.clone_from(chain);
-        } else if let Some(spec) = self.strategy.chain_spec() {
-            let opts = KeyOptions {
-                prefix_length: inputs.config.prefix_length,
-                chain: Some(spec),
-            };
-            let info = route_info(req, &opts).map_err(|e| SimError::InvalidRequest {
-                request,
-                why: format!("routing key: {e}"),
-            })?;
-            key = info.key;
-            self.chain = info.chain;
+                .and_then(|c| c.chains.get(request));
+            match prepared {
+                Some(chain) => self.chain.clone_from(chain),
+                None => {
+                    let info = chained_route(req, request, inputs.config.prefix_length, spec)?;
+                    key = info.key;
+                    self.chain = info.chain;
+                }
+            }
         }
         let route = RouteRequest {
             key: Some(key),

@@ -282,12 +282,7 @@ pub fn load_sharegpt(
     path: impl AsRef<std::path::Path>,
     options: &ReplayOptions,
 ) -> Result<ShareGptReplay, TraceError> {
-    let path = path.as_ref();
-    let label = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
-        path: label.clone(),
-        source,
-    })?;
+    let (label, text) = crate::trace::read_text(path)?;
     parse_sharegpt(&text, &label, options)
 }
 

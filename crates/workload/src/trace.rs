@@ -37,7 +37,9 @@
 pub mod access_log;
 pub mod openai;
 
-pub use access_log::{parse_access_log, parse_access_log_records, AccessRecord};
+pub use access_log::{
+    parse_access_log, parse_access_log_records, parse_access_log_with_records, AccessRecord,
+};
 pub use openai::{parse_openai_bodies, OPENAI_CHUNK_WORDS, OPENAI_DEFAULT_OUTPUT_TOKENS};
 
 use crate::ids::{block_hash, mooncake_id, mooncake_tail_id};
@@ -369,28 +371,49 @@ pub fn load_trace(path: impl AsRef<Path>) -> Result<Vec<Request>, TraceError> {
 
 /// [`load_trace`], also saying which format the file was read as (one read of the file).
 pub fn load_trace_as(path: impl AsRef<Path>) -> Result<(TraceFormat, Vec<Request>), TraceError> {
+    let (label, text) = read_text(path)?;
+    parse_trace(&text, &label)
+}
+
+/// A trace file's text and the label its errors use (the path as given).
+pub fn read_text(path: impl AsRef<Path>) -> Result<(String, String), TraceError> {
     let path = path.as_ref();
     let label = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
-        path: label.clone(),
-        source,
-    })?;
-    parse_trace(&text, &label)
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((label, text)),
+        Err(source) => Err(TraceError::Io {
+            path: label,
+            source,
+        }),
+    }
 }
 
 /// Parses trace text of any recognized format ([`detect_format`]), as [`load_trace_as`] does a
 /// file, for a caller that has read the text already; `label` names it in errors. Text with no
 /// request is an error.
 pub fn parse_trace(text: &str, label: &str) -> Result<(TraceFormat, Vec<Request>), TraceError> {
+    parse_trace_with_records(text, label).map(|(format, requests, _)| (format, requests))
+}
+
+/// A parsed trace: its format, its requests, and the access log's lines when it is one.
+pub type ParsedTrace = (TraceFormat, Vec<Request>, Option<Vec<AccessRecord>>);
+
+/// [`parse_trace`], also giving the access log's lines (in the requests' order) when the trace
+/// is the router's own log.
+pub fn parse_trace_with_records(text: &str, label: &str) -> Result<ParsedTrace, TraceError> {
     let format = detect_format(text);
-    let requests = match format {
-        TraceFormat::Sharegpt => {
-            crate::sharegpt::parse_sharegpt(text, label, &Default::default())?.requests
+    let (requests, records) = match format {
+        TraceFormat::Sharegpt => (
+            crate::sharegpt::parse_sharegpt(text, label, &Default::default())?.requests,
+            None,
+        ),
+        TraceFormat::Mooncake => (parse_mooncake(text, label)?, None),
+        TraceFormat::AccessLog => {
+            let (requests, records) = parse_access_log_with_records(text, label)?;
+            (requests, Some(records))
         }
-        TraceFormat::Mooncake => parse_mooncake(text, label)?,
-        TraceFormat::AccessLog => parse_access_log(text, label)?,
-        TraceFormat::OpenAi => parse_openai_bodies(text, label)?,
-        TraceFormat::Jsonl => parse_jsonl(text, label)?,
+        TraceFormat::OpenAi => (parse_openai_bodies(text, label)?, None),
+        TraceFormat::Jsonl => (parse_jsonl(text, label)?, None),
     };
     if requests.is_empty() {
         return Err(TraceError::Format {
@@ -398,7 +421,7 @@ pub fn parse_trace(text: &str, label: &str) -> Result<(TraceFormat, Vec<Request>
             why: "holds no request".into(),
         });
     }
-    Ok((format, requests))
+    Ok((format, requests, records))
 }
 
 /// A hasher for keys that are already uniform 64-bit hashes: passes them through.

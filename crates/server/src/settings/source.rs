@@ -122,9 +122,9 @@ fn parse_param(text: &str) -> Result<(String, String), SettingsError> {
     }
 }
 
-fn parse_file(path: &PathBuf) -> Result<Settings, SettingsError> {
+fn parse_file(path: &std::path::Path) -> Result<Settings, SettingsError> {
     let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
-        path: path.clone(),
+        path: path.to_path_buf(),
         source,
     })?;
     parse_text(&text, path)
@@ -134,7 +134,7 @@ fn parse_file(path: &PathBuf) -> Result<Settings, SettingsError> {
 /// against this machine (TLS files, instance lists against each other): what `analyze
 /// --current` needs from a config copied from the host that runs the router.
 pub fn read_fields(path: &std::path::Path) -> Result<Settings, SettingsError> {
-    parse_file(&path.to_path_buf())
+    parse_file(path)
 }
 
 /// Parses a configuration file's text (`path` names it in errors) and validates it: what

@@ -547,14 +547,14 @@ pub async fn post(
     send(addr, request(Method::POST, path, headers, body)).await
 }
 
-/// POSTs `body` to `/v1/completions` with `x-test-hold` on its own task: the stand-in holds it
-/// until the test releases it ([`Upstream::release`]).
 /// A completion request for `prompt` (no extra headers).
 pub async fn complete(addr: SocketAddr, prompt: &str) -> Answer {
     let body = serde_json::json!({ "prompt": prompt }).to_string();
     post(addr, "/v1/completions", &[], body).await
 }
 
+/// POSTs `body` to `/v1/completions` with `x-test-hold` on its own task: the stand-in holds it
+/// until the test releases it ([`Upstream::release`]).
 pub fn post_held(addr: SocketAddr, body: &'static str) -> tokio::task::JoinHandle<Answer> {
     tokio::spawn(async move { post(addr, "/v1/completions", &[("x-test-hold", "1")], body).await })
 }

@@ -25,7 +25,7 @@ pub const UNITS_PER_TOKEN: f64 = 4.0;
 pub struct AccessRecord {
     /// Arrival, Unix seconds.
     pub t: f64,
-    /// The API called: `chat`, `completions`, `embeddings`, `native`, `other`.
+    /// The API called: `chat`, `completions`, `invocations` (the native API), `other`.
     #[serde(default)]
     pub api: Option<String>,
     /// Requested model.
@@ -137,25 +137,35 @@ pub fn parse_access_log_records(text: &str, path: &str) -> Result<Vec<AccessReco
 /// Parses the router's access log (`serve --access-log`) into requests, sorted by arrival and
 /// numbered in that order; times are seconds from the earliest line.
 pub fn parse_access_log(text: &str, path: &str) -> Result<Vec<Request>, TraceError> {
+    parse_access_log_with_records(text, path).map(|(requests, _)| requests)
+}
+
+/// [`parse_access_log`], also giving each request's line (what the router saw of it), in the
+/// same order: one parse for a caller that needs both.
+pub fn parse_access_log_with_records(
+    text: &str,
+    path: &str,
+) -> Result<(Vec<Request>, Vec<AccessRecord>), TraceError> {
     let records = numbered_records(text, path)?;
     let start = records
         .iter()
         .map(|(_, r)| r.t)
         .fold(f64::INFINITY, f64::min);
-    let mut out = Vec::with_capacity(records.len());
-    for (i, (n, r)) in records.iter().enumerate() {
-        out.push(
-            r.to_request(i as u64, start)
-                .map_err(|why| TraceError::Line {
-                    path: path.to_string(),
-                    line: *n,
-                    why,
-                })?,
-        );
+    let mut pairs = Vec::with_capacity(records.len());
+    for (i, (n, r)) in records.into_iter().enumerate() {
+        let request = r
+            .to_request(i as u64, start)
+            .map_err(|why| TraceError::Line {
+                path: path.to_string(),
+                line: n,
+                why,
+            })?;
+        pairs.push((request, r));
     }
-    out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
-    for (i, r) in out.iter_mut().enumerate() {
+    pairs.sort_by(|a, b| a.0.arrival_s.total_cmp(&b.0.arrival_s));
+    let (mut requests, records): (Vec<Request>, Vec<AccessRecord>) = pairs.into_iter().unzip();
+    for (i, r) in requests.iter_mut().enumerate() {
         r.id = i as u64;
     }
-    Ok(out)
+    Ok((requests, records))
 }
