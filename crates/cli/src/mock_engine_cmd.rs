@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use prefix_router_mock_engine::{Faults, MockEngine, MockEngineConfig, DEFAULT_MODEL};
+use prefix_router_kv_events::Encoding;
+use prefix_router_mock_engine::{
+    Faults, KvEventsConfig, MockEngine, MockEngineConfig, DEFAULT_MODEL,
+};
 
 /// Flags of `mock-engine`.
 #[derive(Debug, Args)]
@@ -57,6 +60,27 @@ pub struct MockEngineArgs {
     /// Seed of the fault decisions.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
+
+    /// Publish KV-cache events as vLLM does (ZeroMQ PUB) on this address, e.g.
+    /// 127.0.0.1:5557 (port 0 picks a free one; the address is printed).
+    #[arg(long, value_name = "ADDR")]
+    pub kv_events: Option<SocketAddr>,
+
+    /// The KV events' replay (ROUTER) address; with --kv-events, defaults to its port + 1.
+    #[arg(long, value_name = "ADDR", requires = "kv_events")]
+    pub kv_events_replay: Option<SocketAddr>,
+
+    /// Payload layout: `map` (newer vLLM, byte hashes) or `positional` (older, integer hashes).
+    #[arg(long, value_name = "E", default_value = "map", requires = "kv_events")]
+    pub kv_events_encoding: String,
+
+    /// The topic frame of every KV-event message.
+    #[arg(long, value_name = "T", default_value = "", requires = "kv_events")]
+    pub kv_events_topic: String,
+
+    /// Share (0..1) of KV-event batches not sent (still replayable): lost messages on purpose.
+    #[arg(long, value_name = "F", default_value_t = 0.0, requires = "kv_events")]
+    pub kv_events_drop: f64,
 }
 
 /// Runs one mock engine until Ctrl-C.
@@ -76,6 +100,28 @@ pub fn run(args: MockEngineArgs) -> Result<()> {
         stop_after: args.stop_after,
         close_stream_after_tokens: args.close_stream_after_tokens,
     };
+    if let Some(addr) = args.kv_events {
+        let encoding = Encoding::parse(&args.kv_events_encoding).with_context(|| {
+            format!(
+                "--kv-events-encoding: `{}` is neither `map` nor `positional`",
+                args.kv_events_encoding
+            )
+        })?;
+        let replay = match (args.kv_events_replay, addr.port()) {
+            (Some(r), _) => r,
+            // Port 0 picks any free port for both.
+            (None, 0) => addr,
+            (None, p) => SocketAddr::new(addr.ip(), p.saturating_add(1)),
+        };
+        config.kv_events = Some(KvEventsConfig {
+            addr,
+            replay_addr: Some(replay),
+            topic: args.kv_events_topic,
+            encoding,
+            drop_rate: args.kv_events_drop,
+            ..KvEventsConfig::default()
+        });
+    }
     config.validate().context("invalid mock-engine flags")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -89,6 +135,12 @@ pub fn run(args: MockEngineArgs) -> Result<()> {
             args.time_scale,
             engine.url()
         );
+        if let (Some(e), Some(r)) = (
+            engine.kv_events_endpoint(),
+            engine.kv_events_replay_endpoint(),
+        ) {
+            eprintln!("KV events on {e}, replay on {r}");
+        }
         tokio::signal::ctrl_c()
             .await
             .context("cannot wait for Ctrl-C")?;

@@ -373,6 +373,11 @@ impl Engine {
         &self.cache
     }
 
+    /// The prefix cache, to record and take its changes (an engine that publishes KV events).
+    pub fn cache_mut(&mut self) -> &mut PrefixCache {
+        &mut self.cache
+    }
+
     /// Queues a request arriving at `now` (must not be earlier than the last `advance`).
     ///
     /// Lenient: a zero prompt or output is taken as 1 token, hashes beyond the prompt's full

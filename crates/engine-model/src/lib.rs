@@ -11,7 +11,7 @@ pub mod engine;
 pub mod presets;
 pub mod spec;
 
-pub use cache::{PrefixCache, PrefixMatch};
+pub use cache::{CacheChange, PrefixCache, PrefixMatch};
 pub use cost::{CostModel, StepWork};
 pub use engine::{
     ConfigError, Engine, EngineConfig, EngineEvent, EngineRequest, EngineStats, RequestError,

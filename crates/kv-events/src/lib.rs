@@ -5,16 +5,19 @@
 //! publishes every KV block it stores or evicts. This crate holds what both ends of that wire
 //! share: the message layout ([`wire`]), the events ([`event`]), a decoder that takes every
 //! encoding vLLM has used ([`decode`]), an encoder for both (the mock engine publishes with it,
-//! [`encode`]), and the sequence bookkeeping that notices lost messages ([`sequence`]). The
+//! [`encode`]), the sequence bookkeeping that notices lost messages ([`sequence`]), and one engine's cache as
+//! its events describe it ([`view`]). The
 //! sockets live with their users: the server subscribes, the mock engine publishes.
 
 pub mod decode;
 pub mod encode;
 pub mod event;
 pub mod sequence;
+pub mod view;
 pub mod wire;
 
 pub use decode::{decode_batch, DecodeError};
 pub use encode::{encode_batch, Encoding};
 pub use event::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Medium};
 pub use sequence::{Sequence, Step};
+pub use view::{Completeness, EngineView, HeldPrefix};

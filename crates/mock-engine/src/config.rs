@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use prefix_router_engine_model::EngineConfig;
 
+use crate::kv_events::KvEventsConfig;
 use crate::ConfigError;
 
 /// Base model name when none is given.
@@ -64,6 +65,8 @@ pub struct MockEngineConfig {
     pub faults: Faults,
     /// Seed of the fault decisions.
     pub seed: u64,
+    /// Publish KV-cache events (vLLM's ZeroMQ publisher) from here; `None`: no events.
+    pub kv_events: Option<KvEventsConfig>,
 }
 
 impl MockEngineConfig {
@@ -76,6 +79,7 @@ impl MockEngineConfig {
             loras: Vec::new(),
             faults: Faults::default(),
             seed: 0,
+            kv_events: None,
         }
     }
 
@@ -104,6 +108,14 @@ impl MockEngineConfig {
         ] {
             if !(0.0..=1.0).contains(&value) {
                 return Err(ConfigError::Rate { field, value });
+            }
+        }
+        if let Some(k) = &self.kv_events {
+            if !(0.0..=1.0).contains(&k.drop_rate) {
+                return Err(ConfigError::Rate {
+                    field: "kv_events.drop_rate",
+                    value: k.drop_rate,
+                });
             }
         }
         if !matches!(self.faults.fail_status, 500 | 503) {

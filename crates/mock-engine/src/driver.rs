@@ -12,6 +12,7 @@ use prefix_router_engine_model::{Engine, EngineConfig, EngineEvent, EngineReques
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::kv_events::Sink;
 use crate::metrics::Metrics;
 
 /// How much earlier than a step's end the engine task asks to be woken. Tokio's timer rounds a
@@ -41,6 +42,8 @@ pub(crate) enum Progress {
 pub(crate) struct Submission {
     pub request: EngineRequest,
     pub progress: mpsc::UnboundedSender<Progress>,
+    /// The tokens of the prompt's full blocks, for the KV events that announce them.
+    pub block_tokens: Vec<u32>,
 }
 
 /// Engine time ↔ wall time.
@@ -80,6 +83,7 @@ pub(crate) async fn run(
     time_scale: f64,
     mut submissions: mpsc::UnboundedReceiver<Submission>,
     metrics: Arc<Mutex<Metrics>>,
+    mut kv_events: Option<Sink>,
     mut stop: watch::Receiver<bool>,
 ) {
     let clock = Clock {
@@ -87,6 +91,9 @@ pub(crate) async fn run(
         scale: time_scale,
     };
     let mut engine = Engine::new(config);
+    if kv_events.is_some() {
+        engine.cache_mut().record_changes();
+    }
     let mut tracked: HashMap<u64, Tracked> = HashMap::new();
     let mut events = Vec::new();
     // The engine time a timer was set for: after it fires, advance at least that far even if
@@ -102,6 +109,9 @@ pub(crate) async fn run(
         };
         engine_now = engine_now.max(now);
         engine.advance(engine_now, &mut events);
+        if let Some(k) = kv_events.as_mut() {
+            k.publish(&mut engine);
+        }
         deliver(&engine, &mut events, &mut tracked, &metrics);
         let next = engine.next_event_at();
         let sleep = async {
@@ -120,6 +130,9 @@ pub(crate) async fn run(
                 Some(s) => {
                     let now = clock.now().max(engine_now);
                     engine_now = now;
+                    if let Some(k) = kv_events.as_mut() {
+                        k.learn(&s.request.block_hashes, &s.block_tokens);
+                    }
                     tracked.insert(s.request.id, Tracked {
                         progress: s.progress,
                         output_tokens: s.request.output_tokens.max(1),

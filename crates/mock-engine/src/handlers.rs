@@ -116,6 +116,7 @@ where
             output_tokens: parsed.max_tokens,
         },
         progress: tx,
+        block_tokens: parsed.prompt.block_token_ids,
     };
     if state.submit.send(submission).is_err() {
         return Err(ApiError::injected(

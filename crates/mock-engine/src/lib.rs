@@ -32,6 +32,7 @@ mod driver;
 mod error;
 mod faults;
 mod handlers;
+pub mod kv_events;
 mod metrics;
 mod request;
 mod response;
@@ -42,4 +43,5 @@ mod words;
 
 pub use config::{Faults, MockEngineConfig, DEFAULT_MAX_TOKENS, DEFAULT_MODEL, MAX_OUTPUT_TOKENS};
 pub use error::{ConfigError, StartError};
+pub use kv_events::KvEventsConfig;
 pub use server::{MockEngine, ShutdownHandle};

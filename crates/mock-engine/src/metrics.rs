@@ -8,6 +8,8 @@
 //!   the `cached_tokens` reported in responses.
 //! - `vllm:prompt_tokens_total` / `vllm:generation_tokens_total`: prompt tokens admitted, output
 //!   tokens produced.
+//! - `mock:prefix_cache_blocks`: blocks the prefix cache holds (the mock's own: what its KV
+//!   events add up to, for tests of a subscriber).
 //! - `vllm:time_to_first_token_seconds`: histogram of engine-time TTFT (submission to first
 //!   token, queueing included): what a real engine of the preset would report, not the scaled
 //!   wall time the mock took.
@@ -71,7 +73,7 @@ impl Metrics {
         let label = format!("model_name=\"{}\"", escape_label(&self.model));
         let s = &self.stats;
         let usage = (f64::from(s.used_blocks) / f64::from(self.capacity_blocks)).clamp(0.0, 1.0);
-        let gauges: [(&str, &str, f64); 3] = [
+        let gauges: [(&str, &str, f64); 4] = [
             (
                 "vllm:num_requests_running",
                 "Number of requests in model execution batches.",
@@ -86,6 +88,11 @@ impl Metrics {
                 "vllm:kv_cache_usage_perc",
                 "KV-cache usage. 1 means 100 percent usage.",
                 usage,
+            ),
+            (
+                "mock:prefix_cache_blocks",
+                "Blocks the prefix cache holds now (what its KV events add up to; not a vLLM metric).",
+                f64::from(s.cached_blocks),
             ),
         ];
         for (name, help, v) in gauges {

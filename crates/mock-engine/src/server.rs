@@ -15,13 +15,15 @@ use tokio::task::JoinHandle;
 use crate::faults::FaultState;
 use crate::handlers::{handle, AppState};
 use crate::metrics::Metrics;
-use crate::{driver, MockEngineConfig, StartError};
+use crate::{driver, kv_events, MockEngineConfig, StartError};
 
 /// A running mock engine. Dropping it stops it (like [`MockEngine::shutdown`], without
 /// waiting).
 #[derive(Debug)]
 pub struct MockEngine {
     addr: SocketAddr,
+    /// `tcp://` endpoints of the KV-event PUB and replay sockets, when publishing.
+    kv_events: Option<(String, Option<String>)>,
     stop: ShutdownHandle,
     accept: Option<JoinHandle<()>>,
 }
@@ -57,11 +59,27 @@ impl MockEngine {
             &config.model,
             config.engine.kv_capacity_blocks,
         )));
+        let mut kv_endpoints = None;
+        let mut sink = None;
+        if let Some(kv) = &config.kv_events {
+            let bound = kv_events::bind(kv)?;
+            kv_endpoints = Some((bound.endpoint.clone(), bound.replay_endpoint.clone()));
+            let (tx, rx) = mpsc::unbounded_channel();
+            sink = Some(kv_events::Sink::new(tx, config.engine.block_tokens));
+            tokio::spawn(kv_events::run(
+                bound,
+                kv.clone(),
+                config.seed,
+                rx,
+                stop_rx.clone(),
+            ));
+        }
         tokio::spawn(driver::run(
             config.engine.clone(),
             config.time_scale,
             submissions,
             metrics.clone(),
+            sink,
             stop_rx.clone(),
         ));
         let state = Arc::new(AppState {
@@ -74,6 +92,7 @@ impl MockEngine {
         let accept = tokio::spawn(accept_loop(listener, state, stop_rx));
         Ok(MockEngine {
             addr,
+            kv_events: kv_endpoints,
             stop: ShutdownHandle(Arc::new(stop_tx)),
             accept: Some(accept),
         })
@@ -87,6 +106,16 @@ impl MockEngine {
     /// `http://ADDR`, the base URL for clients.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// `tcp://ADDR` of the KV-event PUB socket, when it publishes events.
+    pub fn kv_events_endpoint(&self) -> Option<&str> {
+        self.kv_events.as_ref().map(|(e, _)| e.as_str())
+    }
+
+    /// `tcp://ADDR` of the KV-event replay socket, when it has one.
+    pub fn kv_events_replay_endpoint(&self) -> Option<&str> {
+        self.kv_events.as_ref().and_then(|(_, r)| r.as_deref())
     }
 
     /// A handle that stops this engine.

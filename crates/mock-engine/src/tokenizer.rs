@@ -29,6 +29,9 @@ pub struct PromptTokens {
     pub block_hashes: Vec<u64>,
     /// Hash of every token (full and partial blocks): seeds the generated words.
     pub digest: u64,
+    /// The tokens of the full blocks, as the 32-bit ids the engine's KV events report (the low
+    /// half of each token id: a vocabulary index is what vLLM sends).
+    pub block_token_ids: Vec<u32>,
 }
 
 /// Tokenizes text piece by piece (message contents in order), as one prompt.
@@ -41,6 +44,7 @@ pub struct Tokenizer {
     tokens: u32,
     block_hashes: Vec<u64>,
     digest: u64,
+    block_token_ids: Vec<u32>,
 }
 
 impl Tokenizer {
@@ -54,6 +58,7 @@ impl Tokenizer {
             tokens: 0,
             block_hashes: Vec::new(),
             digest: ROOT_HASH,
+            block_token_ids: Vec::new(),
         }
     }
 
@@ -72,6 +77,11 @@ impl Tokenizer {
         if self.block.len() == self.block_tokens * 8 {
             self.prev = xxh3_64_with_seed(&self.block, self.prev);
             self.block_hashes.push(self.prev);
+            self.block_token_ids.extend(
+                self.block
+                    .chunks_exact(8)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            );
             self.block.clear();
         }
     }
@@ -82,6 +92,7 @@ impl Tokenizer {
             tokens: self.tokens,
             block_hashes: self.block_hashes,
             digest: self.digest,
+            block_token_ids: self.block_token_ids,
         }
     }
 }

@@ -387,6 +387,72 @@ async fn reload_config(State(admin): State<Admin>) -> Response {
     }
 }
 
+/// `%XX` escapes of a query value decoded (other bytes kept as they are).
+fn unescape(v: &str) -> Option<String> {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `GET /admin/kv-view?url=INSTANCE[&top=N]`: the router's view of one engine's cache from its
+/// KV events (blocks, completeness, lag, the N longest prefixes held).
+async fn kv_view(State(admin): State<Admin>, uri: axum::http::Uri) -> Response {
+    let mut url = None;
+    let mut top = 10usize;
+    for pair in uri.query().unwrap_or("").split('&') {
+        match pair.split_once('=') {
+            Some(("url", v)) => url = unescape(v),
+            Some(("top", v)) => match v.parse::<usize>() {
+                Ok(n) if n <= 1000 => top = n,
+                _ => {
+                    return error(ApiError::bad_request(
+                        "invalid_top",
+                        format!("top: '{v}' is not a number of prefixes in 0..=1000"),
+                        Some("top"),
+                    ))
+                }
+            },
+            _ => {}
+        }
+    }
+    let Some(url) = url else {
+        return error(ApiError::bad_request(
+            "missing_url",
+            "name the instance: /admin/kv-view?url=http://host:port",
+            Some("url"),
+        ));
+    };
+    let id = match crate::settings::normalize_instance_url(&url) {
+        Ok(id) => id,
+        Err(m) => return error(ApiError::bad_request("invalid_instance", m, Some("url"))),
+    };
+    let Some(feeds) = admin.state.kv_events.as_ref() else {
+        return error(ApiError {
+            status: http::StatusCode::NOT_FOUND,
+            kind: "not_found_error",
+            message: "KV events are not subscribed to (set [kv_events] subscribe = true)".into(),
+            param: None,
+            code: "kv_events_off",
+            retry_after: None,
+        });
+    };
+    match feeds.describe(&id, top) {
+        Some(v) => reply(StatusCode::OK, v),
+        None => unknown(&id),
+    }
+}
+
 /// The admin routes.
 pub fn router(state: Arc<AppState>, token: &str) -> axum::Router {
     let admin = Admin {
@@ -400,6 +466,7 @@ pub fn router(state: Arc<AppState>, token: &str) -> axum::Router {
         .route("/admin/instances/remove", post(remove))
         .route("/admin/routing", get(get_routing).put(put_routing))
         .route("/admin/reload", post(reload_config))
+        .route("/admin/kv-view", get(kv_view))
         .fallback(|uri: axum::http::Uri| async move { error(ApiError::unknown_route(uri.path())) })
         .layer(axum::middleware::from_fn_with_state(
             admin.clone(),

@@ -136,6 +136,11 @@ impl Metrics {
         );
     }
 
+    /// Registers the KV-event subscribers' metrics (theirs, beside them).
+    pub fn register_kv_events(&mut self, feeds: &crate::kv_events::KvFeeds) {
+        feeds.metrics.register(&mut self.registry);
+    }
+
     /// Creates the metrics and registers them.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("prefix_router");

@@ -81,6 +81,9 @@ impl Router {
         for source in dns {
             background.push(tokio::spawn(discovery::run_dns(Arc::clone(&state), source)));
         }
+        if state.kv_events.is_some() {
+            background.push(tokio::spawn(crate::kv_events::run(Arc::clone(&state))));
+        }
         let em = &state.settings.engine_metrics;
         if em.scrape {
             background.push(tokio::spawn(crate::engine_metrics::run(

@@ -57,7 +57,8 @@ mod tests;
 
 pub use sections::{
     AccessLogSettings, Admin, AdminSettings, Discovery, DnsRecord, DnsTarget, EngineMetrics,
-    HealthSettings, InstanceEntry, Limits, Retries, Routing, Timeouts,
+    HealthSettings, InstanceEntry, KvEventsEndpoint, KvEventsSettings, Limits, Retries, Routing,
+    Timeouts,
 };
 pub use source::{read_fields, settings_from_text, ConfigSource, Overrides};
 
@@ -114,6 +115,8 @@ pub struct Settings {
     pub engine_metrics: EngineMetrics,
     /// The access log.
     pub access_log: AccessLogSettings,
+    /// Subscribing to the engines' KV-cache events.
+    pub kv_events: KvEventsSettings,
     /// TLS on the data-plane listener, when configured.
     #[serde(deserialize_with = "de::listener_tls")]
     pub tls: Option<crate::tls::TlsFiles>,
@@ -138,6 +141,7 @@ impl Default for Settings {
             discovery: Discovery::default(),
             engine_metrics: EngineMetrics::default(),
             access_log: AccessLogSettings::default(),
+            kv_events: KvEventsSettings::default(),
             tls: None,
             upstream_tls: Default::default(),
             instances: Vec::new(),
@@ -239,6 +243,7 @@ impl Settings {
         }
         self.instances = check_instances(std::mem::take(&mut self.instances))?;
         check_dns(&mut self.discovery.dns)?;
+        check_kv_endpoints(&mut self.kv_events.endpoints)?;
         if let Some(files) = &self.tls {
             // Checked now, so that a bad file stops `serve` with the field named.
             crate::tls::server_config(files)?;
@@ -266,6 +271,42 @@ impl Settings {
         }
         .validate()
     }
+}
+
+/// Checks a ZeroMQ TCP endpoint: `tcp://host:port`.
+fn check_tcp_endpoint(field: String, e: &str) -> Result<(), SettingsError> {
+    let ok = e.strip_prefix("tcp://").is_some_and(|rest| {
+        rest.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+        })
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(field, format!("'{e}' is not tcp://host:port")))
+    }
+}
+
+/// `[[kv_events.endpoints]]`: an instance URL (normalized as in `[[instances]]`) and TCP
+/// endpoints, no instance twice.
+fn check_kv_endpoints(entries: &mut [KvEventsEndpoint]) -> Result<(), SettingsError> {
+    for i in 0..entries.len() {
+        let field = |f: &str| format!("kv_events.endpoints[{i}].{f}");
+        let url = normalize_instance_url(&entries[i].instance)
+            .map_err(|m| invalid(field("instance"), m))?;
+        if entries[..i].iter().any(|e| e.instance == url) {
+            return Err(invalid(
+                field("instance"),
+                format!("'{url}' is listed twice"),
+            ));
+        }
+        entries[i].instance = url;
+        check_tcp_endpoint(field("publisher"), &entries[i].publisher)?;
+        if let Some(r) = &entries[i].replay {
+            check_tcp_endpoint(field("replay"), r)?;
+        }
+    }
+    Ok(())
 }
 
 /// DNS targets: a host name, a port where the record kind needs one, no target twice.

@@ -42,6 +42,8 @@ pub struct AppState {
     pub membership: tokio::sync::Mutex<Membership>,
     /// The access log, when configured.
     pub access_log: Option<crate::access_log::AccessLog>,
+    /// The engines' KV events, when subscribed.
+    pub kv_events: Option<crate::kv_events::KvFeeds>,
     /// The origin of [`AppState::now_s`].
     started: Instant,
 }
@@ -73,6 +75,13 @@ impl AppState {
         if let Some(log) = &access_log {
             metrics.register_access_log(log);
         }
+        let kv_events = settings
+            .kv_events
+            .subscribe
+            .then(|| crate::kv_events::KvFeeds::new(settings.kv_events.clone()));
+        if let Some(feeds) = &kv_events {
+            metrics.register_kv_events(feeds);
+        }
         let membership = Membership {
             static_specs: settings.instances.clone(),
             ..Membership::default()
@@ -89,6 +98,7 @@ impl AppState {
             source,
             membership: tokio::sync::Mutex::new(membership),
             access_log,
+            kv_events,
             started: Instant::now(),
         }))
     }

@@ -440,3 +440,53 @@ pub struct InstanceEntry {
     #[serde(default)]
     pub models: Vec<String>,
 }
+
+/// `[kv_events]`: subscribing to each instance's KV-cache events (vLLM's ZeroMQ publisher,
+/// `--kv-events-config`), so the router knows what every engine's cache holds.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvEventsSettings {
+    /// On or off (default off).
+    pub subscribe: bool,
+    /// The publisher's port on each instance's host, where `endpoints` names none (vLLM's
+    /// examples use 5557).
+    #[serde(deserialize_with = "de::within::<1, 65535, _, _>")]
+    pub port: u16,
+    /// The replay socket's port on each instance's host (5558 in vLLM's examples); 0: no
+    /// replay, so a lost batch leaves that instance's view incomplete.
+    #[serde(deserialize_with = "de::within::<0, 65535, _, _>")]
+    pub replay_port: u16,
+    /// The topic subscribed to (a prefix of the first frame; empty: every message).
+    pub topic: String,
+    /// How long a replay may take before the loss is accepted.
+    #[serde(rename = "replay_timeout_ms", deserialize_with = "de::millis")]
+    pub replay_timeout: Duration,
+    /// Instances whose publisher is not on their host at `port`.
+    pub endpoints: Vec<KvEventsEndpoint>,
+}
+
+impl Default for KvEventsSettings {
+    fn default() -> Self {
+        KvEventsSettings {
+            subscribe: false,
+            port: prefix_router_kv_events::wire::DEFAULT_PORT,
+            replay_port: prefix_router_kv_events::wire::DEFAULT_REPLAY_PORT,
+            topic: String::new(),
+            replay_timeout: Duration::from_millis(1_000),
+            endpoints: Vec::new(),
+        }
+    }
+}
+
+/// One `[[kv_events.endpoints]]` entry.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvEventsEndpoint {
+    /// The instance's URL, as in `[[instances]]`.
+    pub instance: String,
+    /// `tcp://host:port` of its PUB socket.
+    pub publisher: String,
+    /// `tcp://host:port` of its replay socket, if it has one.
+    #[serde(default)]
+    pub replay: Option<String>,
+}

@@ -27,7 +27,38 @@ fn example_file_is_valid_and_shows_the_defaults() {
     assert_eq!(s.timeouts, d.timeouts);
     assert_eq!(s.health, d.health);
     assert_eq!(s.retries.max_retries, d.retries.max_retries);
+    assert_eq!(s.kv_events, d.kv_events);
     assert_eq!(s.instances.len(), 2);
+}
+
+#[test]
+fn kv_event_endpoints_are_checked_and_named() {
+    let s = parse(
+        "[kv_events]\nsubscribe = true\n[[kv_events.endpoints]]\ninstance = \"http://127.0.0.1:8000/\"\npublisher = \"tcp://127.0.0.1:6000\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.kv_events.endpoints[0].instance, "http://127.0.0.1:8000");
+    for (text, field) in [
+        (
+            "[[kv_events.endpoints]]\ninstance = \"http://a:1\"\npublisher = \"udp://a:1\"\n",
+            "kv_events.endpoints[0].publisher",
+        ),
+        (
+            "[[kv_events.endpoints]]\ninstance = \"http://a:1\"\npublisher = \"tcp://a:1\"\nreplay = \"tcp://a\"\n",
+            "kv_events.endpoints[0].replay",
+        ),
+        (
+            "[[kv_events.endpoints]]\ninstance = \"a:1\"\npublisher = \"tcp://a:1\"\n",
+            "kv_events.endpoints[0].instance",
+        ),
+    ] {
+        let e = parse(text).expect_err(text).to_string();
+        assert!(e.contains(field), "{e}");
+    }
+    let e = parse("[kv_events]\nport = 0\n")
+        .expect_err("port 0")
+        .to_string();
+    assert!(e.contains("kv_events.port"), "{e}");
 }
 
 #[test]

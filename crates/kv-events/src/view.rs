@@ -1,0 +1,242 @@
+//! One engine's cache as its events describe it: which blocks it holds, where, and how the
+//! blocks chain into prefixes. Exact while every batch since the engine started was applied;
+//! [`Completeness`] says when it is not (joined mid-stream, batches lost for good).
+
+use std::collections::HashMap;
+
+use crate::event::{EngineHash, EventBatch, KvEvent, Medium};
+
+/// How much of the engine's history the view has applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Completeness {
+    /// Every batch since the engine started (or since it last cleared its cache).
+    #[default]
+    Exact,
+    /// Some batches were never applied (the subscriber joined mid-stream, or a gap could not
+    /// be replayed): blocks stored before are missing and blocks removed then still listed,
+    /// until the engine clears its cache.
+    Partial,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    parent: Option<EngineHash>,
+    /// Blocks from the start of the prefix to this one (1 for a root; 0: the chain above is
+    /// not known to the view).
+    depth: u32,
+    gpu: bool,
+}
+
+/// A prefix the view holds: its last block and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldPrefix {
+    pub last: EngineHash,
+    /// Blocks from its start (0 when the start is unknown).
+    pub blocks: u32,
+}
+
+/// See the module documentation.
+#[derive(Debug, Clone, Default)]
+pub struct EngineView {
+    blocks: HashMap<EngineHash, Block>,
+    gpu: usize,
+    block_size: u32,
+    completeness: Completeness,
+    /// Removals of blocks the view did not list (expected only when partial).
+    pub unknown_removals: u64,
+}
+
+impl EngineView {
+    /// An empty view of an engine that has just started.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Blocks listed on the GPU (resident for routing).
+    pub fn gpu_blocks(&self) -> usize {
+        self.gpu
+    }
+    /// Blocks listed elsewhere (offloaded to CPU memory or further).
+    pub fn offloaded_blocks(&self) -> usize {
+        self.blocks.len() - self.gpu
+    }
+    /// The block size the engine last reported (tokens per block; 0 before any store).
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    /// See [`Completeness`].
+    pub fn completeness(&self) -> Completeness {
+        self.completeness
+    }
+    /// Marks batches as missed for good.
+    pub fn mark_partial(&mut self) {
+        self.completeness = Completeness::Partial;
+    }
+    /// Whether the engine holds `h` on its GPU.
+    pub fn holds(&self, h: EngineHash) -> bool {
+        self.blocks.get(&h).is_some_and(|b| b.gpu)
+    }
+
+    /// Forgets everything: the engine cleared its cache or restarted. The view is exact again.
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+        self.gpu = 0;
+        self.completeness = Completeness::Exact;
+    }
+
+    /// Applies one batch, in order.
+    pub fn apply(&mut self, batch: &EventBatch) {
+        for e in &batch.events {
+            match e {
+                KvEvent::Stored(s) => {
+                    if s.block_size > 0 {
+                        self.block_size = s.block_size;
+                    }
+                    let gpu = s.medium == Medium::Gpu;
+                    let mut parent = s.parent;
+                    // The depth of the block before the first: 0 before a root, `None` when
+                    // the view does not know where the chain starts.
+                    let mut before = match s.parent {
+                        None => Some(0),
+                        Some(p) => self.blocks.get(&p).map(|b| b.depth).filter(|&d| d > 0),
+                    };
+                    for &h in &s.block_hashes {
+                        let depth = before.map_or(0, |d| d.saturating_add(1));
+                        self.insert(h, Block { parent, depth, gpu });
+                        before = (depth > 0).then_some(depth);
+                        parent = Some(h);
+                    }
+                }
+                KvEvent::Removed(r) => {
+                    for h in &r.block_hashes {
+                        self.remove(*h, r.medium == Medium::Gpu);
+                    }
+                }
+                KvEvent::Cleared => self.clear(),
+            }
+        }
+    }
+
+    fn insert(&mut self, h: EngineHash, b: Block) {
+        match self.blocks.insert(h, b) {
+            Some(old) if old.gpu && !b.gpu => self.gpu -= 1,
+            Some(old) if !old.gpu && b.gpu => self.gpu += 1,
+            Some(_) => {}
+            None if b.gpu => self.gpu += 1,
+            None => {}
+        }
+    }
+
+    fn remove(&mut self, h: EngineHash, from_gpu: bool) {
+        match self.blocks.get(&h) {
+            Some(b) if b.gpu == from_gpu => {
+                if b.gpu {
+                    self.gpu -= 1;
+                }
+                self.blocks.remove(&h);
+            }
+            // Removed from one medium while listed on the other: an offload moved it, or the
+            // event is stale; the listing stands.
+            Some(_) => {}
+            None => self.unknown_removals += 1,
+        }
+    }
+
+    /// The `n` longest prefixes held on the GPU (by their last block), longest first.
+    pub fn longest_prefixes(&self, n: usize) -> Vec<HeldPrefix> {
+        let mut has_child: std::collections::HashSet<EngineHash> = Default::default();
+        for b in self.blocks.values().filter(|b| b.gpu) {
+            if let Some(p) = b.parent {
+                has_child.insert(p);
+            }
+        }
+        let mut leaves: Vec<HeldPrefix> = self
+            .blocks
+            .iter()
+            .filter(|(h, b)| b.gpu && !has_child.contains(h))
+            .map(|(h, b)| HeldPrefix {
+                last: *h,
+                blocks: b.depth,
+            })
+            .collect();
+        leaves.sort_by(|a, b| b.blocks.cmp(&a.blocks).then(a.last.cmp(&b.last)));
+        leaves.truncate(n);
+        leaves
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{BlockRemoved, BlockStored};
+
+    fn stored(hashes: &[u64], parent: Option<u64>, medium: Medium) -> KvEvent {
+        KvEvent::Stored(BlockStored {
+            block_hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
+            parent: parent.map(EngineHash),
+            token_ids: vec![0; hashes.len() * 4],
+            block_size: 4,
+            medium,
+            ..BlockStored::default()
+        })
+    }
+    fn removed(hashes: &[u64], medium: Medium) -> KvEvent {
+        KvEvent::Removed(BlockRemoved {
+            block_hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
+            medium,
+            group_idx: None,
+        })
+    }
+    fn batch(events: Vec<KvEvent>) -> EventBatch {
+        EventBatch {
+            events,
+            ..EventBatch::default()
+        }
+    }
+
+    #[test]
+    fn stores_removes_offloads_and_clears() {
+        let mut v = EngineView::new();
+        v.apply(&batch(vec![
+            stored(&[1, 2, 3], None, Medium::Gpu),
+            stored(&[4], Some(2), Medium::Gpu),
+            stored(&[9], Some(77), Medium::Gpu),
+        ]));
+        assert_eq!(v.gpu_blocks(), 5);
+        assert_eq!(v.block_size(), 4);
+        assert!(v.holds(EngineHash(3)));
+        assert_eq!(
+            v.longest_prefixes(3),
+            vec![
+                HeldPrefix {
+                    last: EngineHash(3),
+                    blocks: 3
+                },
+                HeldPrefix {
+                    last: EngineHash(4),
+                    blocks: 3
+                },
+                // Its parent was never announced: the start is unknown.
+                HeldPrefix {
+                    last: EngineHash(9),
+                    blocks: 0
+                },
+            ]
+        );
+        // Offloaded to CPU: no longer resident for routing, still counted.
+        v.apply(&batch(vec![
+            removed(&[3], Medium::Gpu),
+            stored(&[3], Some(2), Medium::Cpu),
+            removed(&[55], Medium::Gpu),
+        ]));
+        assert!(!v.holds(EngineHash(3)));
+        assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (4, 1));
+        assert_eq!(v.unknown_removals, 1);
+        assert_eq!(v.longest_prefixes(1)[0].last, EngineHash(4));
+        v.mark_partial();
+        assert_eq!(v.completeness(), Completeness::Partial);
+        v.apply(&batch(vec![KvEvent::Cleared]));
+        assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (0, 0));
+        assert_eq!(v.completeness(), Completeness::Exact);
+    }
+}

@@ -1,0 +1,497 @@
+//! Each instance's KV-cache events (vLLM's ZeroMQ publisher), subscribed to and applied to a
+//! view of what that engine holds ([`EngineView`]), with its health on `/metrics`.
+//!
+//! One task per instance: a SUB socket on the instance's publisher and, when it has one, a
+//! DEALER on its replay socket. Batches are applied in sequence order. A gap (lost messages) or
+//! a first message past sequence 0 (this router joined mid-stream) is filled from the replay
+//! socket before anything later is applied; what the engine no longer buffers is lost for
+//! good, and the view is then marked partial (blocks stored in the lost batches are missing,
+//! blocks removed in them still listed) until the engine clears its cache. A malformed payload
+//! is counted and likewise leaves the view partial; nothing here panics or stops serving.
+//! Membership is followed once a second: a new instance gets a subscriber, a removed one loses
+//! its subscriber, its view and its series.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use prefix_router_kv_events::wire::{self, Replayed};
+use prefix_router_kv_events::{decode_batch, Completeness, EngineView, KvEvent, Sequence, Step};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+use crate::metrics::InstanceLabels;
+use crate::settings::KvEventsSettings;
+use crate::state::AppState;
+
+/// `instance, result`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// Instance id.
+    pub instance: String,
+    /// `stored`/`removed` (blocks), `recovered`/`lost` (replays), `gpu`/`offloaded` (view).
+    pub kind: &'static str,
+}
+
+/// The metrics of the subscribers (registered beside the router's own).
+#[derive(Debug, Default)]
+pub struct KvEventMetrics {
+    batches: Family<InstanceLabels, Counter>,
+    blocks: Family<ResultLabels, Counter>,
+    gaps: Family<InstanceLabels, Counter>,
+    replays: Family<ResultLabels, Counter>,
+    malformed: Family<InstanceLabels, Counter>,
+    lag: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
+    view_blocks: Family<ResultLabels, Gauge>,
+    view_partial: Family<InstanceLabels, Gauge>,
+    connected: Family<InstanceLabels, Gauge>,
+}
+
+impl KvEventMetrics {
+    /// Registers every series under `registry` (prefixed `prefix_router_`).
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry;
+        r.register(
+            "kv_event_batches",
+            "KV-event batches applied, per instance",
+            self.batches.clone(),
+        );
+        r.register(
+            "kv_event_blocks",
+            "Blocks named by applied KV events, per instance and kind (stored, removed)",
+            self.blocks.clone(),
+        );
+        r.register(
+            "kv_event_gaps",
+            "Sequence gaps in an instance's KV events (lost messages, or joining mid-stream)",
+            self.gaps.clone(),
+        );
+        r.register(
+            "kv_event_replays",
+            "Gaps filled from the replay socket (recovered) or given up (lost)",
+            self.replays.clone(),
+        );
+        r.register(
+            "kv_event_malformed",
+            "KV-event messages or payloads that could not be decoded",
+            self.malformed.clone(),
+        );
+        r.register(
+            "kv_event_lag_seconds",
+            "Now minus the engine's timestamp of the last applied batch",
+            self.lag.clone(),
+        );
+        r.register(
+            "kv_view_blocks",
+            "Blocks the router's view of an engine lists (gpu: resident; offloaded)",
+            self.view_blocks.clone(),
+        );
+        r.register(
+            "kv_view_partial",
+            "1 while an instance's view misses batches it could not replay",
+            self.view_partial.clone(),
+        );
+        r.register(
+            "kv_events_connected",
+            "1 while subscribed to the instance's KV events",
+            self.connected.clone(),
+        );
+    }
+
+    fn forget(&self, instance: &str) {
+        let i = InstanceLabels {
+            instance: instance.to_string(),
+        };
+        let k = |kind| ResultLabels {
+            instance: instance.to_string(),
+            kind,
+        };
+        for f in [&self.batches, &self.gaps, &self.malformed] {
+            f.remove(&i);
+        }
+        self.lag.remove(&i);
+        self.view_partial.remove(&i);
+        self.connected.remove(&i);
+        for kind in ["stored", "removed"] {
+            self.blocks.remove(&k(kind));
+        }
+        for kind in ["recovered", "lost"] {
+            self.replays.remove(&k(kind));
+        }
+        for kind in ["gpu", "offloaded"] {
+            self.view_blocks.remove(&k(kind));
+        }
+    }
+}
+
+/// One instance's feed: its view and how the subscription stands.
+#[derive(Debug, Default)]
+pub struct Feed {
+    /// What the engine holds.
+    pub view: EngineView,
+    /// Subscribed now.
+    pub connected: bool,
+    /// Batches applied.
+    pub batches: u64,
+    /// The last sequence number applied.
+    pub last_seq: Option<u64>,
+    /// Now minus the engine's timestamp of the last batch, seconds.
+    pub lag_s: Option<f64>,
+}
+
+/// Where an instance's events come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoints {
+    /// `tcp://host:port` of the PUB socket.
+    pub publisher: String,
+    /// `tcp://host:port` of the replay socket.
+    pub replay: Option<String>,
+}
+
+/// Every instance's feed.
+#[derive(Debug)]
+pub struct KvFeeds {
+    settings: KvEventsSettings,
+    feeds: Mutex<HashMap<String, Arc<Mutex<Feed>>>>,
+    /// The subscribers' metrics.
+    pub metrics: KvEventMetrics,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl KvFeeds {
+    /// Feeds for these settings (none running yet: see [`run`]).
+    pub fn new(settings: KvEventsSettings) -> Self {
+        Self {
+            settings,
+            feeds: Mutex::new(HashMap::new()),
+            metrics: KvEventMetrics::default(),
+        }
+    }
+
+    /// The endpoints of the instance at `url`: from `[[kv_events.endpoints]]`, else its host
+    /// at the configured ports.
+    pub fn endpoints_for(&self, url: &str) -> Option<Endpoints> {
+        if let Some(e) = self.settings.endpoints.iter().find(|e| e.instance == url) {
+            return Some(Endpoints {
+                publisher: e.publisher.clone(),
+                replay: e.replay.clone(),
+            });
+        }
+        let uri: http::Uri = url.parse().ok()?;
+        let host = uri.host()?;
+        let s = &self.settings;
+        Some(Endpoints {
+            publisher: format!("tcp://{host}:{}", s.port),
+            replay: (s.replay_port != 0).then(|| format!("tcp://{host}:{}", s.replay_port)),
+        })
+    }
+
+    /// The feed of `instance`, if subscribed.
+    pub fn feed(&self, instance: &str) -> Option<Arc<Mutex<Feed>>> {
+        lock(&self.feeds).get(instance).cloned()
+    }
+
+    /// A JSON summary of one instance's view (the admin API's `GET /admin/kv-view`).
+    pub fn describe(&self, instance: &str, top: usize) -> Option<serde_json::Value> {
+        let feed = self.feed(instance)?;
+        let f = lock(&feed);
+        let size = f.view.block_size();
+        let prefixes: Vec<serde_json::Value> = f
+            .view
+            .longest_prefixes(top)
+            .into_iter()
+            .map(|p| {
+                serde_json::json!({
+                    "last_block": format!("{:016x}", p.last.0),
+                    "blocks": p.blocks,
+                    "tokens": u64::from(p.blocks) * u64::from(size),
+                })
+            })
+            .collect();
+        Some(serde_json::json!({
+            "instance": instance,
+            "connected": f.connected,
+            "complete": f.view.completeness() == Completeness::Exact,
+            "gpu_blocks": f.view.gpu_blocks(),
+            "offloaded_blocks": f.view.offloaded_blocks(),
+            "block_size": size,
+            "batches": f.batches,
+            "last_seq": f.last_seq,
+            "lag_s": f.lag_s,
+            "longest_prefixes": prefixes,
+        }))
+    }
+}
+
+/// Follows membership: a subscriber per instance, started and stopped as instances come and go.
+pub async fn run(state: Arc<AppState>) {
+    let Some(feeds) = state.kv_events.as_ref() else {
+        return;
+    };
+    let mut tasks: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let snapshot = state.fleet.snapshot();
+        for inst in snapshot.instances() {
+            let id = inst.id().to_string();
+            if tasks.contains_key(&id) {
+                continue;
+            }
+            let Some(endpoints) = feeds.endpoints_for(&inst.spec().url) else {
+                continue;
+            };
+            let feed = Arc::new(Mutex::new(Feed::default()));
+            lock(&feeds.feeds).insert(id.clone(), Arc::clone(&feed));
+            tracing::info!(instance = %id, publisher = %endpoints.publisher, "subscribing to KV events");
+            let task = tokio::spawn(subscribe(Arc::clone(&state), id.clone(), endpoints, feed));
+            tasks.insert(id, task);
+        }
+        tasks.retain(|id, task| {
+            if snapshot.get(id).is_some() {
+                return true;
+            }
+            task.abort();
+            lock(&feeds.feeds).remove(id);
+            feeds.metrics.forget(id);
+            false
+        });
+    }
+}
+
+/// One instance's subscriber: reconnects with backoff until aborted.
+async fn subscribe(state: Arc<AppState>, id: String, endpoints: Endpoints, feed: Arc<Mutex<Feed>>) {
+    let Some(feeds) = state.kv_events.as_ref() else {
+        return;
+    };
+    let mut sub = Subscriber {
+        feeds,
+        labels: InstanceLabels { instance: id },
+        endpoints,
+        feed,
+        seq: Sequence::new(),
+        dealer: None,
+    };
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if let Err(e) = sub.session().await {
+            tracing::warn!(instance = %sub.labels.instance, error = %e, "KV events: subscription failed");
+        }
+        sub.set_connected(false);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+struct Subscriber<'a> {
+    feeds: &'a KvFeeds,
+    labels: InstanceLabels,
+    endpoints: Endpoints,
+    feed: Arc<Mutex<Feed>>,
+    seq: Sequence,
+    dealer: Option<DealerSocket>,
+}
+
+fn kind(s: &Subscriber<'_>, kind: &'static str) -> ResultLabels {
+    ResultLabels {
+        instance: s.labels.instance.clone(),
+        kind,
+    }
+}
+
+impl Subscriber<'_> {
+    fn set_connected(&self, on: bool) {
+        lock(&self.feed).connected = on;
+        self.feeds
+            .metrics
+            .connected
+            .get_or_create(&self.labels)
+            .set(i64::from(on));
+    }
+
+    async fn session(&mut self) -> zeromq::ZmqResult<()> {
+        let mut sub = SubSocket::new();
+        sub.connect(&self.endpoints.publisher).await?;
+        sub.subscribe(&self.feeds.settings.topic).await?;
+        // A new session may be a new publisher (restarted): its sequence starts again.
+        self.seq.reset();
+        self.dealer = None;
+        self.set_connected(true);
+        loop {
+            let frames = sub.recv().await?.into_vec();
+            let Ok(p) = wire::published(&frames) else {
+                self.feeds
+                    .metrics
+                    .malformed
+                    .get_or_create(&self.labels)
+                    .inc();
+                continue;
+            };
+            let missing = match self.seq.observe(p.seq) {
+                Step::Next => None,
+                Step::Old => continue,
+                Step::Restarted => {
+                    lock(&self.feed).view.clear();
+                    None
+                }
+                // Joined mid-stream: what came before may still be buffered.
+                Step::First if p.seq > 0 => {
+                    self.seq.resume_at(0);
+                    Some(0)
+                }
+                Step::First => None,
+                Step::Gap { missing } => Some(missing.start),
+            };
+            if let Some(from) = missing {
+                self.feeds.metrics.gaps.get_or_create(&self.labels).inc();
+                self.recover(from, p.seq).await;
+                match self.seq.observe(p.seq) {
+                    Step::Next => {}
+                    // The replay brought it already.
+                    Step::Old => continue,
+                    _ => {
+                        // Not all of it came back: accept the loss.
+                        self.feeds
+                            .metrics
+                            .replays
+                            .get_or_create(&kind(self, "lost"))
+                            .inc();
+                        lock(&self.feed).view.mark_partial();
+                        self.seq.resume_at(p.seq);
+                        self.seq.observe(p.seq);
+                    }
+                }
+            }
+            self.apply(p.seq, p.payload);
+        }
+    }
+
+    /// Asks the replay socket for every batch from `from` on and applies those that continue
+    /// the sequence; counts a replay that reached `until` as recovered.
+    async fn recover(&mut self, from: u64, until: u64) {
+        let Some(endpoint) = self.endpoints.replay.clone() else {
+            return;
+        };
+        let timeout = self.feeds.settings.replay_timeout;
+        let replies = match tokio::time::timeout(timeout, self.replay(&endpoint, from)).await {
+            Ok(Ok(replies)) => replies,
+            Ok(Err(e)) => {
+                tracing::debug!(instance = %self.labels.instance, error = %e, "KV events: replay failed");
+                self.dealer = None;
+                return;
+            }
+            Err(_) => {
+                // Replies still on the way would answer the next request: start afresh.
+                self.dealer = None;
+                Vec::new()
+            }
+        };
+        for (seq, payload) in replies {
+            match self.seq.observe_replayed(seq) {
+                Step::Next | Step::First => self.apply(seq, &payload),
+                Step::Old => {}
+                // The buffer no longer reaches back far enough.
+                _ => break,
+            }
+        }
+        if self.seq.next().is_some_and(|n| n >= until) {
+            self.feeds
+                .metrics
+                .replays
+                .get_or_create(&kind(self, "recovered"))
+                .inc();
+        }
+    }
+
+    async fn replay(&mut self, endpoint: &str, from: u64) -> zeromq::ZmqResult<Vec<(u64, Bytes)>> {
+        if self.dealer.is_none() {
+            let mut d = DealerSocket::new();
+            d.connect(endpoint).await?;
+            self.dealer = Some(d);
+        }
+        let Some(d) = self.dealer.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let request: Vec<Bytes> = wire::replay_request(from)
+            .into_iter()
+            .map(Bytes::from)
+            .collect();
+        let request = ZmqMessage::try_from(request)
+            .map_err(|_| zeromq::ZmqError::Other("empty replay request"))?;
+        d.send(request).await?;
+        let mut out = Vec::new();
+        loop {
+            let frames = d.recv().await?.into_vec();
+            match wire::replayed(&frames) {
+                Ok(Replayed::End) => return Ok(out),
+                Ok(Replayed::Batch { seq, payload }) => {
+                    out.push((seq, Bytes::copy_from_slice(payload)))
+                }
+                Err(_) => {
+                    self.feeds
+                        .metrics
+                        .malformed
+                        .get_or_create(&self.labels)
+                        .inc();
+                }
+            }
+        }
+    }
+
+    fn apply(&self, seq: u64, payload: &[u8]) {
+        let m = &self.feeds.metrics;
+        let mut f = lock(&self.feed);
+        f.last_seq = Some(seq);
+        let batch = match decode_batch(payload) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(instance = %self.labels.instance, error = %e, "KV events: bad payload");
+                m.malformed.get_or_create(&self.labels).inc();
+                // Its events are lost.
+                f.view.mark_partial();
+                m.view_partial.get_or_create(&self.labels).set(1);
+                return;
+            }
+        };
+        let (mut stored, mut removed) = (0u64, 0u64);
+        for e in &batch.events {
+            match e {
+                KvEvent::Stored(s) => stored += s.block_hashes.len() as u64,
+                KvEvent::Removed(r) => removed += r.block_hashes.len() as u64,
+                KvEvent::Cleared => {}
+            }
+        }
+        f.view.apply(&batch);
+        f.batches += 1;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let lag = (now - batch.ts).max(0.0);
+        f.lag_s = Some(lag);
+        m.batches.get_or_create(&self.labels).inc();
+        m.blocks.get_or_create(&kind(self, "stored")).inc_by(stored);
+        m.blocks
+            .get_or_create(&kind(self, "removed"))
+            .inc_by(removed);
+        m.lag.get_or_create(&self.labels).set(lag);
+        m.view_blocks
+            .get_or_create(&kind(self, "gpu"))
+            .set(f.view.gpu_blocks() as i64);
+        m.view_blocks
+            .get_or_create(&kind(self, "offloaded"))
+            .set(f.view.offloaded_blocks() as i64);
+        m.view_partial
+            .get_or_create(&self.labels)
+            .set(i64::from(f.view.completeness() == Completeness::Partial));
+    }
+}

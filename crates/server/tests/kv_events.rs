@@ -1,0 +1,260 @@
+//! KV events end to end: mock engines publish over real ZeroMQ sockets on 127.0.0.1 (both
+//! payload layouts), the router subscribes, and its view of each engine must equal what that
+//! engine's cache holds: after ordinary traffic, after lost messages (recovered by replay),
+//! and when the router joins mid-stream (recovered from the replay buffer, or marked partial
+//! when the buffer no longer reaches back).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use prefix_router_kv_events::{Completeness, Encoding};
+use prefix_router_mock_engine::{KvEventsConfig, MockEngine, MockEngineConfig};
+use prefix_router_server::prom;
+use prefix_router_server::settings::KvEventsEndpoint;
+use prefix_router_server::RunningRouter;
+use support::*;
+
+/// Long enough for any wait here on a loaded 2-core machine.
+const SETTLE: Duration = Duration::from_secs(20);
+
+async fn engine(encoding: Encoding, drop_rate: f64, replay_buffer: usize) -> MockEngine {
+    let mut c = MockEngineConfig::from_preset("small")
+        .expect("preset")
+        .with_time_scale(0.01);
+    // 96 blocks of 16 tokens: the documents below do not all fit, so blocks are evicted.
+    c.engine.kv_capacity_blocks = 96;
+    c.kv_events = Some(KvEventsConfig {
+        encoding,
+        drop_rate,
+        replay_buffer,
+        ..KvEventsConfig::default()
+    });
+    MockEngine::bind("127.0.0.1:0".parse().expect("addr"), c)
+        .await
+        .expect("mock engine starts")
+}
+
+async fn start_router(engines: &[&MockEngine]) -> RunningRouter {
+    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
+    let mut s = settings(&urls);
+    s.kv_events.subscribe = true;
+    s.kv_events.endpoints = engines
+        .iter()
+        .map(|e| KvEventsEndpoint {
+            instance: e.url(),
+            publisher: e.kv_events_endpoint().expect("publishes").to_string(),
+            replay: e.kv_events_replay_endpoint().map(str::to_string),
+        })
+        .collect();
+    let r = router(s.validate().expect("valid")).await;
+    // Subscribed to every engine before any traffic.
+    let feeds = r.state().kv_events.as_ref().expect("subscribed");
+    let deadline = Instant::now() + SETTLE;
+    for url in &urls {
+        loop {
+            let connected = feeds
+                .feed(url)
+                .is_some_and(|f| f.lock().map(|f| f.connected).unwrap_or(false));
+            if connected {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not subscribed to {url}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // The SUB socket's subscription reaches the publisher just after the connection.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    r
+}
+
+/// A chat body: document `doc` (about 300 words, 18 blocks), then a question.
+fn chat(doc: usize, q: usize) -> String {
+    let text: String = (0..300).map(|w| format!("d{doc}w{w} ")).collect();
+    serde_json::json!({
+        "model": "mock-llama",
+        "max_tokens": 2,
+        "messages": [
+            {"role": "system", "content": text},
+            {"role": "user", "content": format!("question {q}")},
+        ],
+    })
+    .to_string()
+}
+
+async fn traffic(addr: std::net::SocketAddr, requests: usize) {
+    for i in 0..requests {
+        let a = post(addr, "/v1/chat/completions", &[], chat(i % 16, i)).await;
+        assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
+    }
+}
+
+async fn cached_blocks(e: &MockEngine) -> f64 {
+    let page = send(
+        e.local_addr(),
+        request(http::Method::GET, "/metrics", &[], ""),
+    )
+    .await;
+    let page = String::from_utf8_lossy(&page.body).to_string();
+    prom::sums(&page)
+        .get("mock:prefix_cache_blocks")
+        .copied()
+        .expect("the mock reports its cached blocks")
+}
+
+/// Waits until the router's view of `e` lists exactly what `e`'s cache holds; returns the view's
+/// completeness and block count.
+async fn converge(r: &RunningRouter, e: &MockEngine) -> (Completeness, usize) {
+    let feeds = r.state().kv_events.as_ref().expect("subscribed");
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let want = cached_blocks(e).await;
+        let (got, complete) = {
+            let feed = feeds.feed(&e.url()).expect("a feed per instance");
+            let f = feed.lock().expect("lock");
+            (f.view.gpu_blocks(), f.view.completeness())
+        };
+        if got as f64 == want {
+            return (complete, got);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: view lists {got} blocks, engine holds {want}",
+            e.url()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn router_metrics(r: &RunningRouter) -> String {
+    let m = send(
+        r.local_addr(),
+        request(http::Method::GET, "/metrics", &[], ""),
+    )
+    .await;
+    String::from_utf8_lossy(&m.body).to_string()
+}
+
+fn metric(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    prom::value(page, name, labels).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_equals_each_engines_cache_in_both_layouts() {
+    let a = engine(Encoding::Map, 0.0, 10_000).await;
+    let b = engine(Encoding::Positional, 0.0, 10_000).await;
+    let r = start_router(&[&a, &b]).await;
+    traffic(r.local_addr(), 60).await;
+    for e in [&a, &b] {
+        let (complete, blocks) = converge(&r, e).await;
+        assert_eq!(complete, Completeness::Exact, "{}", e.url());
+        assert!(blocks > 0, "{}", e.url());
+    }
+    let page = router_metrics(&r).await;
+    for e in [&a, &b] {
+        let url = e.url();
+        let i = [("instance", url.as_str())];
+        assert!(metric(&page, "prefix_router_kv_event_batches_total", &i) > 0.0);
+        // The caches are too small for every document: the engines evicted, and said so.
+        let removed = [("instance", url.as_str()), ("kind", "removed")];
+        assert!(
+            metric(&page, "prefix_router_kv_event_blocks_total", &removed) > 0.0,
+            "{page}"
+        );
+        assert_eq!(metric(&page, "prefix_router_kv_event_gaps_total", &i), 0.0);
+        assert_eq!(
+            metric(&page, "prefix_router_kv_event_malformed_total", &i),
+            0.0
+        );
+        assert_eq!(metric(&page, "prefix_router_kv_view_partial", &i), 0.0);
+    }
+    // The admin view names the longest prefixes: a whole document is 18 blocks of 16 tokens.
+    let feeds = r.state().kv_events.as_ref().expect("subscribed");
+    let v = feeds.describe(&a.url(), 3).expect("a view");
+    assert_eq!(v["complete"], true);
+    assert_eq!(v["block_size"], 16);
+    let top = v["longest_prefixes"].as_array().expect("prefixes");
+    assert!(!top.is_empty());
+    assert!(top[0]["blocks"].as_u64().expect("blocks") >= 18, "{v}");
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_messages_are_replayed_and_the_view_comes_back_exact() {
+    // A fifth of the batches never reach the PUB socket.
+    let a = engine(Encoding::Map, 0.2, 10_000).await;
+    let r = start_router(&[&a]).await;
+    traffic(r.local_addr(), 60).await;
+    let (complete, _) = converge(&r, &a).await;
+    assert_eq!(complete, Completeness::Exact);
+    let page = router_metrics(&r).await;
+    let url = a.url();
+    let i = [("instance", url.as_str())];
+    let gaps = metric(&page, "prefix_router_kv_event_gaps_total", &i);
+    let recovered = metric(
+        &page,
+        "prefix_router_kv_event_replays_total",
+        &[("instance", url.as_str()), ("kind", "recovered")],
+    );
+    assert!(gaps > 0.0, "{page}");
+    assert_eq!(recovered, gaps, "every gap recovered: {page}");
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_joining_mid_stream_recovers_what_the_engine_still_buffers() {
+    let full = engine(Encoding::Positional, 0.0, 10_000).await;
+    let short = engine(Encoding::Map, 0.0, 2).await;
+    // Traffic straight to the engines, before any router listens.
+    for e in [&full, &short] {
+        for i in 0..20 {
+            let a = post(e.local_addr(), "/v1/chat/completions", &[], chat(i % 9, i)).await;
+            assert_eq!(a.status, http::StatusCode::OK);
+        }
+    }
+    let r = start_router(&[&full, &short]).await;
+    // One more request each, with a new document (new blocks: a batch): the first message the
+    // router sees is far past sequence 0.
+    for e in [&full, &short] {
+        let a = post(e.local_addr(), "/v1/chat/completions", &[], chat(50, 99)).await;
+        assert_eq!(a.status, http::StatusCode::OK);
+    }
+    // The whole history was still buffered: exact.
+    let (complete, _) = converge(&r, &full).await;
+    assert_eq!(complete, Completeness::Exact);
+    // Only the last two batches were: the view knows what it lacks.
+    let feeds = r.state().kv_events.as_ref().expect("subscribed");
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let partial = feeds
+            .feed(&short.url())
+            .is_some_and(|f| f.lock().expect("lock").view.completeness() == Completeness::Partial);
+        if partial {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the short buffer's loss went unnoticed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let page = router_metrics(&r).await;
+    let url = short.url();
+    assert_eq!(
+        metric(
+            &page,
+            "prefix_router_kv_view_partial",
+            &[("instance", url.as_str())]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &page,
+            "prefix_router_kv_event_replays_total",
+            &[("instance", url.as_str()), ("kind", "lost")]
+        ),
+        1.0
+    );
+    r.shutdown().await;
+}
