@@ -9,6 +9,7 @@ use prefix_router_kv_events::Encoding;
 use prefix_router_mock_engine::{
     Faults, KvEventsConfig, MockEngine, MockEngineConfig, DEFAULT_MODEL,
 };
+use prefix_router_tokenize::ChatTokenizer;
 
 /// Flags of `mock-engine`.
 #[derive(Debug, Args)]
@@ -78,6 +79,15 @@ pub struct MockEngineArgs {
     #[arg(long, value_name = "T", default_value = "", requires = "kv_events")]
     pub kv_events_topic: String,
 
+    /// The model's tokenizer.json (its tokenizer_config.json beside it gives the chat template
+    /// and BOS/EOS): prompts are then the model's tokens, not one token per word.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<std::path::PathBuf>,
+
+    /// A chat template file (Jinja) to use instead of the one in tokenizer_config.json.
+    #[arg(long, value_name = "FILE", requires = "tokenizer")]
+    pub chat_template: Option<std::path::PathBuf>,
+
     /// Share (0..1) of KV-event batches not sent (still replayable): lost messages on purpose.
     #[arg(long, value_name = "F", default_value_t = 0.0, requires = "kv_events")]
     pub kv_events_drop: f64,
@@ -121,6 +131,17 @@ pub fn run(args: MockEngineArgs) -> Result<()> {
             drop_rate: args.kv_events_drop,
             ..KvEventsConfig::default()
         });
+    }
+    if let Some(file) = &args.tokenizer {
+        let template = match &args.chat_template {
+            Some(t) => Some(
+                std::fs::read_to_string(t)
+                    .with_context(|| format!("--chat-template: cannot read {}", t.display()))?,
+            ),
+            None => None,
+        };
+        let t = ChatTokenizer::from_dir_files(file, template).context("--tokenizer")?;
+        config.tokenizer = Some(std::sync::Arc::new(t));
     }
     config.validate().context("invalid mock-engine flags")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -9,6 +9,7 @@
 //! its events describe it ([`view`]). The
 //! sockets live with their users: the server subscribes, the mock engine publishes.
 
+pub mod chain;
 pub mod decode;
 pub mod encode;
 pub mod event;
@@ -16,6 +17,7 @@ pub mod sequence;
 pub mod view;
 pub mod wire;
 
+pub use chain::{token_block, token_chain};
 pub use decode::{decode_batch, DecodeError};
 pub use encode::{encode_batch, Encoding};
 pub use event::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Medium};

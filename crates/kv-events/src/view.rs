@@ -21,6 +21,9 @@ pub enum Completeness {
 #[derive(Debug, Clone, Copy)]
 struct Block {
     parent: Option<EngineHash>,
+    /// The router's name for it ([`crate::chain`]), when its tokens and its parent's name are
+    /// known.
+    ours: Option<u64>,
     /// Blocks from the start of the prefix to this one (1 for a root; 0: the chain above is
     /// not known to the view).
     depth: u32,
@@ -39,6 +42,8 @@ pub struct HeldPrefix {
 #[derive(Debug, Clone, Default)]
 pub struct EngineView {
     blocks: HashMap<EngineHash, Block>,
+    /// The router's names of the blocks listed on the GPU.
+    ours: HashMap<u64, EngineHash>,
     gpu: usize,
     block_size: u32,
     completeness: Completeness,
@@ -77,9 +82,19 @@ impl EngineView {
         self.blocks.get(&h).is_some_and(|b| b.gpu)
     }
 
+    /// How many leading blocks of `chain` (the router's names, [`crate::token_chain`]) the
+    /// engine holds on its GPU.
+    pub fn matched(&self, chain: &[u64]) -> usize {
+        chain
+            .iter()
+            .take_while(|h| self.ours.contains_key(h))
+            .count()
+    }
+
     /// Forgets everything: the engine cleared its cache or restarted. The view is exact again.
     pub fn clear(&mut self) {
         self.blocks.clear();
+        self.ours.clear();
         self.gpu = 0;
         self.completeness = Completeness::Exact;
     }
@@ -100,10 +115,34 @@ impl EngineView {
                         None => Some(0),
                         Some(p) => self.blocks.get(&p).map(|b| b.depth).filter(|&d| d > 0),
                     };
-                    for &h in &s.block_hashes {
+                    // The router's name of the block before the first, and each block's tokens
+                    // (only when the event carries all of them).
+                    let mut prev_ours = match s.parent {
+                        None => Some(crate::chain::ROOT),
+                        Some(p) => self.blocks.get(&p).and_then(|b| b.ours),
+                    };
+                    let size = s.block_size as usize;
+                    let whole = size > 0 && s.token_ids.len() == size * s.block_hashes.len();
+                    for (k, &h) in s.block_hashes.iter().enumerate() {
                         let depth = before.map_or(0, |d| d.saturating_add(1));
-                        self.insert(h, Block { parent, depth, gpu });
+                        let ours = match (prev_ours, whole) {
+                            (Some(prev), true) => Some(crate::chain::token_block(
+                                prev,
+                                &s.token_ids[k * size..(k + 1) * size],
+                            )),
+                            _ => None,
+                        };
+                        self.insert(
+                            h,
+                            Block {
+                                parent,
+                                ours,
+                                depth,
+                                gpu,
+                            },
+                        );
                         before = (depth > 0).then_some(depth);
+                        prev_ours = ours;
                         parent = Some(h);
                     }
                 }
@@ -118,7 +157,17 @@ impl EngineView {
     }
 
     fn insert(&mut self, h: EngineHash, b: Block) {
-        match self.blocks.insert(h, b) {
+        if let Some(o) = b.ours.filter(|_| b.gpu) {
+            self.ours.insert(o, h);
+        }
+        let old = self.blocks.insert(h, b);
+        if let Some(o) = old
+            .and_then(|o| o.ours)
+            .filter(|o| Some(*o) != b.ours || !b.gpu)
+        {
+            self.ours.remove(&o);
+        }
+        match old {
             Some(old) if old.gpu && !b.gpu => self.gpu -= 1,
             Some(old) if !old.gpu && b.gpu => self.gpu += 1,
             Some(_) => {}
@@ -132,6 +181,9 @@ impl EngineView {
             Some(b) if b.gpu == from_gpu => {
                 if b.gpu {
                     self.gpu -= 1;
+                }
+                if let Some(o) = b.ours {
+                    self.ours.remove(&o);
                 }
                 self.blocks.remove(&h);
             }
@@ -174,7 +226,8 @@ mod tests {
         KvEvent::Stored(BlockStored {
             block_hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
             parent: parent.map(EngineHash),
-            token_ids: vec![0; hashes.len() * 4],
+            // Block h holds tokens h, h, h, h.
+            token_ids: hashes.iter().flat_map(|&h| [h as u32; 4]).collect(),
             block_size: 4,
             medium,
             ..BlockStored::default()
@@ -204,6 +257,14 @@ mod tests {
         ]));
         assert_eq!(v.gpu_blocks(), 5);
         assert_eq!(v.block_size(), 4);
+        // The router names blocks from their tokens: a prompt 1111 2222 4444 matches three.
+        let chain = crate::token_chain(&[1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 4, 5, 5], 4);
+        assert_eq!(v.matched(&chain), 3);
+        assert_eq!(
+            v.matched(&crate::token_chain(&[2, 2, 2, 2], 4)),
+            0,
+            "not a prefix"
+        );
         assert!(v.holds(EngineHash(3)));
         assert_eq!(
             v.longest_prefixes(3),
@@ -231,12 +292,15 @@ mod tests {
         ]));
         assert!(!v.holds(EngineHash(3)));
         assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (4, 1));
+        let chain = crate::token_chain(&[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3], 4);
+        assert_eq!(v.matched(&chain), 2, "an offloaded block is not resident");
         assert_eq!(v.unknown_removals, 1);
         assert_eq!(v.longest_prefixes(1)[0].last, EngineHash(4));
         v.mark_partial();
         assert_eq!(v.completeness(), Completeness::Partial);
         v.apply(&batch(vec![KvEvent::Cleared]));
         assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (0, 0));
+        assert_eq!(v.matched(&chain), 0);
         assert_eq!(v.completeness(), Completeness::Exact);
     }
 }

@@ -67,6 +67,9 @@ pub struct MockEngineConfig {
     pub seed: u64,
     /// Publish KV-cache events (vLLM's ZeroMQ publisher) from here; `None`: no events.
     pub kv_events: Option<KvEventsConfig>,
+    /// The model's tokenizer and chat template; `None`: one token per word (the workload's
+    /// text model, roles adding none).
+    pub tokenizer: Option<std::sync::Arc<prefix_router_tokenize::ChatTokenizer>>,
 }
 
 impl MockEngineConfig {
@@ -80,6 +83,7 @@ impl MockEngineConfig {
             faults: Faults::default(),
             seed: 0,
             kv_events: None,
+            tokenizer: None,
         }
     }
 

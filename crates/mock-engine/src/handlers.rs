@@ -96,7 +96,13 @@ where
     };
     let config = &state.config;
     let default_model = kind.is_none().then_some(config.model.as_str());
-    let parsed = request::parse(kind, &body, default_model, config.engine.block_tokens)?;
+    let parsed = request::parse(
+        kind,
+        &body,
+        default_model,
+        config.engine.block_tokens,
+        config.tokenizer.as_deref(),
+    )?;
     if !config.serves(&parsed.model) {
         return Err(ApiError::unknown_model(&parsed.model));
     }

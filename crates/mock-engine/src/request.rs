@@ -4,6 +4,8 @@ use serde_json::{Map, Value};
 
 use crate::api_error::ApiError;
 use crate::config::{DEFAULT_MAX_TOKENS, MAX_OUTPUT_TOKENS};
+use prefix_router_tokenize::{ChatTokenizer, Message};
+
 use crate::tokenizer::{PromptTokens, Tokenizer};
 
 /// Which API shape a request uses (and its response takes).
@@ -33,6 +35,7 @@ pub(crate) fn parse(
     body: &[u8],
     default_model: Option<&str>,
     block_tokens: u32,
+    tokenizer: Option<&ChatTokenizer>,
 ) -> Result<Inference, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_body(format!("the body is not valid JSON: {e}")))?;
@@ -63,9 +66,38 @@ pub(crate) fn parse(
         }
     };
     let mut tok = Tokenizer::new(block_tokens);
+    let mut texts = Texts::default();
     match kind {
-        ApiKind::Chat => messages(&obj, &mut tok)?,
-        ApiKind::Completion => prompt(&obj, &mut tok)?,
+        ApiKind::Chat => messages(&obj, &mut texts)?,
+        ApiKind::Completion => prompt(&obj, &mut texts)?,
+    }
+    match tokenizer {
+        // One token per word (the workload's text model).
+        None => texts.0.iter().for_each(|(_, t)| tok.push_text(t)),
+        // The model's own tokens: the template renders the messages, the tokenizer encodes.
+        Some(t) => {
+            let ids = match kind {
+                ApiKind::Chat => {
+                    let m: Vec<Message<'_>> = texts
+                        .0
+                        .iter()
+                        .map(|(role, content)| Message { role, content })
+                        .collect();
+                    t.chat_ids(&m)
+                }
+                ApiKind::Completion => {
+                    t.prompt_ids(texts.0.first().map_or("", |(_, p)| p.as_str()))
+                }
+            }
+            .map_err(|e| {
+                let field = match kind {
+                    ApiKind::Chat => "messages",
+                    ApiKind::Completion => "prompt",
+                };
+                ApiError::invalid(field, e.to_string())
+            })?;
+            ids.into_iter().for_each(|id| tok.push_token(u64::from(id)));
+        }
     }
     let max_tokens = match (
         uint_field(&obj, "max_completion_tokens")?,
@@ -103,8 +135,13 @@ pub(crate) fn parse(
     })
 }
 
-/// Tokenizes `messages`: every message's text content, in order (roles add no tokens).
-fn messages(obj: &Map<String, Value>, tok: &mut Tokenizer) -> Result<(), ApiError> {
+/// The prompt's texts: `(role, content)` of each message in order (a completion prompt is one,
+/// with no role). Text parts of one content are joined by a newline.
+#[derive(Debug, Default)]
+struct Texts(Vec<(String, String)>);
+
+/// Reads `messages`: every message's role and text content, in order.
+fn messages(obj: &Map<String, Value>, texts: &mut Texts) -> Result<(), ApiError> {
     let list = match obj.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => {
@@ -123,27 +160,31 @@ fn messages(obj: &Map<String, Value>, tok: &mut Tokenizer) -> Result<(), ApiErro
                 "each message must be an object",
             ));
         };
-        match m.get("role") {
+        let role = match m.get("role") {
             Some(Value::String(r))
                 if matches!(
                     r.as_str(),
                     "system" | "developer" | "user" | "assistant" | "tool"
-                ) => {}
+                ) =>
+            {
+                r.clone()
+            }
             _ => {
                 return Err(ApiError::invalid(
                     format!("messages[{i}].role"),
                     "`role` must be one of system, developer, user, assistant, tool",
                 ))
             }
-        }
-        match m.get("content") {
-            Some(Value::String(s)) => tok.push_text(s),
-            None | Some(Value::Null) => {}
+        };
+        let content = match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            None | Some(Value::Null) => String::new(),
             Some(Value::Array(parts)) => {
+                let mut joined: Vec<&str> = Vec::with_capacity(parts.len());
                 for (j, p) in parts.iter().enumerate() {
                     match (p.get("type"), p.get("text")) {
                         (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => {
-                            tok.push_text(text)
+                            joined.push(text)
                         }
                         _ => {
                             return Err(ApiError::invalid(
@@ -153,6 +194,7 @@ fn messages(obj: &Map<String, Value>, tok: &mut Tokenizer) -> Result<(), ApiErro
                         }
                     }
                 }
+                joined.join("\n")
             }
             Some(_) => {
                 return Err(ApiError::invalid(
@@ -160,17 +202,18 @@ fn messages(obj: &Map<String, Value>, tok: &mut Tokenizer) -> Result<(), ApiErro
                     "`content` must be a string or an array of text parts",
                 ))
             }
-        }
+        };
+        texts.0.push((role, content));
     }
     Ok(())
 }
 
-/// Tokenizes `prompt`: a string, or an array holding one string.
-fn prompt(obj: &Map<String, Value>, tok: &mut Tokenizer) -> Result<(), ApiError> {
+/// Reads `prompt`: a string, or an array holding one string.
+fn prompt(obj: &Map<String, Value>, texts: &mut Texts) -> Result<(), ApiError> {
     match obj.get("prompt") {
-        Some(Value::String(s)) => tok.push_text(s),
+        Some(Value::String(s)) => texts.0.push((String::new(), s.clone())),
         Some(Value::Array(a)) => match a.as_slice() {
-            [Value::String(s)] => tok.push_text(s),
+            [Value::String(s)] => texts.0.push((String::new(), s.clone())),
             _ => {
                 return Err(ApiError::invalid(
                     "prompt",
@@ -215,7 +258,7 @@ mod tests {
     use super::*;
 
     fn chat(body: &str) -> Result<Inference, ApiError> {
-        parse(Some(ApiKind::Chat), body.as_bytes(), None, 16)
+        parse(Some(ApiKind::Chat), body.as_bytes(), None, 16, None)
     }
 
     fn param(r: Result<Inference, ApiError>) -> Option<String> {
@@ -291,7 +334,7 @@ mod tests {
 
     #[test]
     fn completion_prompt_shapes() {
-        let p = |b: &str| parse(Some(ApiKind::Completion), b.as_bytes(), None, 16);
+        let p = |b: &str| parse(Some(ApiKind::Completion), b.as_bytes(), None, 16, None);
         assert_eq!(
             p(r#"{"model":"m","prompt":"a b"}"#).unwrap().prompt.tokens,
             2
@@ -312,16 +355,17 @@ mod tests {
 
     #[test]
     fn native_detects_the_shape_and_defaults_the_model() {
-        let r = parse(None, br#"{"prompt":"a"}"#, Some("base"), 16).unwrap();
+        let r = parse(None, br#"{"prompt":"a"}"#, Some("base"), 16, None).unwrap();
         assert_eq!((r.kind, r.model.as_str()), (ApiKind::Completion, "base"));
         let r = parse(
             None,
             br#"{"messages":[{"role":"user","content":"a"}]}"#,
             Some("base"),
             16,
+            None,
         )
         .unwrap();
         assert_eq!(r.kind, ApiKind::Chat);
-        assert!(parse(None, br#"{"x":1}"#, Some("base"), 16).is_err());
+        assert!(parse(None, br#"{"x":1}"#, Some("base"), 16, None).is_err());
     }
 }

@@ -2,17 +2,21 @@
 //! payload layouts), the router subscribes, and its view of each engine must equal what that
 //! engine's cache holds: after ordinary traffic, after lost messages (recovered by replay),
 //! and when the router joins mid-stream (recovered from the replay buffer, or marked partial
-//! when the buffer no longer reaches back).
+//! when the buffer no longer reaches back); and, with the same tokenizer file on both sides,
+//! the token blocks the router computes for a request are the ones the engine reports.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
-use prefix_router_kv_events::{Completeness, Encoding};
+use std::sync::Arc;
+
+use prefix_router_kv_events::{token_chain, Completeness, Encoding};
 use prefix_router_mock_engine::{KvEventsConfig, MockEngine, MockEngineConfig};
 use prefix_router_server::prom;
 use prefix_router_server::settings::KvEventsEndpoint;
 use prefix_router_server::RunningRouter;
+use prefix_router_tokenize::{ChatTokenizer, Prompt};
 use support::*;
 
 /// Long enough for any wait here on a loaded 2-core machine.
@@ -256,5 +260,59 @@ async fn a_router_joining_mid_stream_recovers_what_the_engine_still_buffers() {
         ),
         1.0
     );
+    r.shutdown().await;
+}
+
+fn test_tokenizer() -> Arc<ChatTokenizer> {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data/tokenizers/byte-bpe/tokenizer.json");
+    Arc::new(ChatTokenizer::from_dir_files(&file, None).expect("the test tokenizer loads"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_routers_token_blocks_are_the_ones_the_engine_reports() {
+    let tokenizer = test_tokenizer();
+    let mut c = MockEngineConfig::from_preset("small")
+        .expect("preset")
+        .with_time_scale(0.01);
+    c.tokenizer = Some(Arc::clone(&tokenizer));
+    c.kv_events = Some(KvEventsConfig::default());
+    let e = MockEngine::bind("127.0.0.1:0".parse().expect("addr"), c)
+        .await
+        .expect("mock engine starts");
+    let r = start_router(&[&e]).await;
+    let bodies: Vec<String> = (0..4).map(|d| chat(d, d)).collect();
+    let completion = serde_json::json!({
+        "model": "mock-llama", "max_tokens": 2,
+        "prompt": (0..200).map(|w| format!("word{w} ")).collect::<String>(),
+    })
+    .to_string();
+    for b in &bodies {
+        let a = post(r.local_addr(), "/v1/chat/completions", &[], b.clone()).await;
+        assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
+    }
+    let a = post(r.local_addr(), "/v1/completions", &[], completion.clone()).await;
+    assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
+    converge(&r, &e).await;
+    let feeds = r.state().kv_events.as_ref().expect("subscribed");
+    let feed = feeds.feed(&e.url()).expect("a feed");
+    {
+        let f = feed.lock().expect("lock");
+        let block = f.view.block_size() as usize;
+        assert_eq!(block, 16);
+        for body in bodies.iter().chain([&completion]) {
+            let prompt = Prompt::from_body(body.as_bytes()).expect("a prompt");
+            let ids = tokenizer.ids(&prompt).expect("tokenizes");
+            let chain = token_chain(&ids, block);
+            // A few hundred tokens: every full block of each prompt is cached (the cache holds
+            // them all), under the router's own names computed from its own tokenization.
+            assert!(chain.len() >= 10, "{} blocks", chain.len());
+            assert_eq!(f.view.matched(&chain), chain.len(), "{body}");
+            // One token off, and the names no longer meet from that block on.
+            let mut off = ids.clone();
+            off[block * 3] ^= 1;
+            assert_eq!(f.view.matched(&token_chain(&off, block)), 3);
+        }
+    }
     r.shutdown().await;
 }
