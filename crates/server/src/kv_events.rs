@@ -282,6 +282,16 @@ async fn subscribe(state: Arc<AppState>, id: String, endpoints: Endpoints, feed:
         seq: Sequence::new(),
         dealer: None,
     };
+    // Every series from the start, at 0: a counter that appears only once it moves hides
+    // whether a gap has ever happened.
+    let m = &feeds.metrics;
+    for f in [&m.batches, &m.gaps, &m.malformed] {
+        let _ = f.get_or_create(&sub.labels);
+    }
+    for k in ["recovered", "lost"] {
+        let _ = m.replays.get_or_create(&kind(&sub, k));
+    }
+    let _ = m.view_partial.get_or_create(&sub.labels);
     let mut backoff = Duration::from_millis(100);
     loop {
         if let Err(e) = sub.session().await {
