@@ -29,6 +29,7 @@ fn route(info: &RequestInfo, i: usize) -> RouteRequest<'_> {
         prompt_units: info.chain.units,
         model: None,
         now: i as f64,
+        tokens: None,
     }
 }
 

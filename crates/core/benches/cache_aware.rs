@@ -48,6 +48,7 @@ fn bench(c: &mut Criterion) {
                 prompt_units: chain.units,
                 model: None,
                 now: 0.0,
+                tokens: None,
             };
             let d = dispatch(&strategy, &req, &snap, &mut rng).expect("dispatches");
             d.ticket.finish(End::Finished { usage: None }, 0.1);
@@ -82,6 +83,7 @@ fn bench(c: &mut Criterion) {
                     prompt_units: chain.units,
                     model: None,
                     now: 1.0,
+                    tokens: None,
                 };
                 black_box(strategy.select(&req, &snap, &mut rng).ok())
             })

@@ -244,6 +244,7 @@ mod tests {
                 prompt_units: 400,
                 model: None,
                 now: 0.5,
+                tokens: None,
             };
             let tickets: Vec<Ticket> = (0..5)
                 .map(|_| dispatch(&s, &req, &snap, &mut rng).expect("routes").ticket)

@@ -2,6 +2,7 @@
 
 pub mod cache_aware;
 mod common;
+pub mod kv_aware;
 pub mod least_outstanding;
 pub mod prefix_aware;
 pub mod random;
@@ -9,6 +10,7 @@ pub mod recording;
 pub mod round_robin;
 
 pub use cache_aware::CacheAware;
+pub use kv_aware::KvAware;
 pub use least_outstanding::LeastOutstanding;
 pub use prefix_aware::PrefixAware;
 pub use random::Random;

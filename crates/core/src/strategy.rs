@@ -13,7 +13,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::strategies::{cache_aware, least_outstanding, prefix_aware, random, round_robin};
+use crate::strategies::{
+    cache_aware, kv_aware, least_outstanding, prefix_aware, random, round_robin,
+};
 use crate::{
     ChainSpec, ConcurrencyThreshold, ConfigError, Decision, FleetSnapshot, Instance, InstanceId,
     KeyHash, RouteError,
@@ -36,6 +38,9 @@ pub struct RouteRequest<'a> {
     pub model: Option<&'a str>,
     /// The caller's clock in seconds (monotonic; simulated time in the simulator).
     pub now: f64,
+    /// Its token blocks and what the engines report holding, for a strategy that
+    /// [`reads_tokens`](Strategy::reads_tokens) (`None`: not tokenized, or no reports).
+    pub tokens: Option<crate::TokenRoute<'a>>,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -47,6 +52,7 @@ impl<'a> RouteRequest<'a> {
             prompt_units: 0,
             model,
             now: 0.0,
+            tokens: None,
         }
     }
 }
@@ -161,6 +167,11 @@ pub trait Strategy: Send + Sync + std::fmt::Debug {
     fn reads_usage(&self) -> bool {
         false
     }
+    /// Whether it routes on the engines' own reports of what they hold: the caller then
+    /// tokenizes requests as the engines do and passes [`RouteRequest::tokens`] where it can.
+    fn reads_tokens(&self) -> bool {
+        false
+    }
     /// The request of `decision` was sent to `instance`: learn from it. Returns opaque words the
     /// ticket keeps and hands back with each feedback ([`TicketInfo::note`]).
     fn dispatched(&self, req: &RouteRequest<'_>, decision: &Decision, instance: &Instance) -> Note {
@@ -213,6 +224,7 @@ pub const REGISTRY: &[StrategyEntry] = &[
     least_outstanding::ENTRY,
     prefix_aware::ENTRY,
     cache_aware::ENTRY,
+    kv_aware::ENTRY,
 ];
 
 /// Which strategy: a handle on a [`REGISTRY`] entry.

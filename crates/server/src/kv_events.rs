@@ -16,8 +16,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use prefix_router_core::{Instance, Residency, TokenRoute};
 use prefix_router_kv_events::wire::{self, Replayed};
-use prefix_router_kv_events::{decode_batch, Completeness, EngineView, KvEvent, Sequence, Step};
+use prefix_router_kv_events::{
+    decode_batch, token_chain, Completeness, EngineView, KvEvent, Sequence, Step,
+};
+use prefix_router_tokenize::{ChatTokenizer, Prompt, TokenizeError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -161,6 +165,41 @@ pub struct KvFeeds {
     feeds: Mutex<HashMap<String, Arc<Mutex<Feed>>>>,
     /// The subscribers' metrics.
     pub metrics: KvEventMetrics,
+    /// The model's tokenizer, when configured (`kv-aware` needs it).
+    pub tokenizer: Option<Arc<ChatTokenizer>>,
+}
+
+/// vLLM's default KV block size, until an engine reports its own.
+const DEFAULT_BLOCK_TOKENS: u32 = 16;
+
+/// A request's token blocks, named as the views name the engines' blocks.
+#[derive(Debug)]
+pub struct Tokenized {
+    chain: Vec<u64>,
+    block_tokens: u32,
+    prompt_tokens: u32,
+}
+
+impl Tokenized {
+    /// What a strategy gets of it, answered from `feeds`.
+    pub fn route<'a>(&'a self, feeds: &'a KvFeeds) -> TokenRoute<'a> {
+        TokenRoute {
+            chain: &self.chain,
+            block_tokens: self.block_tokens,
+            prompt_tokens: self.prompt_tokens,
+            residency: feeds,
+        }
+    }
+}
+
+impl Residency for KvFeeds {
+    /// From the instance's view, only while it is subscribed and complete.
+    fn matched_blocks(&self, instance: &Instance, chain: &[u64]) -> Option<u32> {
+        let feed = self.feed(instance.id().as_str())?;
+        let f = lock(&feed);
+        (f.connected && f.view.completeness() == Completeness::Exact)
+            .then(|| u32::try_from(f.view.matched(chain)).unwrap_or(u32::MAX))
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -168,13 +207,52 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl KvFeeds {
-    /// Feeds for these settings (none running yet: see [`run`]).
-    pub fn new(settings: KvEventsSettings) -> Self {
-        Self {
+    /// Feeds for these settings (none running yet: see [`run`]); loads the tokenizer.
+    pub fn new(settings: KvEventsSettings) -> Result<Self, TokenizeError> {
+        let tokenizer = match &settings.tokenizer {
+            None => None,
+            Some(file) => {
+                let template = match &settings.chat_template {
+                    Some(t) => {
+                        Some(std::fs::read_to_string(t).map_err(|e| TokenizeError::Read {
+                            path: t.display().to_string(),
+                            message: e.to_string(),
+                        })?)
+                    }
+                    None => None,
+                };
+                Some(Arc::new(ChatTokenizer::from_dir_files(file, template)?))
+            }
+        };
+        Ok(Self {
             settings,
             feeds: Mutex::new(HashMap::new()),
             metrics: KvEventMetrics::default(),
-        }
+            tokenizer,
+        })
+    }
+
+    /// The block size the engines report (the first that has), else vLLM's default.
+    fn block_tokens(&self) -> u32 {
+        lock(&self.feeds)
+            .values()
+            .map(|f| lock(f).view.block_size())
+            .find(|&b| b > 0)
+            .unwrap_or(DEFAULT_BLOCK_TOKENS)
+    }
+
+    /// A request body's token blocks, when a tokenizer is configured and the body is a chat
+    /// or completion it can tokenize (`None` otherwise: the strategy then infers).
+    pub fn tokenize(&self, body: &[u8]) -> Option<Tokenized> {
+        let tokenizer = self.tokenizer.as_ref()?;
+        let prompt = Prompt::from_body(body)?;
+        let ids = tokenizer.ids(&prompt).ok()?;
+        let block_tokens = self.block_tokens();
+        Some(Tokenized {
+            chain: token_chain(&ids, block_tokens as usize),
+            block_tokens,
+            prompt_tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+        })
     }
 
     /// The endpoints of the instance at `url`: from `[[kv_events.endpoints]]`, else its host
@@ -229,6 +307,28 @@ impl KvFeeds {
             "lag_s": f.lag_s,
             "longest_prefixes": prefixes,
         }))
+    }
+}
+
+/// Says at start when the strategy routes on the engines' reports but cannot have them: it then
+/// runs as cache-aware, on what the router infers.
+pub fn warn_if_blind(state: &AppState) {
+    let routing = state.routing.load();
+    if !routing.strategy.reads_tokens() {
+        return;
+    }
+    let name = routing.strategy.name();
+    match &state.kv_events {
+        None => tracing::warn!(
+            strategy = name,
+            "[kv_events] subscribe is off: {name} has no engine reports and runs as cache-aware"
+        ),
+        Some(f) if f.tokenizer.is_none() => tracing::warn!(
+            strategy = name,
+            "no [kv_events] tokenizer: requests cannot be matched to the engines' blocks, so \
+             {name} runs as cache-aware"
+        ),
+        Some(_) => {}
     }
 }
 

@@ -356,12 +356,16 @@ async fn forward(
             .or_else(|| logging.then(ChainSpec::default)),
     };
     let Extracted { key, chain, model } = extract(api, &parts.headers, &body, &opts)?;
+    // kv-aware: the request's token blocks, matched against what the engines report.
+    let feeds = state.kv_events.as_ref().filter(|_| strategy.reads_tokens());
+    let tokenized = feeds.and_then(|f| f.tokenize(&body));
     let mut route_req = RouteRequest {
         key,
         chain: &chain.blocks,
         prompt_units: chain.units,
         model: model.as_deref(),
         now: 0.0,
+        tokens: tokenized.as_ref().zip(feeds).map(|(t, f)| t.route(f)),
     };
 
     let snapshot = state.fleet.snapshot();

@@ -76,6 +76,7 @@ impl Router {
             addr: state.settings.listen,
             source,
         })?;
+        crate::kv_events::warn_if_blind(&state);
         let (tx, rx) = watch::channel(false);
         let mut background = vec![tokio::spawn(health::run(Arc::clone(&state)))];
         for source in dns {

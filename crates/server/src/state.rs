@@ -78,7 +78,12 @@ impl AppState {
         let kv_events = settings
             .kv_events
             .subscribe
-            .then(|| crate::kv_events::KvFeeds::new(settings.kv_events.clone()));
+            .then(|| crate::kv_events::KvFeeds::new(settings.kv_events.clone()))
+            .transpose()
+            .map_err(|e| SettingsError::Invalid {
+                field: "kv_events.tokenizer".into(),
+                message: e.to_string(),
+            })?;
         if let Some(feeds) = &kv_events {
             metrics.register_kv_events(feeds);
         }

@@ -41,7 +41,15 @@ async fn engine(encoding: Encoding, drop_rate: f64, replay_buffer: usize) -> Moc
 
 async fn start_router(engines: &[&MockEngine]) -> RunningRouter {
     let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
-    let mut s = settings(&urls);
+    start_with(engines, settings(&urls)).await
+}
+
+/// Starts a router on `s`, subscribed to `engines`' KV events, once every subscription is up.
+async fn start_with(
+    engines: &[&MockEngine],
+    mut s: prefix_router_server::settings::Settings,
+) -> RunningRouter {
+    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
     s.kv_events.subscribe = true;
     s.kv_events.endpoints = engines
         .iter()
@@ -313,6 +321,65 @@ async fn the_routers_token_blocks_are_the_ones_the_engine_reports() {
             off[block * 3] ^= 1;
             assert_eq!(f.view.matched(&token_chain(&off, block)), 3);
         }
+    }
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_aware_routes_to_the_engine_that_reports_the_prefix() {
+    let tokenizer = test_tokenizer();
+    let mut engines = Vec::new();
+    for _ in 0..3 {
+        let mut c = MockEngineConfig::from_preset("small")
+            .expect("preset")
+            .with_time_scale(0.01);
+        c.tokenizer = Some(Arc::clone(&tokenizer));
+        c.kv_events = Some(KvEventsConfig::default());
+        engines.push(
+            MockEngine::bind("127.0.0.1:0".parse().expect("addr"), c)
+                .await
+                .expect("mock engine starts"),
+        );
+    }
+    let refs: Vec<&MockEngine> = engines.iter().collect();
+    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
+    let mut s = settings(&urls);
+    s.routing.strategy = prefix_router_core::StrategyConfig::new(
+        prefix_router_core::StrategyKind::named("kv-aware").expect("registered"),
+    );
+    s.kv_events.tokenizer = Some(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../data/tokenizers/byte-bpe/tokenizer.json"),
+    );
+    let r = start_with(&refs, s).await;
+    // Six documents, each warmed on one engine behind the router's back (another replica, a
+    // batch job): the router never sent them anywhere.
+    for d in 0..6 {
+        let a = post(
+            engines[d % 3].local_addr(),
+            "/v1/chat/completions",
+            &[],
+            chat(d, 0),
+        )
+        .await;
+        assert_eq!(a.status, http::StatusCode::OK);
+    }
+    for e in &engines {
+        converge(&r, e).await;
+    }
+    for d in 0..6 {
+        let a = post(r.local_addr(), "/v1/chat/completions", &[], chat(d, 1)).await;
+        assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
+        assert_eq!(
+            a.header("x-prefix-router-instance"),
+            urls[d % 3],
+            "document {d}"
+        );
+        assert_eq!(
+            a.header("x-prefix-router-decision"),
+            "cache_hit",
+            "document {d}"
+        );
     }
     r.shutdown().await;
 }

@@ -260,6 +260,7 @@ impl Loop<'_> {
             prompt_units: self.chain.units,
             model: req.model.as_deref(),
             now,
+            tokens: None,
         };
         let routed = dispatch(self.strategy, &route, self.fleet.snapshot(), &mut self.rng)
             .map_err(|source| SimError::Route {

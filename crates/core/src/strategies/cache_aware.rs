@@ -62,7 +62,8 @@ pub const ENTRY: StrategyEntry = StrategyEntry {
     },
 };
 
-const PARAMS: &[ParamSpec] = &[
+/// Its parameters (also `kv-aware`'s).
+pub(crate) const PARAMS: &[ParamSpec] = &[
     ParamSpec {
         name: "index-blocks",
         default: "1048576",
@@ -310,9 +311,20 @@ impl Strategy for CacheAware {
         cands.clear();
         for (index, inst) in fleet.eligible(req.model) {
             let slot = st.slot_of.get(&inst.id_hash()).map(|&s| usize::from(s));
-            let matched_blocks = slot.map_or(0, |s| st.matched[s]);
+            // What the engine reports holding, where it does (kv-aware), else the index's guess.
+            let reported = req.tokens.and_then(|t| {
+                t.residency
+                    .matched_blocks(inst, t.chain)
+                    .map(|b| t.units(b, req.prompt_units))
+            });
+            let (matched_blocks, matched_units) = match reported {
+                Some(units) => (units / block.max(1), units),
+                None => {
+                    let b = slot.map_or(0, |s| st.matched[s]);
+                    (b, b.saturating_mul(block).min(req.prompt_units))
+                }
+            };
             let load = slot.map_or(&idle, |s| &st.loads[s]);
-            let matched_units = matched_blocks.saturating_mul(block).min(req.prompt_units);
             let uncached = f64::from(req.prompt_units - matched_units);
             let cost = load.cost(&st.pool, instances);
             let prefill = load.queued_units as f64 + uncached;

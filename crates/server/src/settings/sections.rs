@@ -463,6 +463,11 @@ pub struct KvEventsSettings {
     pub replay_timeout: Duration,
     /// Instances whose publisher is not on their host at `port`.
     pub endpoints: Vec<KvEventsEndpoint>,
+    /// The model's `tokenizer.json` (its `tokenizer_config.json` beside it gives the chat
+    /// template): `kv-aware` tokenizes requests with it to match them to the engines' blocks.
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// A chat template file to use instead of the one in `tokenizer_config.json`.
+    pub chat_template: Option<std::path::PathBuf>,
 }
 
 impl Default for KvEventsSettings {
@@ -474,6 +479,8 @@ impl Default for KvEventsSettings {
             topic: String::new(),
             replay_timeout: Duration::from_millis(1_000),
             endpoints: Vec::new(),
+            tokenizer: None,
+            chat_template: None,
         }
     }
 }

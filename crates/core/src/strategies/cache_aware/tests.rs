@@ -80,6 +80,7 @@ impl Router {
             prompt_units: chain.units,
             model: None,
             now: self.now,
+            tokens: None,
         };
         let snap = self.fleet.snapshot();
         let d = dispatch(&self.strategy, &req, &snap, &mut self.rng).expect("routes");
