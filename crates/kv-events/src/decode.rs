@@ -125,7 +125,12 @@ fn event(v: &Value) -> Result<Option<KvEvent>, DecodeError> {
             lora_id: opt_int(fields.get(4, "lora_id"), "lora_id")?,
             medium: Medium::parse(opt_str(fields.get(5, "medium"), "medium")?),
             lora_name: opt_str(fields.get(6, "lora_name"), "lora_name")?.map(str::to_string),
-            // 7 is `extra_keys` (multimodal hashes, salts): not needed to match text blocks.
+            // `extra_keys`: one entry per block, nil for a block keyed by its tokens alone.
+            extra_keys: match fields.get(7, "extra_keys") {
+                None | Some(Value::Nil) => false,
+                Some(Value::Array(a)) => a.iter().any(|k| !k.is_nil()),
+                Some(_) => true,
+            },
             group_idx: opt_int(fields.get(8, "group_idx"), "group_idx")?,
         }),
         "BlockRemoved" => KvEvent::Removed(BlockRemoved {

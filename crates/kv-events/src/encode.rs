@@ -128,7 +128,21 @@ fn stored(s: &BlockStored, encoding: Encoding) -> Value {
         ("lora_id", opt(s.lora_id), false),
         ("medium", Value::from(s.medium.name()), false),
         ("lora_name", opt(s.lora_name.clone()), false),
-        ("extra_keys", Value::Nil, true),
+        (
+            "extra_keys",
+            if s.extra_keys {
+                // One entry per block, each a tuple of keys (what a salt looks like).
+                Value::Array(
+                    s.block_hashes
+                        .iter()
+                        .map(|_| Value::Array(vec![Value::from("salt")]))
+                        .collect(),
+                )
+            } else {
+                Value::Nil
+            },
+            true,
+        ),
         ("group_idx", opt(s.group_idx), true),
     ];
     fields("BlockStored", named, encoding)

@@ -62,6 +62,9 @@ pub struct BlockStored {
     pub lora_name: Option<String>,
     pub medium: Medium,
     pub group_idx: Option<i64>,
+    /// Whether any block carries `extra_keys` (multimodal hashes, a cache salt): its hash
+    /// then covers more than its tokens.
+    pub extra_keys: bool,
 }
 
 /// `BlockRemoved`: the engine evicted these blocks from `medium`.

@@ -22,4 +22,4 @@ pub use decode::{decode_batch, DecodeError};
 pub use encode::{encode_batch, Encoding};
 pub use event::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Medium};
 pub use sequence::{Sequence, Step};
-pub use view::{Completeness, EngineView, HeldPrefix};
+pub use view::{block_digest, Completeness, EngineView, HeldPrefix, DIGEST_MASK};

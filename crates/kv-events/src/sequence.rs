@@ -3,7 +3,8 @@
 //! Batches must be applied in order (a block removed, then stored again, is held; the other way
 //! round it is not), so a gap stops the view until the missing batches are replayed: the
 //! subscriber asks the replay socket for them, feeds each reply through
-//! [`Sequence::observe_replayed`], and then the live message that showed the gap again. If the
+//! [`Sequence::observe_replayed`], and then the live message that showed the gap, again through
+//! `observe_replayed`. If the
 //! publisher no longer buffers them, the loss is accepted with [`Sequence::resume_at`] and the
 //! view is incomplete from then on (the caller says so).
 
@@ -21,8 +22,9 @@ pub enum Step {
     Gap { missing: Range<u64> },
     /// Applied already (a replay overlapping the live stream, a duplicate): skip it.
     Old,
-    /// The live sequence went back to 0: the publisher restarted, and with it the engine's
-    /// cache. Clear the view, then apply this batch.
+    /// The live sequence went back (to 0, or to any number it had passed): the publisher
+    /// restarted, and with it the engine's cache. Clear the view; this batch is the new
+    /// stream's first.
     Restarted,
 }
 
@@ -30,6 +32,9 @@ pub enum Step {
 #[derive(Debug, Clone, Default)]
 pub struct Sequence {
     next: Option<u64>,
+    /// The highest sequence number the live stream delivered: a publisher only counts up, so
+    /// a live number at or below it means the publisher started again.
+    live_max: Option<u64>,
 }
 
 impl Sequence {
@@ -45,30 +50,33 @@ impl Sequence {
 
     /// A batch from the live (PUB) stream. Advances unless it is a gap.
     pub fn observe(&mut self, seq: u64) -> Step {
-        match self.next {
-            None => {
-                self.next = Some(seq.saturating_add(1));
-                Step::First
+        let step = match (self.next, self.live_max) {
+            (None, _) => Step::First,
+            // Live numbers only grow: one that does not is a new publisher counting again.
+            (_, Some(m)) if seq <= m => Step::Restarted,
+            (Some(n), _) if seq == n => Step::Next,
+            (Some(n), _) if seq > n => return Step::Gap { missing: n..seq },
+            // Between what the live stream delivered and what a replay brought.
+            (Some(_), _) => {
+                self.live_max = Some(seq);
+                return Step::Old;
             }
-            Some(n) if seq == n => {
-                self.next = Some(n.saturating_add(1));
-                Step::Next
-            }
-            Some(n) if seq > n => Step::Gap { missing: n..seq },
-            Some(_) if seq == 0 => {
-                self.next = Some(1);
-                Step::Restarted
-            }
-            Some(_) => Step::Old,
-        }
+        };
+        self.next = Some(seq.saturating_add(1));
+        self.live_max = Some(seq);
+        step
     }
 
-    /// A batch from a replay: like [`Sequence::observe`], except that an old sequence number is
-    /// only old (a replay from 0 is not a restart).
+    /// A batch from a replay, or the live batch that showed a gap, seen again once the gap is
+    /// dealt with: next, old (already applied) or a gap; never a restart.
     pub fn observe_replayed(&mut self, seq: u64) -> Step {
         match self.next {
             Some(n) if seq < n => Step::Old,
-            _ => self.observe(seq),
+            Some(n) if seq > n => Step::Gap { missing: n..seq },
+            _ => {
+                self.next = Some(seq.saturating_add(1));
+                Step::Next
+            }
         }
     }
 
@@ -80,6 +88,7 @@ impl Sequence {
     /// Forgets everything (a reconnect to a publisher that may have restarted).
     pub fn reset(&mut self) {
         self.next = None;
+        self.live_max = None;
     }
 }
 
@@ -98,19 +107,23 @@ mod tests {
         assert_eq!(s.observe_replayed(6), Step::Old);
         assert_eq!(s.observe_replayed(7), Step::Next);
         assert_eq!(s.observe_replayed(8), Step::Next);
+        // The live batch that showed the gap, then what the replay brought ahead of the
+        // live stream.
         assert_eq!(s.observe_replayed(9), Step::Next);
         assert_eq!(s.observe_replayed(10), Step::Next);
-        // The live copies of what the replay brought.
-        assert_eq!(s.observe(9), Step::Old);
         assert_eq!(s.observe(10), Step::Old);
         assert_eq!(s.observe(11), Step::Next);
         // A replay that starts past what is missing leaves a gap; the loss is accepted.
         assert_eq!(s.observe(14), Step::Gap { missing: 12..14 });
         assert_eq!(s.observe_replayed(13), Step::Gap { missing: 12..13 });
         s.resume_at(14);
-        assert_eq!(s.observe(14), Step::Next);
-        // Back to 0 live: the publisher restarted. From a replay, 0 is only old.
+        assert_eq!(s.observe_replayed(14), Step::Next);
+        assert_eq!(s.observe(15), Step::Next);
+        // From a replay, an old number is only old; live, it is a publisher started again,
+        // whether it counts from 0 or the subscriber missed its first batches.
         assert_eq!(s.observe_replayed(0), Step::Old);
+        assert_eq!(s.observe(3), Step::Restarted);
+        assert_eq!(s.observe(4), Step::Next);
         assert_eq!(s.observe(0), Step::Restarted);
         assert_eq!(s.observe(1), Step::Next);
         s.reset();

@@ -38,6 +38,19 @@ pub struct HeldPrefix {
     pub blocks: u32,
 }
 
+/// A block's share of a cache's [digest](EngineView::digest): SplitMix64's finalizer of its
+/// hash, so that XOR over a set of blocks names the set (two caches that list the same blocks
+/// have the same digest, whatever the order they were stored and evicted in).
+pub fn block_digest(h: EngineHash) -> u64 {
+    let mut z = h.0;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The bits of a digest that a Prometheus gauge (an `f64`) carries exactly.
+pub const DIGEST_MASK: u64 = (1 << 52) - 1;
+
 /// See the module documentation.
 #[derive(Debug, Clone, Default)]
 pub struct EngineView {
@@ -45,6 +58,8 @@ pub struct EngineView {
     /// The router's names of the blocks listed on the GPU.
     ours: HashMap<u64, EngineHash>,
     gpu: usize,
+    /// XOR of [`block_digest`] over the blocks on the GPU.
+    digest: u64,
     block_size: u32,
     completeness: Completeness,
     /// Removals of blocks the view did not list (expected only when partial).
@@ -68,6 +83,10 @@ impl EngineView {
     /// The block size the engine last reported (tokens per block; 0 before any store).
     pub fn block_size(&self) -> u32 {
         self.block_size
+    }
+    /// Names the set of blocks on the GPU (see [`block_digest`]), in [`DIGEST_MASK`]'s bits.
+    pub fn digest(&self) -> u64 {
+        self.digest & DIGEST_MASK
     }
     /// See [`Completeness`].
     pub fn completeness(&self) -> Completeness {
@@ -96,6 +115,7 @@ impl EngineView {
         self.blocks.clear();
         self.ours.clear();
         self.gpu = 0;
+        self.digest = 0;
         self.completeness = Completeness::Exact;
     }
 
@@ -122,7 +142,11 @@ impl EngineView {
                         Some(p) => self.blocks.get(&p).and_then(|b| b.ours),
                     };
                     let size = s.block_size as usize;
-                    let whole = size > 0 && s.token_ids.len() == size * s.block_hashes.len();
+                    // An adapter's blocks (or ones keyed by more than their tokens: images,
+                    // salts) are not what the same tokens make on the base model: unnamed.
+                    let plain = s.lora_name.is_none() && s.lora_id.is_none() && !s.extra_keys;
+                    let whole =
+                        plain && size > 0 && s.token_ids.len() == size * s.block_hashes.len();
                     for (k, &h) in s.block_hashes.iter().enumerate() {
                         let depth = before.map_or(0, |d| d.saturating_add(1));
                         let ours = match (prev_ours, whole) {
@@ -157,34 +181,41 @@ impl EngineView {
     }
 
     fn insert(&mut self, h: EngineHash, b: Block) {
-        if let Some(o) = b.ours.filter(|_| b.gpu) {
-            self.ours.insert(o, h);
-        }
         let old = self.blocks.insert(h, b);
-        if let Some(o) = old
-            .and_then(|o| o.ours)
-            .filter(|o| Some(*o) != b.ours || !b.gpu)
-        {
-            self.ours.remove(&o);
+        if let Some(old) = old {
+            if old.gpu {
+                self.gpu -= 1;
+                self.digest ^= block_digest(h);
+            }
+            self.forget_name(h, old.ours);
         }
-        match old {
-            Some(old) if old.gpu && !b.gpu => self.gpu -= 1,
-            Some(old) if !old.gpu && b.gpu => self.gpu += 1,
-            Some(_) => {}
-            None if b.gpu => self.gpu += 1,
-            None => {}
+        if b.gpu {
+            self.gpu += 1;
+            self.digest ^= block_digest(h);
+            if let Some(o) = b.ours {
+                self.ours.insert(o, h);
+            }
+        }
+    }
+
+    /// Drops the router's name `ours` of block `h`, if it still names `h` (two engine blocks
+    /// can share a name: the same tokens stored again under another hash).
+    fn forget_name(&mut self, h: EngineHash, ours: Option<u64>) {
+        if let Some(o) = ours {
+            if self.ours.get(&o) == Some(&h) {
+                self.ours.remove(&o);
+            }
         }
     }
 
     fn remove(&mut self, h: EngineHash, from_gpu: bool) {
-        match self.blocks.get(&h) {
+        match self.blocks.get(&h).copied() {
             Some(b) if b.gpu == from_gpu => {
                 if b.gpu {
                     self.gpu -= 1;
+                    self.digest ^= block_digest(h);
                 }
-                if let Some(o) = b.ours {
-                    self.ours.remove(&o);
-                }
+                self.forget_name(h, b.ours);
                 self.blocks.remove(&h);
             }
             // Removed from one medium while listed on the other: an offload moved it, or the
@@ -302,5 +333,39 @@ mod tests {
         assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (0, 0));
         assert_eq!(v.matched(&chain), 0);
         assert_eq!(v.completeness(), Completeness::Exact);
+    }
+
+    #[test]
+    fn shared_names_survive_removals_and_digests_name_the_set() {
+        let mut v = EngineView::new();
+        // Two engine blocks with the same tokens (stored again under another hash).
+        v.apply(&batch(vec![stored(&[1], None, Medium::Gpu)]));
+        let mut again = stored(&[1], None, Medium::Gpu);
+        if let KvEvent::Stored(s) = &mut again {
+            s.block_hashes = vec![EngineHash(100)];
+        }
+        v.apply(&batch(vec![again, removed(&[1], Medium::Gpu)]));
+        assert_eq!(
+            v.matched(&crate::token_chain(&[1, 1, 1, 1], 4)),
+            1,
+            "100 still has them"
+        );
+        // An adapter's blocks are not the base model's.
+        let mut lora = stored(&[7], None, Medium::Gpu);
+        if let KvEvent::Stored(s) = &mut lora {
+            s.lora_name = Some("sql".into());
+        }
+        v.apply(&batch(vec![lora]));
+        assert_eq!(v.matched(&crate::token_chain(&[7, 7, 7, 7], 4)), 0);
+        // The same set, reached in another order, has the same digest.
+        let mut w = EngineView::new();
+        w.apply(&batch(vec![
+            stored(&[7], None, Medium::Gpu),
+            stored(&[5], None, Medium::Gpu),
+            stored(&[100], None, Medium::Gpu),
+            removed(&[5], Medium::Gpu),
+        ]));
+        assert_eq!(v.digest(), w.digest());
+        assert_ne!(v.digest(), EngineView::new().digest());
     }
 }

@@ -68,6 +68,7 @@ fn positional_batch_of_older_vllm_with_integer_hashes() {
                 lora_name: None,
                 medium: Medium::Gpu,
                 group_idx: None,
+                extra_keys: false,
             }),
             KvEvent::Removed(BlockRemoved {
                 block_hashes: vec![EngineHash(u64::MAX - 1), EngineHash(1 << 63)],
@@ -116,6 +117,7 @@ fn positional_events_may_leave_out_trailing_fields_and_add_new_ones() {
     assert_eq!(s.medium, Medium::Cpu);
     assert_eq!(s.lora_name.as_deref(), Some("adapter"));
     assert_eq!(s.group_idx, Some(3));
+    assert!(!s.extra_keys, "[nil]: keyed by its tokens alone");
 }
 
 #[test]
@@ -268,18 +270,21 @@ fn arb_event() -> impl Strategy<Value = KvEvent> {
             proptest::option::of(any::<i64>()),
             proptest::option::of("[a-z]{0,8}"),
             arb_medium(),
-            proptest::option::of(0i64..8),
+            (proptest::option::of(0i64..8), any::<bool>()),
         )
-            .prop_map(|(h, p, t, bs, lid, ln, m, g)| KvEvent::Stored(BlockStored {
-                block_hashes: h,
-                parent: p,
-                token_ids: t,
-                block_size: bs,
-                lora_id: lid,
-                lora_name: ln,
-                medium: m,
-                group_idx: g,
-            })),
+            .prop_map(
+                |(h, p, t, bs, lid, ln, m, (g, x))| KvEvent::Stored(BlockStored {
+                    extra_keys: x && !h.is_empty(),
+                    block_hashes: h,
+                    parent: p,
+                    token_ids: t,
+                    block_size: bs,
+                    lora_id: lid,
+                    lora_name: ln,
+                    medium: m,
+                    group_idx: g,
+                })
+            ),
         (
             proptest::collection::vec(arb_hash(), 0..6),
             arb_medium(),

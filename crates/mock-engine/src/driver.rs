@@ -111,6 +111,8 @@ pub(crate) async fn run(
         engine.advance(engine_now, &mut events);
         if let Some(k) = kv_events.as_mut() {
             k.publish(&mut engine);
+            let mut m = metrics.lock().unwrap_or_else(|p| p.into_inner());
+            m.set_kv_digest(k.digest());
         }
         deliver(&engine, &mut events, &mut tracked, &metrics);
         let next = engine.next_event_at();

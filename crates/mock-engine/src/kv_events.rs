@@ -13,7 +13,8 @@ use bytes::Bytes;
 use prefix_router_engine_model::{CacheChange, Engine};
 use prefix_router_kv_events::wire::{end_of_replay_frame, parse_replay_request, seq_frame};
 use prefix_router_kv_events::{
-    encode_batch, BlockRemoved, BlockStored, Encoding, EngineHash, EventBatch, KvEvent, Medium,
+    block_digest, encode_batch, BlockRemoved, BlockStored, Encoding, EngineHash, EventBatch,
+    KvEvent, Medium, DIGEST_MASK,
 };
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
@@ -104,16 +105,31 @@ pub(crate) struct Sink {
     blocks: HashMap<u64, BlockInfo>,
     block_size: u32,
     changes: Vec<CacheChange>,
+    encoding: Encoding,
+    /// XOR of `block_digest` over what the cache holds, as a subscriber reads the hashes:
+    /// what a correct view's digest equals (`mock:prefix_cache_digest`).
+    digest: u64,
 }
 
 impl Sink {
-    pub(crate) fn new(tx: mpsc::UnboundedSender<Vec<KvEvent>>, block_size: u32) -> Self {
+    pub(crate) fn new(
+        tx: mpsc::UnboundedSender<Vec<KvEvent>>,
+        block_size: u32,
+        encoding: Encoding,
+    ) -> Self {
         Self {
             tx,
             blocks: HashMap::new(),
             block_size,
             changes: Vec::new(),
+            encoding,
+            digest: 0,
         }
+    }
+
+    /// See the field.
+    pub(crate) fn digest(&self) -> u64 {
+        self.digest & DIGEST_MASK
     }
 
     /// Remembers the parent and tokens of a submitted request's blocks (`tokens`: the full
@@ -138,7 +154,12 @@ impl Sink {
             return;
         }
         let mut events: Vec<KvEvent> = Vec::new();
+        let mut evicted = Vec::new();
         for change in self.changes.drain(..) {
+            let h = match change {
+                CacheChange::Stored(h) | CacheChange::Evicted(h) => h,
+            };
+            self.digest ^= block_digest(self.encoding.read_back(EngineHash(h)));
             match change {
                 CacheChange::Stored(h) => {
                     let (parent, tokens) = match self.blocks.get(&h) {
@@ -164,6 +185,7 @@ impl Sink {
                     }));
                 }
                 CacheChange::Evicted(h) => {
+                    evicted.push(h);
                     if let Some(KvEvent::Removed(r)) = events.last_mut() {
                         r.block_hashes.push(EngineHash(h));
                         continue;
@@ -176,9 +198,16 @@ impl Sink {
                 }
             }
         }
-        // What is neither cached nor likely still to be committed can go: blocks of requests in
-        // flight number at most the cache's capacity, so the bound keeps every one of them.
+        // An evicted block's parent and tokens are learned again from the next request that
+        // brings it (after the batch: one batch may evict a block and store it again).
         let cache = engine.cache();
+        for h in evicted {
+            if !cache.contains(h) {
+                self.blocks.remove(&h);
+            }
+        }
+        // A backstop for blocks learned but never cached (requests refused after they were
+        // learned): kept far above what requests in flight can hold.
         if self.blocks.len() > 4 * cache.capacity() as usize + 65_536 {
             self.blocks.retain(|h, _| cache.contains(*h));
         }
@@ -234,6 +263,13 @@ pub(crate) async fn run(
             biased;
             // (The guard `wait_for` returns is not `Send`: drop it inside.)
             () = async { let _ = stop.wait_for(|s| *s).await; } => return,
+            // Replays first: under a steady stream of batches they would otherwise wait out
+            // the subscriber's timeout.
+            request = next_request(&mut router) => {
+                let Ok(request) = request else { continue };
+                let Some(r) = router.as_mut() else { continue };
+                serve_replay(r, request.into_vec(), &buffer).await;
+            }
             events = batches.recv() => {
                 let Some(events) = events else { return };
                 let batch = EventBatch {
@@ -258,11 +294,6 @@ pub(crate) async fn run(
                     }
                 }
                 seq += 1;
-            }
-            request = next_request(&mut router) => {
-                let Ok(request) = request else { continue };
-                let Some(r) = router.as_mut() else { continue };
-                serve_replay(r, request.into_vec(), &buffer).await;
             }
         }
     }

@@ -8,6 +8,8 @@
 //!   the `cached_tokens` reported in responses.
 //! - `vllm:prompt_tokens_total` / `vllm:generation_tokens_total`: prompt tokens admitted, output
 //!   tokens produced.
+//! - `mock:prefix_cache_digest` (with KV events on): names the set of cached blocks, as
+//!   `prefix_router_kv_events::block_digest` does for a subscriber's view.
 //! - `mock:prefix_cache_blocks`: blocks the prefix cache holds (the mock's own: what its KV
 //!   events add up to, for tests of a subscriber).
 //! - `vllm:time_to_first_token_seconds`: histogram of engine-time TTFT (submission to first
@@ -33,6 +35,7 @@ pub(crate) struct Metrics {
     ttft_counts: [u64; TTFT_BUCKETS.len()],
     ttft_sum: f64,
     ttft_count: u64,
+    kv_digest: Option<u64>,
 }
 
 impl Metrics {
@@ -45,6 +48,7 @@ impl Metrics {
             ttft_counts: [0; TTFT_BUCKETS.len()],
             ttft_sum: 0.0,
             ttft_count: 0,
+            kv_digest: None,
         }
     }
 
@@ -65,6 +69,11 @@ impl Metrics {
     /// Replaces the engine counters.
     pub fn set_stats(&mut self, stats: EngineStats) {
         self.stats = stats;
+    }
+
+    /// Sets the digest of the cache's blocks (only an engine that publishes KV events has one).
+    pub fn set_kv_digest(&mut self, digest: u64) {
+        self.kv_digest = Some(digest);
     }
 
     /// The Prometheus text exposition.
@@ -99,6 +108,16 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{label}}} {v}"
+            );
+        }
+        if let Some(d) = self.kv_digest {
+            // 52 bits: an f64 holds them exactly.
+            let name = "mock:prefix_cache_digest";
+            let _ = writeln!(
+                out,
+                "# HELP {name} XOR of a mix of every cached block's hash as its KV events name it: \
+                 a subscriber's view that lists the same blocks has the same digest.\n\
+                 # TYPE {name} gauge\n{name}{{{label}}} {d}"
             );
         }
         let counters: [(&str, &str, u64); 4] = [

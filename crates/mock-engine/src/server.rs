@@ -65,7 +65,11 @@ impl MockEngine {
             let bound = kv_events::bind(kv)?;
             kv_endpoints = Some((bound.endpoint.clone(), bound.replay_endpoint.clone()));
             let (tx, rx) = mpsc::unbounded_channel();
-            sink = Some(kv_events::Sink::new(tx, config.engine.block_tokens));
+            sink = Some(kv_events::Sink::new(
+                tx,
+                config.engine.block_tokens,
+                kv.encoding,
+            ));
             tokio::spawn(kv_events::run(
                 bound,
                 kv.clone(),

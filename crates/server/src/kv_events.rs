@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use prefix_router_core::{Instance, Residency, TokenRoute};
 use prefix_router_kv_events::wire::{self, Replayed};
 use prefix_router_kv_events::{
@@ -28,7 +29,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
-use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use crate::metrics::InstanceLabels;
 use crate::settings::KvEventsSettings;
@@ -431,14 +432,33 @@ impl Subscriber<'_> {
 
     async fn session(&mut self) -> zeromq::ZmqResult<()> {
         let mut sub = SubSocket::new();
+        // Before connecting, to see every connection and disconnection: the socket reconnects
+        // by itself, and a publisher that comes back may be a new one counting from 0.
+        let mut events = sub.monitor();
         sub.connect(&self.endpoints.publisher).await?;
         sub.subscribe(&self.feeds.settings.topic).await?;
-        // A new session may be a new publisher (restarted): its sequence starts again.
         self.seq.reset();
         self.dealer = None;
         self.set_connected(true);
         loop {
-            let frames = sub.recv().await?.into_vec();
+            let frames = tokio::select! {
+                m = sub.recv() => m?.into_vec(),
+                e = events.next() => {
+                    match e {
+                        Some(SocketEvent::Disconnected(_)) => self.set_connected(false),
+                        // Whatever it was sent while away is unknown: start over from the
+                        // next message (which replays what the publisher still buffers).
+                        Some(SocketEvent::Connected(..)) => {
+                            self.seq.reset();
+                            self.dealer = None;
+                            self.set_connected(true);
+                        }
+                        Some(_) => {}
+                        None => return Err(zeromq::ZmqError::Other("socket monitor closed")),
+                    }
+                    continue;
+                }
+            };
             let Ok(p) = wire::published(&frames) else {
                 self.feeds
                     .metrics
@@ -450,71 +470,44 @@ impl Subscriber<'_> {
             let missing = match self.seq.observe(p.seq) {
                 Step::Next => None,
                 Step::Old => continue,
-                Step::Restarted => {
-                    lock(&self.feed).view.clear();
-                    None
-                }
-                // Joined mid-stream: what came before may still be buffered.
-                Step::First if p.seq > 0 => {
-                    self.seq.resume_at(0);
-                    Some(0)
-                }
-                Step::First => None,
                 Step::Gap { missing } => Some(missing.start),
+                // A new stream (first seen, or a publisher started again): nothing listed
+                // before holds. What came before this batch may still be buffered.
+                Step::First | Step::Restarted => {
+                    lock(&self.feed).view.clear();
+                    (p.seq > 0).then(|| {
+                        self.seq.resume_at(0);
+                        0
+                    })
+                }
             };
             if let Some(from) = missing {
                 self.feeds.metrics.gaps.get_or_create(&self.labels).inc();
-                self.recover(from, p.seq).await;
-                match self.seq.observe(p.seq) {
+                let recovered = self.recover(from).await;
+                match self.seq.observe_replayed(p.seq) {
                     Step::Next => {}
                     // The replay brought it already.
-                    Step::Old => continue,
+                    Step::Old => {
+                        self.count_replay(recovered);
+                        continue;
+                    }
+                    // Not all of it came back: accept the loss.
                     _ => {
-                        // Not all of it came back: accept the loss.
-                        self.feeds
-                            .metrics
-                            .replays
-                            .get_or_create(&kind(self, "lost"))
-                            .inc();
-                        lock(&self.feed).view.mark_partial();
+                        self.lose();
                         self.seq.resume_at(p.seq);
-                        self.seq.observe(p.seq);
+                        self.seq.observe_replayed(p.seq);
+                        self.apply(p.seq, p.payload);
+                        continue;
                     }
                 }
+                self.count_replay(recovered);
             }
             self.apply(p.seq, p.payload);
         }
     }
 
-    /// Asks the replay socket for every batch from `from` on and applies those that continue
-    /// the sequence; counts a replay that reached `until` as recovered.
-    async fn recover(&mut self, from: u64, until: u64) {
-        let Some(endpoint) = self.endpoints.replay.clone() else {
-            return;
-        };
-        let timeout = self.feeds.settings.replay_timeout;
-        let replies = match tokio::time::timeout(timeout, self.replay(&endpoint, from)).await {
-            Ok(Ok(replies)) => replies,
-            Ok(Err(e)) => {
-                tracing::debug!(instance = %self.labels.instance, error = %e, "KV events: replay failed");
-                self.dealer = None;
-                return;
-            }
-            Err(_) => {
-                // Replies still on the way would answer the next request: start afresh.
-                self.dealer = None;
-                Vec::new()
-            }
-        };
-        for (seq, payload) in replies {
-            match self.seq.observe_replayed(seq) {
-                Step::Next | Step::First => self.apply(seq, &payload),
-                Step::Old => {}
-                // The buffer no longer reaches back far enough.
-                _ => break,
-            }
-        }
-        if self.seq.next().is_some_and(|n| n >= until) {
+    fn count_replay(&self, recovered: bool) {
+        if recovered {
             self.feeds
                 .metrics
                 .replays
@@ -523,15 +516,59 @@ impl Subscriber<'_> {
         }
     }
 
-    async fn replay(&mut self, endpoint: &str, from: u64) -> zeromq::ZmqResult<Vec<(u64, Bytes)>> {
-        if self.dealer.is_none() {
-            let mut d = DealerSocket::new();
-            d.connect(endpoint).await?;
-            self.dealer = Some(d);
-        }
-        let Some(d) = self.dealer.as_mut() else {
-            return Ok(Vec::new());
+    /// Batches are gone for good: the view misses them.
+    fn lose(&self) {
+        self.feeds
+            .metrics
+            .replays
+            .get_or_create(&kind(self, "lost"))
+            .inc();
+        lock(&self.feed).view.mark_partial();
+        self.feeds
+            .metrics
+            .view_partial
+            .get_or_create(&self.labels)
+            .set(1);
+    }
+
+    /// Asks the replay socket for every batch from `from` on and applies each as it arrives,
+    /// in sequence; where the buffer no longer reaches back, the loss is accepted and the rest
+    /// applied. Returns whether nothing was lost.
+    async fn recover(&mut self, from: u64) -> bool {
+        let Some(endpoint) = self.endpoints.replay.clone() else {
+            return false;
         };
+        let mut dealer = match self.dealer.take() {
+            Some(d) => d,
+            None => {
+                let mut d = DealerSocket::new();
+                let wait = self.feeds.settings.replay_timeout;
+                match tokio::time::timeout(wait, d.connect(&endpoint)).await {
+                    Ok(Ok(())) => d,
+                    Ok(Err(e)) => {
+                        tracing::debug!(instance = %self.labels.instance, error = %e, "KV events: no replay socket");
+                        return false;
+                    }
+                    Err(_) => return false,
+                }
+            }
+        };
+        match self.replay(&mut dealer, from).await {
+            Ok(complete) => {
+                self.dealer = Some(dealer);
+                complete
+            }
+            // Replies still on the way would answer the next request: start afresh then.
+            Err(e) => {
+                tracing::debug!(instance = %self.labels.instance, error = %e, "KV events: replay failed");
+                false
+            }
+        }
+    }
+
+    /// One replay on `d`; `Ok(false)` when batches were lost, `Err` when the socket can no
+    /// longer be trusted (an error, or a reply slower than `replay_timeout`).
+    async fn replay(&mut self, d: &mut DealerSocket, from: u64) -> zeromq::ZmqResult<bool> {
         let request: Vec<Bytes> = wire::replay_request(from)
             .into_iter()
             .map(Bytes::from)
@@ -539,14 +576,28 @@ impl Subscriber<'_> {
         let request = ZmqMessage::try_from(request)
             .map_err(|_| zeromq::ZmqError::Other("empty replay request"))?;
         d.send(request).await?;
-        let mut out = Vec::new();
+        let wait = self.feeds.settings.replay_timeout;
+        let mut complete = true;
         loop {
-            let frames = d.recv().await?.into_vec();
+            let frames = match tokio::time::timeout(wait, d.recv()).await {
+                Ok(m) => m?.into_vec(),
+                Err(_) => return Err(zeromq::ZmqError::Other("replay timed out")),
+            };
             match wire::replayed(&frames) {
-                Ok(Replayed::End) => return Ok(out),
-                Ok(Replayed::Batch { seq, payload }) => {
-                    out.push((seq, Bytes::copy_from_slice(payload)))
-                }
+                Ok(Replayed::End) => return Ok(complete),
+                Ok(Replayed::Batch { seq, payload }) => match self.seq.observe_replayed(seq) {
+                    Step::Next => self.apply(seq, payload),
+                    Step::Old => {}
+                    // The buffer starts after what is missing: lose the difference, keep
+                    // the rest.
+                    _ => {
+                        complete = false;
+                        self.lose();
+                        self.seq.resume_at(seq);
+                        self.seq.observe_replayed(seq);
+                        self.apply(seq, payload);
+                    }
+                },
                 Err(_) => {
                     self.feeds
                         .metrics

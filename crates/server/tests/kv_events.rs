@@ -102,6 +102,10 @@ async fn traffic(addr: std::net::SocketAddr, requests: usize) {
 }
 
 async fn cached_blocks(e: &MockEngine) -> f64 {
+    engine_gauge(e, "mock:prefix_cache_blocks").await
+}
+
+async fn engine_gauge(e: &MockEngine, name: &str) -> f64 {
     let page = send(
         e.local_addr(),
         request(http::Method::GET, "/metrics", &[], ""),
@@ -109,31 +113,52 @@ async fn cached_blocks(e: &MockEngine) -> f64 {
     .await;
     let page = String::from_utf8_lossy(&page.body).to_string();
     prom::sums(&page)
-        .get("mock:prefix_cache_blocks")
+        .get(name)
         .copied()
-        .expect("the mock reports its cached blocks")
+        .unwrap_or_else(|| panic!("the mock reports {name}"))
 }
 
-/// Waits until the router's view of `e` lists exactly what `e`'s cache holds; returns the view's
-/// completeness and block count.
+/// A new document for nudges, never sent before.
+fn fresh_doc() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(10_000);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Waits until the router's view of `e` lists exactly the blocks `e`'s cache holds (the same
+/// count and the same digest of the set); returns the view's completeness and block count.
+/// A lost message is only noticed when a later one arrives, so while they differ, a request
+/// with a new document goes straight to the engine every half second.
 async fn converge(r: &RunningRouter, e: &MockEngine) -> (Completeness, usize) {
     let feeds = r.state().kv_events.as_ref().expect("subscribed");
     let deadline = Instant::now() + SETTLE;
+    let mut nudge_at = Instant::now() + Duration::from_millis(500);
     loop {
         let want = cached_blocks(e).await;
-        let (got, complete) = {
+        let want_digest = engine_gauge(e, "mock:prefix_cache_digest").await;
+        let (got, digest, complete) = {
             let feed = feeds.feed(&e.url()).expect("a feed per instance");
             let f = feed.lock().expect("lock");
-            (f.view.gpu_blocks(), f.view.completeness())
+            (f.view.gpu_blocks(), f.view.digest(), f.view.completeness())
         };
-        if got as f64 == want {
+        if got as f64 == want && digest as f64 == want_digest {
             return (complete, got);
         }
         assert!(
             Instant::now() < deadline,
-            "{}: view lists {got} blocks, engine holds {want}",
+            "{}: view lists {got} blocks (digest {digest}), engine holds {want} ({want_digest})",
             e.url()
         );
+        if Instant::now() >= nudge_at {
+            let a = post(
+                e.local_addr(),
+                "/v1/chat/completions",
+                &[],
+                chat(fresh_doc(), 0),
+            )
+            .await;
+            assert_eq!(a.status, http::StatusCode::OK);
+            nudge_at = Instant::now() + Duration::from_millis(500);
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -199,17 +224,28 @@ async fn lost_messages_are_replayed_and_the_view_comes_back_exact() {
     traffic(r.local_addr(), 60).await;
     let (complete, _) = converge(&r, &a).await;
     assert_eq!(complete, Completeness::Exact);
-    let page = router_metrics(&r).await;
     let url = a.url();
     let i = [("instance", url.as_str())];
-    let gaps = metric(&page, "prefix_router_kv_event_gaps_total", &i);
-    let recovered = metric(
-        &page,
-        "prefix_router_kv_event_replays_total",
-        &[("instance", url.as_str()), ("kind", "recovered")],
-    );
-    assert!(gaps > 0.0, "{page}");
-    assert_eq!(recovered, gaps, "every gap recovered: {page}");
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        // A recovery may still be under way when the counts first agree.
+        let page = router_metrics(&r).await;
+        let gaps = metric(&page, "prefix_router_kv_event_gaps_total", &i);
+        let replays = |kind| {
+            metric(
+                &page,
+                "prefix_router_kv_event_replays_total",
+                &[("instance", url.as_str()), ("kind", kind)],
+            )
+        };
+        assert!(gaps > 0.0, "{page}");
+        assert_eq!(replays("lost"), 0.0, "{page}");
+        if replays("recovered") == gaps {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not every gap recovered: {page}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     r.shutdown().await;
 }
 
@@ -381,5 +417,52 @@ async fn kv_aware_routes_to_the_engine_that_reports_the_prefix() {
             "document {d}"
         );
     }
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restarted_in_place_is_not_mistaken_for_the_old_one() {
+    let first = engine(Encoding::Map, 0.0, 10_000).await;
+    let r = start_router(&[&first]).await;
+    traffic(r.local_addr(), 40).await;
+    converge(&r, &first).await;
+    // The same addresses, a new process: an empty cache, and sequence numbers from 0 again.
+    let http_addr = first.local_addr();
+    let endpoint = |e: Option<&str>| -> std::net::SocketAddr {
+        e.and_then(|e| e.strip_prefix("tcp://"))
+            .and_then(|a| a.parse().ok())
+            .expect("a tcp endpoint")
+    };
+    let kv = endpoint(first.kv_events_endpoint());
+    let replay = endpoint(first.kv_events_replay_endpoint());
+    first.shutdown().await;
+    let mut c = MockEngineConfig::from_preset("small")
+        .expect("preset")
+        .with_time_scale(0.01);
+    c.engine.kv_capacity_blocks = 96;
+    c.kv_events = Some(KvEventsConfig {
+        addr: kv,
+        replay_addr: Some(replay),
+        ..KvEventsConfig::default()
+    });
+    // Its ports may take a moment to be free again.
+    let deadline = Instant::now() + SETTLE;
+    let second = loop {
+        match MockEngine::bind(http_addr, c.clone()).await {
+            Ok(e) => break e,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "cannot restart in place: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // Fewer documents than before: its sequence stays below the first engine's.
+    for i in 0..3 {
+        let a = post(second.local_addr(), "/v1/chat/completions", &[], chat(i, 7)).await;
+        assert_eq!(a.status, http::StatusCode::OK);
+    }
+    let (complete, blocks) = converge(&r, &second).await;
+    assert_eq!(complete, Completeness::Exact);
+    assert!(blocks > 0);
     r.shutdown().await;
 }

@@ -213,6 +213,12 @@ impl ChatTokenizer {
 
 fn environment(template: String) -> Result<minijinja::Environment<'static>, TokenizeError> {
     let mut env = minijinja::Environment::new();
+    // As transformers renders chat templates: a block tag's own line break and leading
+    // indentation are not output (multi-line templates depend on it), and Python's string
+    // methods work.
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     // Templates stop a request they cannot render this way (transformers' own helper).
     env.add_function(
         "raise_exception",
@@ -275,6 +281,31 @@ mod tests {
         let longer = t.chat_ids(&more).expect("encodes");
         let common = ids.len() - 6;
         assert_eq!(longer[..common], ids[..common]);
+    }
+
+    #[test]
+    fn multi_line_templates_render_as_transformers_does() {
+        let json = std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../data/tokenizers/byte-bpe/tokenizer.json"),
+        )
+        .expect("reads");
+        // Block tags on lines of their own, indented, and a Python string method.
+        let template = "{% for m in messages %}\n  {% if m['role'].startswith('sys') %}\n[S]{{ m['content'].strip() }}\n  {% else %}\n[{{ m['role'] }}]{{ m['content'] }}\n  {% endif %}\n{% endfor %}";
+        let t = ChatTokenizer::from_json(&json, Some(template.into()), "", "").expect("loads");
+        let out = t
+            .render_chat(&[
+                Message {
+                    role: "system",
+                    content: "  be brief ",
+                },
+                Message {
+                    role: "user",
+                    content: "hi",
+                },
+            ])
+            .expect("renders");
+        assert_eq!(out, "[S]be brief\n[user]hi\n");
     }
 
     #[test]

@@ -458,7 +458,7 @@ pub struct KvEventsSettings {
     pub replay_port: u16,
     /// The topic subscribed to (a prefix of the first frame; empty: every message).
     pub topic: String,
-    /// How long a replay may take before the loss is accepted.
+    /// How long to wait for each reply of a replay before the loss is accepted.
     #[serde(rename = "replay_timeout_ms", deserialize_with = "de::millis")]
     pub replay_timeout: Duration,
     /// Instances whose publisher is not on their host at `port`.
