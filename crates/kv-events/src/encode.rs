@@ -131,10 +131,10 @@ fn stored(s: &BlockStored, encoding: Encoding) -> Value {
         (
             "extra_keys",
             if s.extra_keys {
-                // One entry per block, each a tuple of keys (what a salt looks like).
+                // One entry per block (at least one, so that it reads back), each a tuple of
+                // keys (what a salt looks like).
                 Value::Array(
-                    s.block_hashes
-                        .iter()
+                    (0..s.block_hashes.len().max(1))
                         .map(|_| Value::Array(vec![Value::from("salt")]))
                         .collect(),
                 )

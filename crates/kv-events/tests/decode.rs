@@ -274,7 +274,7 @@ fn arb_event() -> impl Strategy<Value = KvEvent> {
         )
             .prop_map(
                 |(h, p, t, bs, lid, ln, m, (g, x))| KvEvent::Stored(BlockStored {
-                    extra_keys: x && !h.is_empty(),
+                    extra_keys: x,
                     block_hashes: h,
                     parent: p,
                     token_ids: t,
