@@ -168,6 +168,9 @@ pub struct KvFeeds {
     pub metrics: KvEventMetrics,
     /// The model's tokenizer, when configured (`kv-aware` needs it).
     pub tokenizer: Option<Arc<ChatTokenizer>>,
+    /// The block size an engine last reported (0: none yet), read on every tokenized request
+    /// without taking any feed's lock.
+    reported_block: std::sync::atomic::AtomicU32,
 }
 
 /// vLLM's default KV block size, until an engine reports its own.
@@ -230,16 +233,19 @@ impl KvFeeds {
             feeds: Mutex::new(HashMap::new()),
             metrics: KvEventMetrics::default(),
             tokenizer,
+            reported_block: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
-    /// The block size the engines report (the first that has), else vLLM's default.
+    /// The block size the engines report, else vLLM's default.
     fn block_tokens(&self) -> u32 {
-        lock(&self.feeds)
-            .values()
-            .map(|f| lock(f).view.block_size())
-            .find(|&b| b > 0)
-            .unwrap_or(DEFAULT_BLOCK_TOKENS)
+        match self
+            .reported_block
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => DEFAULT_BLOCK_TOKENS,
+            b => b,
+        }
     }
 
     /// A request body's token blocks, when a tokenizer is configured and the body is a chat
@@ -633,6 +639,11 @@ impl Subscriber<'_> {
             }
         }
         f.view.apply(&batch);
+        if f.view.block_size() > 0 {
+            self.feeds
+                .reported_block
+                .store(f.view.block_size(), std::sync::atomic::Ordering::Relaxed);
+        }
         f.batches += 1;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
