@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use crate::reported::{EngineQueue, Reported};
+
 /// Seed of [`Instance::id_hash`] (xxh3-64 of the id's UTF-8 bytes). Part of the routing
 /// contract like [`crate::key::KEY_SEED`]: changing it reshuffles every key's placement.
 pub const INSTANCE_SEED: u64 = 0x696e_7374_616e_6365; // "instance"
@@ -95,6 +97,7 @@ pub struct Instance {
     // rebuilt while sharing its counters with the old one still held by in-flight requests.
     state: Arc<AtomicU8>,
     in_flight: Arc<AtomicU32>,
+    reported: Arc<Reported>,
 }
 
 impl Instance {
@@ -109,6 +112,7 @@ impl Instance {
             spec,
             Arc::new(AtomicU8::new(state as u8)),
             Arc::new(AtomicU32::new(0)),
+            Arc::default(),
         )
     }
 
@@ -117,7 +121,12 @@ impl Instance {
         xxh3_64_with_seed(id.as_bytes(), INSTANCE_SEED)
     }
 
-    fn with_counters(spec: InstanceSpec, state: Arc<AtomicU8>, in_flight: Arc<AtomicU32>) -> Self {
+    fn with_counters(
+        spec: InstanceSpec,
+        state: Arc<AtomicU8>,
+        in_flight: Arc<AtomicU32>,
+        reported: Arc<Reported>,
+    ) -> Self {
         let id_hash = Self::hash_of(&spec.id);
         Self {
             id: InstanceId(Arc::from(spec.id.as_str())),
@@ -125,6 +134,7 @@ impl Instance {
             id_hash,
             state,
             in_flight,
+            reported,
         }
     }
 
@@ -170,6 +180,27 @@ impl Instance {
     /// Requests sent and not finished, as this router counts them.
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+    /// Requests on the engine that this router did not send, as its latest report says, while
+    /// that report is fresh at `now` (the caller's clock); `None` when unknown.
+    pub fn others(&self, now: f64) -> Option<EngineQueue> {
+        self.reported.get(now)
+    }
+    /// Stores the engine's latest report (see [`EngineQueue::others`]), trusted until
+    /// `valid_until` on the caller's clock.
+    pub fn report_others(&self, queue: EngineQueue, valid_until: f64) {
+        self.reported.set(queue, valid_until)
+    }
+    /// Its load as routing counts it at `now`: this router's requests in flight, plus the
+    /// others the engine reported while that report is fresh (several router replicas then
+    /// see one another's traffic).
+    pub fn load(&self, now: f64) -> u32 {
+        let others = self.others(now).map_or(0, |q| q.total());
+        self.in_flight().saturating_add(others)
+    }
+    /// Forgets the engine's report: its queue is unknown again.
+    pub fn forget_report(&self) {
+        self.reported.clear()
     }
     /// Counts one more request in flight; the caller must call [`Instance::release`] exactly once.
     pub fn acquire(&self) {
@@ -309,6 +340,7 @@ impl Fleet {
                         spec.clone(),
                         Arc::clone(&existing.state),
                         Arc::clone(&existing.in_flight),
+                        Arc::clone(&existing.reported),
                     )),
                     None => Arc::new(Instance::in_state(spec.clone(), self.joins_as)),
                 };

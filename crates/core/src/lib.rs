@@ -12,6 +12,7 @@ pub mod extract;
 pub mod fleet;
 pub mod group;
 pub mod key;
+pub mod reported;
 pub mod residency;
 pub mod strategies;
 pub mod strategy;
@@ -24,6 +25,7 @@ pub use extract::{ExtractError, KeyOptions, RequestInfo};
 pub use fleet::{Fleet, FleetSnapshot, Instance, InstanceId, InstanceSpec, InstanceState};
 pub use group::{GroupError, GroupId};
 pub use key::KeyHash;
+pub use reported::EngineQueue;
 pub use residency::{Residency, TokenRoute};
 pub use strategy::{
     Feedback, MembershipChange, ParamSpec, RouteRequest, RouteRng, Strategy, StrategyConfig,

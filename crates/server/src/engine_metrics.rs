@@ -1,11 +1,14 @@
 //! The engines' own view, scraped from each instance's Prometheus endpoint: prefix-cache hit
-//! ratio, running and waiting requests, KV-cache usage. The router's in-flight counts only see
-//! its own traffic; these are what the engines report (vLLM and SGLang metric names).
+//! ratio, running and waiting requests, KV-cache usage (vLLM, SGLang and llama.cpp metric
+//! names). The router's in-flight counts only see its own traffic; an engine's queue holds
+//! everyone's. With `route_on_queues`, what an engine holds beyond this router's own in flight
+//! (other router replicas' requests, or direct clients') is stored on the instance for routing
+//! ([`Instance::report_others`]), trusted for `stale_after` from when the scrape was sent.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use prefix_router_core::{Instance, InstanceState};
+use prefix_router_core::{EngineQueue, Instance, InstanceState};
 
 use crate::metrics::InstanceLabels;
 use crate::prom;
@@ -22,8 +25,16 @@ const QUERIES: &[&str] = &[
 ];
 /// Hit-rate gauges of engines that export a ratio instead of counters.
 const HIT_RATE: &[&str] = &["vllm:gpu_prefix_cache_hit_rate", "sglang:cache_hit_rate"];
-const RUNNING: &[&str] = &["vllm:num_requests_running", "sglang:num_running_reqs"];
-const WAITING: &[&str] = &["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
+const RUNNING: &[&str] = &[
+    "vllm:num_requests_running",
+    "sglang:num_running_reqs",
+    "llamacpp:requests_processing",
+];
+const WAITING: &[&str] = &[
+    "vllm:num_requests_waiting",
+    "sglang:num_queue_reqs",
+    "llamacpp:requests_deferred",
+];
 const KV_USAGE: &[&str] = &[
     "vllm:kv_cache_usage_perc",
     "vllm:gpu_cache_usage_perc",
@@ -62,8 +73,12 @@ async fn scrape(state: &AppState, inst: &Instance, path: &str) -> Option<HashMap
         .then(|| prom::sums(&String::from_utf8_lossy(&page)))
 }
 
-/// One round: scrapes every instance that is not ejected and replaces the engine gauges.
+/// One round: scrapes every instance that is not ejected, replaces the engine gauges and, with
+/// `route_on_queues`, the queues routing reads.
 pub async fn scrape_once(state: &AppState, path: &str, previous: &Previous) {
+    let settings = &state.settings.engine_metrics;
+    // From when the scrape is sent: a slow answer is as old as the question.
+    let valid_until = state.now_s() + settings.stale_after.as_secs_f64();
     let snapshot = state.fleet.snapshot();
     let targets: Vec<&Arc<Instance>> = snapshot
         .instances()
@@ -77,6 +92,7 @@ pub async fn scrape_once(state: &AppState, path: &str, previous: &Previous) {
     m.engine_running.clear();
     m.engine_waiting.clear();
     m.engine_kv_usage.clear();
+    m.engine_others.clear();
     let mut prev = previous.counters.lock().unwrap_or_else(|p| p.into_inner());
     for (inst, page) in targets.iter().zip(pages) {
         let Some(samples) = page else { continue };
@@ -107,11 +123,22 @@ pub async fn scrape_once(state: &AppState, path: &str, previous: &Previous) {
         if let Some(r) = ratio {
             m.engine_hit_ratio.get_or_create(&labels).set(r);
         }
-        if let Some(v) = first(&samples, RUNNING) {
+        let running = first(&samples, RUNNING);
+        let waiting = first(&samples, WAITING);
+        if let Some(v) = running {
             m.engine_running.get_or_create(&labels).set(v);
         }
-        if let Some(v) = first(&samples, WAITING) {
+        if let Some(v) = waiting {
             m.engine_waiting.get_or_create(&labels).set(v);
+        }
+        // Both, or the queue is unknown: an engine that exports only one of them does not
+        // say how many requests it holds.
+        if let (true, Some(r), Some(w)) = (settings.route_on_queues, running, waiting) {
+            let others = EngineQueue::others(r, w, inst.in_flight());
+            inst.report_others(others, valid_until);
+            m.engine_others
+                .get_or_create(&labels)
+                .set(f64::from(others.total()));
         }
         if let Some(v) = first(&samples, KV_USAGE) {
             m.engine_kv_usage.get_or_create(&labels).set(v);

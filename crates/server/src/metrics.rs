@@ -108,6 +108,8 @@ pub struct Metrics {
     pub engine_waiting: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
     /// Engine KV-cache usage, 0..1 (scraped).
     pub engine_kv_usage: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
+    /// Requests on the engine this router did not send (scraped; what routing counts).
+    pub engine_others: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
     /// The strategy's learned state (set at scrape time).
     pub learned: learned::Learned,
     /// One scrape at a time: each clears and refills the scrape-time series, and a concurrent
@@ -164,6 +166,7 @@ impl Metrics {
         let engine_running = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
         let engine_waiting = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
         let engine_kv_usage = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
+        let engine_others = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "requests",
             "Requests finished by instance, API and outcome",
@@ -244,6 +247,11 @@ impl Metrics {
             "Engine KV-cache usage, 0 to 1 (engine metrics)",
             engine_kv_usage.clone(),
         );
+        registry.register(
+            "engine_requests_others",
+            "Requests on the engine that this router did not send: its running and waiting beyond this router's in flight (other replicas' or clients'), as routing counts them",
+            engine_others.clone(),
+        );
         let learned = learned::Learned::register(&mut registry);
         Self {
             learned,
@@ -253,6 +261,7 @@ impl Metrics {
             engine_running,
             engine_waiting,
             engine_kv_usage,
+            engine_others,
             requests,
             decisions,
             in_flight,

@@ -244,6 +244,12 @@ impl Settings {
         self.instances = check_instances(std::mem::take(&mut self.instances))?;
         check_dns(&mut self.discovery.dns)?;
         check_kv_endpoints(&mut self.kv_events.endpoints)?;
+        if self.engine_metrics.stale_after < self.engine_metrics.interval {
+            return Err(invalid(
+                "engine_metrics.stale_after_ms",
+                "must be at least engine_metrics.interval_ms (or every queue is stale before the next scrape)",
+            ));
+        }
         if let Some(files) = &self.tls {
             // Checked now, so that a bad file stops `serve` with the field named.
             crate::tls::server_config(files)?;

@@ -499,19 +499,24 @@ async fn engine_metrics_are_scraped() {
     let mut s = settings(&[a.url()]);
     s.engine_metrics = prefix_router_server::settings::EngineMetrics {
         scrape: true,
-        path: "/metrics".into(),
         interval: Duration::from_millis(20),
+        ..Default::default()
     };
     let r = router(s).await;
     let inst = a.url();
     let running = format!("prefix_router_engine_requests_running{{instance=\"{inst}\"}} 2");
     let waiting = format!("prefix_router_engine_requests_waiting{{instance=\"{inst}\"}} 1");
     let usage = format!("prefix_router_engine_kv_cache_usage{{instance=\"{inst}\"}} 0.25");
+    // Nothing of ours in flight: all three are someone else's.
+    let others = format!("prefix_router_engine_requests_others{{instance=\"{inst}\"}} 3");
     let addr = r.local_addr();
     let seen = tokio::time::timeout(WAIT, async {
         loop {
             let text = metrics_text(addr).await;
-            if text.contains(&running) && text.contains(&waiting) && text.contains(&usage) {
+            if [&running, &waiting, &usage, &others]
+                .iter()
+                .all(|s| text.contains(s.as_str()))
+            {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -538,5 +543,56 @@ async fn engine_metrics_are_scraped() {
     // No new queries: the ratio stands.
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert!(metrics_text(addr).await.contains(&ratio));
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn scraped_queues_steer_load_aware_routing_until_they_go_stale() {
+    // Two engines; another router keeps `a` busy (its page says so); ours has sent nothing.
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let busy = "vllm:num_requests_running{model_name=\"m\"} 8\n\
+                vllm:num_requests_waiting{model_name=\"m\"} 4\n";
+    let idle = "vllm:num_requests_running{model_name=\"m\"} 0\n\
+                vllm:num_requests_waiting{model_name=\"m\"} 0\n";
+    a.set_metrics(busy);
+    b.set_metrics(idle);
+    let mut s = settings(&[a.url(), b.url()]);
+    s.routing.strategy = prefix_router_core::StrategyConfig::new(
+        StrategyKind::named("least-outstanding").expect("registered"),
+    );
+    s.engine_metrics = prefix_router_server::settings::EngineMetrics {
+        scrape: true,
+        interval: Duration::from_millis(20),
+        stale_after: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let r = router(s).await;
+    let others = format!(
+        "prefix_router_engine_requests_others{{instance=\"{}\"}} 12",
+        a.url()
+    );
+    let addr = r.local_addr();
+    let seen = tokio::time::timeout(WAIT, async {
+        while !metrics_text(addr).await.contains(&others) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(seen.is_ok(), "a's queue: {}", metrics_text(addr).await);
+    for i in 0..20 {
+        let ans = post(addr, "/v1/completions", &[], format!(r#"{{"prompt":"q{i}"}}"#)).await;
+        assert_eq!(ans.upstream(), "b", "request {i} went to the busy engine");
+    }
+    // a's page stops saying: once its last reading is stale, its queue is unknown, not
+    // "still 12" (and not a claim that it is idle); both take requests again.
+    a.set_metrics("");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut reached_a = false;
+    for i in 0..20 {
+        let ans = post(addr, "/v1/completions", &[], format!(r#"{{"prompt":"s{i}"}}"#)).await;
+        reached_a |= ans.upstream() == "a";
+    }
+    assert!(reached_a, "a stale queue still kept a out");
     r.shutdown().await;
 }

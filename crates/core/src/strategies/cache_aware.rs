@@ -13,6 +13,10 @@
 //!   token (the prefill work ahead of this one);
 //! - `decoding(i)`: requests on `i` past their first token (they share every engine step with
 //!   the prefill, so each one slows it);
+//! - where the engines' queues are scraped, both also count what other routers sent: the
+//!   engine's waiting requests beyond this router's own add the mean uncached size of this
+//!   router's requests each to `queued(i)`, its running ones add to `decoding(i)` (see
+//!   [`crate::reported`]; a stale scrape adds nothing, it does not claim an idle engine);
 //! - `base(i)`, `per_unit(i)`, `per_decoding(i)`: learned per instance from observed first
 //!   tokens ([`load`]), starting from the configured priors (`prefill-us-per-char`, and
 //!   `decode-chars` times it).
@@ -201,7 +205,23 @@ struct State {
     recent: Vec<f64>,
     /// Scratch for the candidates of a decision.
     cands: Vec<Candidate>,
+    /// Uncached units of the requests this router sends, exponentially averaged: what each
+    /// request another router queued on an instance is taken to cost there.
+    mean_uncached: f64,
     stats: StrategyStats,
+}
+
+/// Weight of each request in [`State::mean_uncached`].
+const MEAN_WEIGHT: f64 = 0.02;
+
+/// The prefill units queued on an instance and the requests decoding there, as the router
+/// knows them: its own, plus what the engine reports other routers sent while that report is
+/// fresh (each of their waiting requests taken at the mean uncached size of ours; their
+/// running ones as decoding). Without a report, only its own: unknown is never zero.
+fn ahead(load: &InstanceLoad, inst: &Instance, now: f64, mean_uncached: f64) -> (u64, u32) {
+    let others = inst.others(now).unwrap_or_default();
+    let queued = load.queued_units + (f64::from(others.waiting) * mean_uncached) as u64;
+    (queued, load.decoding.saturating_add(others.running))
 }
 
 /// Requests per instance over which the share bound looks (the decay of `recent`).
@@ -238,6 +258,7 @@ impl CacheAware {
             matched: Vec::new(),
             recent: Vec::new(),
             cands: Vec::new(),
+            mean_uncached: 0.0,
             stats: StrategyStats {
                 index_budget_blocks: config.index_blocks as u64,
                 match_blocks_histogram: vec![0; MATCH_BUCKETS],
@@ -327,12 +348,12 @@ impl Strategy for CacheAware {
             let load = slot.map_or(&idle, |s| &st.loads[s]);
             let uncached = f64::from(req.prompt_units - matched_units);
             let cost = load.cost(&st.pool, instances);
-            let prefill = load.queued_units as f64 + uncached;
+            let (queued, decoding) = ahead(load, inst, req.now, st.mean_uncached);
             cands.push(Candidate {
                 index,
                 matched_blocks,
                 matched_units,
-                expected_s: cost.ttft(prefill, f64::from(load.decoding)),
+                expected_s: cost.ttft(queued as f64 + uncached, f64::from(decoding)),
                 full_prefill_s: cost.per_unit_s * f64::from(req.prompt_units),
                 footprint: slot.map_or(0, |s| st.slots.footprint(s)),
                 recent: slot.map_or(0.0, |s| st.recent[s]),
@@ -382,12 +403,15 @@ impl Strategy for CacheAware {
         st.recent.iter_mut().for_each(|r| *r *= keep);
         st.recent[slot] += 1.0;
         st.pending[slot].push_back(start);
+        let uncached =
+            u64::from(req.prompt_units - decision.predicted_cached_units.min(req.prompt_units));
+        let (queued, decoding) = ahead(&st.loads[slot], instance, req.now, st.mean_uncached);
+        st.mean_uncached += MEAN_WEIGHT * (uncached as f64 - st.mean_uncached);
         let load = &mut st.loads[slot];
         // What it waits behind, the two variables its time to first token is learned on: the
         // queued prefill (low 40 bits) and the requests decoding beside it (the rest).
-        let ahead = load.queued_units.min((1 << 40) - 1) | (u64::from(load.decoding) << 40);
-        load.queued_units +=
-            u64::from(req.prompt_units - decision.predicted_cached_units.min(req.prompt_units));
+        let ahead = queued.min((1 << 40) - 1) | (u64::from(decoding.min((1 << 24) - 1)) << 40);
+        load.queued_units += uncached;
         load.waiting += 1;
         st.stats.match_blocks_histogram[bucket(predicted_blocks as u32)] += 1;
         [

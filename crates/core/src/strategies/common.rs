@@ -32,12 +32,14 @@ pub(crate) fn nth_eligible(fleet: &FleetSnapshot, model: Option<&str>, k: usize)
     fleet.eligible(model).nth(k).map(|(i, _)| i)
 }
 
-/// Among eligible instances accepted by `accept`, the one with the fewest in flight; ties are
+/// Among eligible instances accepted by `accept`, the one with the least [load](Instance::load)
+/// at `now`; ties are
 /// broken uniformly at random (reservoir sampling over the tied ones, one pass, no allocation),
 /// so an idle fleet does not send every request to the first instance.
 pub(crate) fn least_outstanding(
     fleet: &FleetSnapshot,
     model: Option<&str>,
+    now: f64,
     rng: &mut RouteRng,
     mut accept: impl FnMut(&Instance) -> bool,
 ) -> Option<usize> {
@@ -48,7 +50,7 @@ pub(crate) fn least_outstanding(
         if !accept(inst) {
             continue;
         }
-        let load = inst.in_flight();
+        let load = inst.load(now);
         if best.is_none() || load < best_load {
             best = Some(i);
             best_load = load;

@@ -1,4 +1,5 @@
-//! `least-outstanding`: fewest in-flight requests, ties broken uniformly at random.
+//! `least-outstanding`: fewest in-flight requests, ties broken uniformly at random. In flight
+//! counts this router's own and, where the engines' queues are scraped, everyone else's.
 
 use super::common::{least_outstanding, no_instance};
 use crate::{Decision, FleetSnapshot, Reason, RouteError, RouteRequest, RouteRng, Strategy};
@@ -26,8 +27,47 @@ impl Strategy for LeastOutstanding {
         fleet: &FleetSnapshot,
         rng: &mut RouteRng,
     ) -> Result<Decision, RouteError> {
-        least_outstanding(fleet, req.model, rng, |_| true)
+        least_outstanding(fleet, req.model, req.now, rng, |_| true)
             .map(|index| Decision::new(index, Reason::LeastOutstanding))
             .ok_or_else(|| no_instance(fleet, req.model))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EngineQueue, Fleet, InstanceSpec, RouteRequest};
+    use rand::SeedableRng;
+
+    #[test]
+    fn the_engines_own_queues_count_while_fresh() {
+        let fleet = Fleet::new(
+            (0..3)
+                .map(|i| InstanceSpec::from_url(format!("http://127.0.0.1:{}", 9000 + i)))
+                .collect(),
+        );
+        let snap = fleet.snapshot();
+        let mut rng = RouteRng::seed_from_u64(1);
+        snap.instances()[0].acquire();
+        // Other routers' requests on 1 and 2; 0 holds only one of ours.
+        let busy = EngineQueue {
+            waiting: 1,
+            running: 2,
+        };
+        snap.instances()[1].report_others(busy, 5.0);
+        snap.instances()[2].report_others(busy, 5.0);
+        let mut req = RouteRequest::keyed(None, None);
+        req.now = 1.0;
+        for _ in 0..20 {
+            let d = LeastOutstanding.select(&req, &snap, &mut rng).expect("routes");
+            assert_eq!(d.index, 0);
+        }
+        // Past the staleness bound the reports are unknown: 0 is the busiest again.
+        req.now = 6.0;
+        for _ in 0..20 {
+            let d = LeastOutstanding.select(&req, &snap, &mut rng).expect("routes");
+            assert_ne!(d.index, 0);
+        }
+        snap.instances()[0].release();
     }
 }

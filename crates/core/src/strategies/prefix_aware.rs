@@ -21,7 +21,9 @@
 //! overflows: to the next instance in the key's rendezvous order that has room
 //! ([`OverflowPolicy::NextInOrder`], a stable second home for a hot prefix), or to the least busy
 //! instance with room ([`OverflowPolicy::LeastOutstanding`]). If nobody has room, the least busy
-//! instance overall takes it. Selection never allocates: the overflow target is found by a
+//! instance overall takes it. Load is [`Instance::load`]: this router's requests in flight, plus,
+//! where the engines' queues are scraped, the requests other routers sent (so the bound holds
+//! across replicas, not just within each). Selection never allocates: the overflow target is found by a
 //! second scan for the best score among instances with room rather than by sorting.
 
 use super::common::{least_outstanding, no_instance};
@@ -223,7 +225,7 @@ impl Strategy for PrefixAware {
     ) -> Result<Decision, RouteError> {
         let model = req.model;
         let Some(key) = req.key else {
-            return least_outstanding(fleet, model, rng, |_| true)
+            return least_outstanding(fleet, model, req.now, rng, |_| true)
                 .map(|index| Decision::new(index, Reason::NoKey))
                 .ok_or_else(|| no_instance(fleet, model));
         };
@@ -234,7 +236,7 @@ impl Strategy for PrefixAware {
         let mut total = 0u64;
         let mut best: Option<(usize, Score, u32)> = None;
         for (i, inst) in fleet.eligible(model) {
-            let load = inst.in_flight();
+            let load = inst.load(req.now);
             n += 1;
             total += u64::from(load);
             let s = Score::of(key, inst, uniform);
@@ -253,16 +255,16 @@ impl Strategy for PrefixAware {
         // Overflow: the preferred instance is full.
         let pref_inst = &fleet.instances()[pref];
         let has_room =
-            |inst: &Instance| !std::ptr::eq(inst, &**pref_inst) && inst.in_flight() < cap;
+            |inst: &Instance| !std::ptr::eq(inst, &**pref_inst) && inst.load(req.now) < cap;
         let target = match self.overflow {
             OverflowPolicy::NextInOrder => best_by_score(key, fleet, model, has_room),
-            OverflowPolicy::LeastOutstanding => least_outstanding(fleet, model, rng, has_room),
+            OverflowPolicy::LeastOutstanding => least_outstanding(fleet, model, req.now, rng, has_room),
         };
         let from = pref_inst.id().clone();
         if let Some(index) = target {
             return Ok(Decision::new(index, Reason::Overflow { from }));
         }
-        least_outstanding(fleet, model, rng, |_| true)
+        least_outstanding(fleet, model, req.now, rng, |_| true)
             .map(|index| Decision::new(index, Reason::AllBusy { from }))
             .ok_or_else(|| no_instance(fleet, model))
     }

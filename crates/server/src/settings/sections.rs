@@ -298,6 +298,14 @@ pub struct EngineMetrics {
     /// Time between scrapes.
     #[serde(rename = "interval_ms", deserialize_with = "de::millis")]
     pub interval: Duration,
+    /// Whether the engines' queues count in routing (on by default while scraping): each
+    /// engine's running and waiting requests beyond this router's own are the traffic of
+    /// other router replicas or clients, and load-aware strategies count them.
+    pub route_on_queues: bool,
+    /// How long a scraped queue is trusted, from when its scrape was sent. Past it the queue
+    /// is unknown (counted as nothing beyond this router's own), never zero.
+    #[serde(rename = "stale_after_ms", deserialize_with = "de::millis")]
+    pub stale_after: Duration,
 }
 
 impl Default for EngineMetrics {
@@ -305,7 +313,9 @@ impl Default for EngineMetrics {
         EngineMetrics {
             scrape: false,
             path: "/metrics".into(),
-            interval: Duration::from_millis(15_000),
+            interval: Duration::from_millis(1_000),
+            route_on_queues: true,
+            stale_after: Duration::from_millis(3_000),
         }
     }
 }

@@ -28,6 +28,7 @@ fn example_file_is_valid_and_shows_the_defaults() {
     assert_eq!(s.health, d.health);
     assert_eq!(s.retries.max_retries, d.retries.max_retries);
     assert_eq!(s.kv_events, d.kv_events);
+    assert_eq!(s.engine_metrics, d.engine_metrics);
     assert_eq!(s.instances.len(), 2);
 }
 
@@ -254,4 +255,11 @@ fn strategy_parameter_errors_name_the_parameter() {
         e.contains("routing.strategy") && e.contains("cache-aware"),
         "{e}"
     );
+}
+
+#[test]
+fn a_staleness_bound_shorter_than_the_scrape_interval_is_refused() {
+    let e = err("[engine_metrics]\nscrape = true\ninterval_ms = 2000\nstale_after_ms = 1000");
+    assert!(e.contains("engine_metrics.stale_after_ms"), "{e}");
+    assert!(err("[engine_metrics]\nstale_after_ms = 0").contains("stale_after_ms"));
 }

@@ -368,3 +368,32 @@ fn a_crowded_opening_does_not_hide_the_documents_behind_it() {
     }
     assert!(at_home >= 40, "{at_home} of 48 at home");
 }
+
+#[test]
+fn other_routers_queues_count_while_their_report_is_fresh() {
+    // Where a new document goes on an idle fleet, from this router's view alone.
+    let mut alone = Router::new(3, UNBOUND);
+    let (cold_home, _) = alone.serve(&prompt("", 42, 0), None);
+
+    // Another replica has queued 40 requests there: the engine says so.
+    let mut r = Router::new(3, UNBOUND);
+    for d in 0..20 {
+        r.serve(&prompt("", 100 + d, d), None);
+    }
+    let queue = crate::EngineQueue {
+        waiting: 40,
+        running: 8,
+    };
+    r.fleet.snapshot().instances()[cold_home].report_others(queue, r.now + 1.0);
+    let (i, _) = r.serve(&prompt("", 42, 1), None);
+    assert_ne!(i, cold_home, "a queue other routers built was ignored");
+
+    // Stale: unknown, not zero, and not a queue either: placement is this router's own again.
+    let mut s = Router::new(3, UNBOUND);
+    for d in 0..20 {
+        s.serve(&prompt("", 100 + d, d), None);
+    }
+    s.fleet.snapshot().instances()[cold_home].report_others(queue, s.now - 0.5);
+    let (i, _) = s.serve(&prompt("", 42, 1), None);
+    assert_eq!(i, cold_home, "a stale report still counted");
+}
