@@ -20,7 +20,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use prefix_router_core::{PrefixLength, StrategyConfig, StrategyKind};
-use prefix_router_loadgen::{run_with_progress, BenchConfig, BenchOutcome, LoadMode, Progress};
+use prefix_router_loadgen::{
+    affinity, run_split, Affinity, BenchConfig, BenchOutcome, LoadMode, Progress,
+};
 use prefix_router_mock_engine::{MockEngine, MockEngineConfig};
 use prefix_router_server::{prom, upstream, Router, Settings};
 use prefix_router_sim::{
@@ -41,6 +43,11 @@ pub const DEFAULT_PLOT: &str = "prefix-router-demo.svg";
 
 /// Buckets of the hit-rate-over-time series (as `simulate`).
 const HIT_RATE_BUCKETS: usize = 50;
+
+/// How often each router scrapes the engines' queues with `--engine-queues`, and how long a
+/// reading is trusted (wall time; 0.6 and 2.5 engine seconds at the default time scale).
+const QUEUE_SCRAPE: Duration = Duration::from_millis(50);
+const QUEUE_STALE: Duration = Duration::from_millis(200);
 
 /// Per-request limit, wall seconds (a healthy demo answers in well under a second).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -112,6 +119,18 @@ pub struct DemoArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 
+    /// Router replicas in front of the engines, each with the same configuration; the
+    /// workload's requests are dealt among them in turn and each closed-loop client talks to
+    /// one (the load a fleet behind several replicas sees). Each learns on its own.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub replicas: u32,
+
+    /// Every router scrapes the engines' queues (`[engine_metrics] scrape` with
+    /// `route_on_queues`, every 50 wall ms, trusted for 200) and counts other replicas'
+    /// requests in its load; without it each replica sees only its own traffic.
+    #[arg(long)]
+    pub engine_queues: bool,
+
     /// Where the SVG with the TTFT CDFs, per-instance shares and hit rate over time goes.
     #[arg(long, value_name = "FILE", default_value = DEFAULT_PLOT)]
     pub plot: PathBuf,
@@ -168,6 +187,12 @@ pub struct RunSummary {
     /// TTFT P50 if every wall millisecond were divided by the time scale (HTTP path
     /// included), engine ms: what the table would read without that accounting.
     pub ttft_p50_all_scaled_ms: f64,
+    /// Router replicas the load was split across.
+    pub replicas: u32,
+    /// Whether the routers counted the engines' scraped queues.
+    pub engine_queues: bool,
+    /// How requests sharing a prefix stayed together, and the busiest instance's load.
+    pub affinity: Affinity,
 }
 
 /// One strategy's run, converted to engine time.
@@ -346,9 +371,20 @@ async fn run_strategy(
     settings.listen = loopback;
     settings.routing.strategy = strategy.clone();
     settings.routing.prefix_length = prefix_length;
-    let router = Router::start(settings, None)
-        .await
-        .context("starting the router")?;
+    if args.engine_queues {
+        settings.engine_metrics.scrape = true;
+        settings.engine_metrics.route_on_queues = true;
+        settings.engine_metrics.interval = QUEUE_SCRAPE;
+        settings.engine_metrics.stale_after = QUEUE_STALE;
+    }
+    let mut routers = Vec::with_capacity(args.replicas as usize);
+    for _ in 0..args.replicas {
+        routers.push(
+            Router::start(settings.clone(), None)
+                .await
+                .context("starting the router")?,
+        );
+    }
 
     let scale = args.time_scale;
     // Open-loop arrivals are engine seconds: squeeze them onto the wall clock.
@@ -358,7 +394,7 @@ async fn run_strategy(
             r.arrival_s *= scale;
         }
     }
-    let config = BenchConfig {
+    let config = |router: &prefix_router_server::RunningRouter| BenchConfig {
         target: format!("http://{}", router.local_addr()),
         mode: match driver {
             Driver::OpenLoop => LoadMode::OpenLoop { rate: None },
@@ -376,10 +412,16 @@ async fn run_strategy(
 
         wait_for_target: prefix_router_loadgen::config::DEFAULT_WAIT_FOR_TARGET,
     };
-    let mut bar = Bar::new(label);
-    let outcome = run_with_progress(&config, requests, |p| bar.update(p)).await;
-    bar.finish();
+    let configs: Vec<BenchConfig> = routers.iter().map(config).collect();
+    let bar = std::sync::Arc::new(std::sync::Mutex::new(Bar::new(label)));
+    let updates = std::sync::Arc::clone(&bar);
+    let outcome = run_split(&configs, requests.clone(), move |p| {
+        updates.lock().unwrap_or_else(|e| e.into_inner()).update(p)
+    })
+    .await;
+    bar.lock().unwrap_or_else(|e| e.into_inner()).finish();
     let outcome = outcome.context("load generator")?;
+    let affinity = affinity(&outcome, &requests, args.instances as usize);
 
     let mut engine_ttft = (0.0, 0u64);
     // The engines' own TTFT histogram (engine seconds), to tell their share from the path's.
@@ -396,7 +438,9 @@ async fn run_strategy(
             engine_ttft.1 += count;
         }
     }
-    router.shutdown().await;
+    for router in routers {
+        router.shutdown().await;
+    }
     for e in engines {
         e.shutdown().await;
     }
@@ -428,6 +472,9 @@ async fn run_strategy(
         client_ttft_mean_wall_ms,
         http_path_wall_ms,
         ttft_p50_all_scaled_ms: all_scaled.ttft_ms().p50,
+        replicas: args.replicas,
+        engine_queues: args.engine_queues,
+        affinity,
     };
     let first_failure = outcome
         .records
@@ -562,10 +609,46 @@ pub fn render(demo: &DemoReport) -> String {
         }
     }
 
+    if let Some(first) = demo.runs.first() {
+        out.push('\n');
+        let _ = writeln!(
+            out,
+            "Placement: {} router replica{}{}; engine queues {}:",
+            first.replicas,
+            if first.replicas == 1 { "" } else { "s" },
+            if first.replicas == 1 {
+                ""
+            } else {
+                ", the requests dealt among them in turn, each client on one"
+            },
+            if first.engine_queues {
+                "scraped and counted (--engine-queues)"
+            } else {
+                "not scraped (each router counts its own requests only)"
+            }
+        );
+        for r in &demo.runs {
+            let a = &r.affinity;
+            let _ = writeln!(
+                out,
+                "  {:<18} {} of each prefix's requests on its most-used instance ({} prefixes); busiest instance {:.2}x the mean",
+                r.strategy,
+                pct(a.on_home),
+                a.prefixes,
+                a.max_share_over_mean
+            );
+        }
+    }
+
     out.push('\n');
     let _ = writeln!(
         out,
-        "simulate, same workload and settings (the discrete-event model of the same engines):"
+        "simulate, same workload and settings (the discrete-event model of the same engines{}):",
+        if demo.runs.first().is_some_and(|r| r.replicas > 1) {
+            ", one router"
+        } else {
+            ""
+        }
     );
     for (d, s) in demo.report.results.iter().zip(&demo.simulated) {
         let _ = writeln!(

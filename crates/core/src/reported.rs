@@ -109,7 +109,10 @@ mod tests {
         assert_eq!(EngineQueue::others(2.0, 1.0, 3), EngineQueue::default());
         assert_eq!(EngineQueue::others(0.0, 0.0, 0), EngineQueue::default());
         // Nonsense readings count as nothing, never as a huge queue.
-        assert_eq!(EngineQueue::others(f64::NAN, -4.0, 0), EngineQueue::default());
+        assert_eq!(
+            EngineQueue::others(f64::NAN, -4.0, 0),
+            EngineQueue::default()
+        );
         assert_eq!(EngineQueue::others(f64::INFINITY, 1.0, 0).total(), 1);
         assert_eq!(EngineQueue::others(0.0, 5.0, 1).waiting, 4);
     }

@@ -27,6 +27,7 @@ pub mod error;
 pub mod outcome;
 pub mod record;
 pub mod schedule;
+pub mod split;
 pub mod sse;
 
 pub use config::{BenchConfig, LoadMode, Target};
@@ -34,4 +35,5 @@ pub use driver::{run, run_with_progress, Progress};
 pub use error::{FailureKind, LoadgenError};
 pub use outcome::{BenchOutcome, LatencyStats};
 pub use record::{Failure, RequestRecord};
+pub use split::{affinity, run_split, Affinity};
 pub use sse::Usage;

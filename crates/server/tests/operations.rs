@@ -581,7 +581,13 @@ async fn scraped_queues_steer_load_aware_routing_until_they_go_stale() {
     .await;
     assert!(seen.is_ok(), "a's queue: {}", metrics_text(addr).await);
     for i in 0..20 {
-        let ans = post(addr, "/v1/completions", &[], format!(r#"{{"prompt":"q{i}"}}"#)).await;
+        let ans = post(
+            addr,
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"q{i}"}}"#),
+        )
+        .await;
         assert_eq!(ans.upstream(), "b", "request {i} went to the busy engine");
     }
     // a's page stops saying: once its last reading is stale, its queue is unknown, not
@@ -590,7 +596,13 @@ async fn scraped_queues_steer_load_aware_routing_until_they_go_stale() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut reached_a = false;
     for i in 0..20 {
-        let ans = post(addr, "/v1/completions", &[], format!(r#"{{"prompt":"s{i}"}}"#)).await;
+        let ans = post(
+            addr,
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"s{i}"}}"#),
+        )
+        .await;
         reached_a |= ans.upstream() == "a";
     }
     assert!(reached_a, "a stale queue still kept a out");

@@ -117,6 +117,19 @@ impl Message {
 }
 
 impl Request {
+    /// The content it shares with other requests, named by the id of its next-to-last
+    /// segment (ids are prefix-chained, so the id names everything up to it): the document or
+    /// conversation it continues. `None` for a prompt of one segment.
+    pub fn shared_prefix(&self) -> Option<u64> {
+        let mut segments = self
+            .messages
+            .iter()
+            .rev()
+            .flat_map(|m| m.segments.iter().rev());
+        segments.next()?;
+        segments.next().map(|s| s.id)
+    }
+
     /// Prompt length in tokens (all segments of all messages; saturates at `u32::MAX`).
     pub fn prompt_tokens(&self) -> u32 {
         self.messages

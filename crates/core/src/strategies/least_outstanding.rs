@@ -59,13 +59,17 @@ mod tests {
         let mut req = RouteRequest::keyed(None, None);
         req.now = 1.0;
         for _ in 0..20 {
-            let d = LeastOutstanding.select(&req, &snap, &mut rng).expect("routes");
+            let d = LeastOutstanding
+                .select(&req, &snap, &mut rng)
+                .expect("routes");
             assert_eq!(d.index, 0);
         }
         // Past the staleness bound the reports are unknown: 0 is the busiest again.
         req.now = 6.0;
         for _ in 0..20 {
-            let d = LeastOutstanding.select(&req, &snap, &mut rng).expect("routes");
+            let d = LeastOutstanding
+                .select(&req, &snap, &mut rng)
+                .expect("routes");
             assert_ne!(d.index, 0);
         }
         snap.instances()[0].release();

@@ -258,7 +258,9 @@ impl Strategy for PrefixAware {
             |inst: &Instance| !std::ptr::eq(inst, &**pref_inst) && inst.load(req.now) < cap;
         let target = match self.overflow {
             OverflowPolicy::NextInOrder => best_by_score(key, fleet, model, has_room),
-            OverflowPolicy::LeastOutstanding => least_outstanding(fleet, model, req.now, rng, has_room),
+            OverflowPolicy::LeastOutstanding => {
+                least_outstanding(fleet, model, req.now, rng, has_room)
+            }
         };
         let from = pref_inst.id().clone();
         if let Some(index) = target {

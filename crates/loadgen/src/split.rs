@@ -1,0 +1,160 @@
+//! One workload split across several targets at once: the client load of a fleet behind
+//! several router replicas, each client talking to one replica.
+//!
+//! Requests are dealt round-robin by position (request `i` to target `i mod n`), so every
+//! replica sees a share of every prefix: the hard case for replicas that learn placement on
+//! their own. A closed loop's clients are divided as evenly as possible (each target gets at
+//! least one). The runs start together; their records come back as one outcome, indexed by the
+//! position in the original list, each time counted from its own run's start (the starts are
+//! within a scheduling tick of each other).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use prefix_router_workload::Request;
+
+use crate::driver::{run_with_progress, Progress};
+use crate::{BenchConfig, BenchOutcome, LoadMode, LoadgenError};
+
+/// Runs `requests` split across `configs` (one per target, same pacing) and merges the
+/// outcomes; `on_progress` sees the runs' sums. Fails, before sending, on the first bad config.
+pub async fn run_split<F>(
+    configs: &[BenchConfig],
+    requests: Vec<Request>,
+    on_progress: F,
+) -> Result<BenchOutcome, LoadgenError>
+where
+    F: FnMut(&Progress) + Send + 'static,
+{
+    let n = configs.len();
+    if n == 0 {
+        return Err(LoadgenError::Config {
+            field: "targets",
+            why: "at least one is needed".into(),
+        });
+    }
+    for c in configs {
+        c.validate()?;
+    }
+    let mut parts: Vec<Vec<Request>> = vec![Vec::new(); n];
+    for (i, r) in requests.into_iter().enumerate() {
+        parts[i % n].push(r);
+    }
+    let progress = Arc::new(Mutex::new((vec![Progress::default(); n], on_progress)));
+    let mut tasks = Vec::with_capacity(n);
+    for (k, (config, part)) in configs.iter().zip(parts).enumerate() {
+        let mut config = config.clone();
+        if let LoadMode::ClosedLoop { concurrency } = config.mode {
+            let share = concurrency / n as u32 + u32::from((k as u32) < concurrency % n as u32);
+            config.mode = LoadMode::ClosedLoop {
+                concurrency: share.max(1),
+            };
+        }
+        if let Some(m) = config.max_requests {
+            // The limit is the whole run's: each target takes its share of it.
+            config.max_requests =
+                Some((m / n as u64 + u64::from((k as u64) < m % n as u64)).max(1));
+        }
+        let progress = Arc::clone(&progress);
+        tasks.push(tokio::spawn(async move {
+            run_with_progress(&config, part, move |p| {
+                let mut g = progress.lock().unwrap_or_else(|e| e.into_inner());
+                let (each, callback) = &mut *g;
+                each[k] = *p;
+                let sum = each.iter().fold(Progress::default(), |a, p| Progress {
+                    planned: a.planned + p.planned,
+                    sent: a.sent + p.sent,
+                    completed: a.completed + p.completed,
+                    failed: a.failed + p.failed,
+                    elapsed_s: a.elapsed_s.max(p.elapsed_s),
+                    stop_s: a.stop_s.or(p.stop_s),
+                });
+                callback(&sum);
+            })
+            .await
+        }));
+    }
+    let mut outcomes = Vec::with_capacity(n);
+    for t in tasks {
+        let outcome = t.await.map_err(|e| LoadgenError::Config {
+            field: "targets",
+            why: format!("a replica's run stopped: {e}"),
+        })??;
+        outcomes.push(outcome);
+    }
+    Ok(merge(configs, outcomes))
+}
+
+fn merge(configs: &[BenchConfig], outcomes: Vec<BenchOutcome>) -> BenchOutcome {
+    let n = outcomes.len();
+    let mut records = Vec::new();
+    let (mut planned, mut wall_s) = (0, 0.0f64);
+    let mut model = None;
+    for (k, o) in outcomes.into_iter().enumerate() {
+        planned += o.planned;
+        wall_s = wall_s.max(o.wall_s);
+        model = model.or(o.model_from_target);
+        records.extend(o.records.into_iter().map(|mut r| {
+            r.index = r.index * n + k;
+            r
+        }));
+    }
+    let targets: Vec<&str> = configs.iter().map(|c| c.target.as_str()).collect();
+    let mut merged = BenchOutcome::from_records(
+        targets.join(","),
+        format!("{n} targets"),
+        configs[0].mode,
+        planned,
+        records,
+        wall_s,
+    );
+    merged.model_from_target = model;
+    merged
+}
+
+/// How well requests that share a prefix stayed together.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct Affinity {
+    /// Completed requests with a shared prefix.
+    pub requests: u64,
+    /// Distinct shared prefixes among them.
+    pub prefixes: u64,
+    /// Share of those requests that went to their prefix's most-used instance.
+    pub on_home: f64,
+    /// The busiest instance's completed requests over the mean per instance.
+    pub max_share_over_mean: f64,
+}
+
+/// The affinity of `outcome`, whose records index `requests` (the list it ran), among
+/// `instances` instances.
+pub fn affinity(outcome: &BenchOutcome, requests: &[Request], instances: usize) -> Affinity {
+    let mut per: HashMap<u64, HashMap<&str, u64>> = HashMap::new();
+    let mut load: HashMap<&str, u64> = HashMap::new();
+    let mut completed = 0u64;
+    for r in outcome.records.iter().filter(|r| r.is_ok()) {
+        let Some(inst) = r.instance.as_deref() else {
+            continue;
+        };
+        completed += 1;
+        *load.entry(inst).or_default() += 1;
+        if let Some(p) = requests.get(r.index).and_then(Request::shared_prefix) {
+            *per.entry(p).or_default().entry(inst).or_default() += 1;
+        }
+    }
+    let with_prefix: u64 = per.values().flat_map(|m| m.values()).sum();
+    let home: u64 = per.values().filter_map(|m| m.values().max()).sum();
+    let mean = completed as f64 / instances.max(1) as f64;
+    Affinity {
+        requests: with_prefix,
+        prefixes: per.len() as u64,
+        on_home: if with_prefix == 0 {
+            0.0
+        } else {
+            home as f64 / with_prefix as f64
+        },
+        max_share_over_mean: load
+            .values()
+            .max()
+            .map_or(0.0, |&m| m as f64 / mean.max(1e-9)),
+    }
+}
