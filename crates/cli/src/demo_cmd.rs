@@ -23,7 +23,8 @@ use prefix_router_core::{PrefixLength, StrategyConfig, StrategyKind};
 use prefix_router_loadgen::{
     affinity, run_split, Affinity, BenchConfig, BenchOutcome, LoadMode, Progress,
 };
-use prefix_router_mock_engine::{MockEngine, MockEngineConfig};
+use prefix_router_mock_engine::{KvEventsConfig, MockEngine, MockEngineConfig};
+use prefix_router_server::settings::KvEventsEndpoint;
 use prefix_router_server::{prom, upstream, Router, Settings};
 use prefix_router_sim::{
     engine_config, plot, simulate, table, Driver, FleetSummary, Report, SimConfig, SimWorkload,
@@ -131,6 +132,17 @@ pub struct DemoArgs {
     #[arg(long)]
     pub engine_queues: bool,
 
+    /// Every mock engine publishes its KV-cache events (ZeroMQ on 127.0.0.1, with replay) and
+    /// every router subscribes, tokenizing requests as the engines do (`builtin:words`): what
+    /// `kv-aware` routes on.
+    #[arg(long)]
+    pub kv_events: bool,
+
+    /// Share (0..1) of KV-event batches each engine drops (still replayable), with
+    /// `--kv-events`: the router must notice the gaps and recover.
+    #[arg(long, value_name = "F", default_value_t = 0.0, requires = "kv_events", value_parser = parse_share)]
+    pub kv_events_drop: f64,
+
     /// Where the SVG with the TTFT CDFs, per-instance shares and hit rate over time goes.
     #[arg(long, value_name = "FILE", default_value = DEFAULT_PLOT)]
     pub plot: PathBuf,
@@ -140,6 +152,13 @@ fn parse_positive(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
         _ => Err(format!("must be a positive number, got '{s}'")),
+    }
+}
+
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..1.0).contains(&v) => Ok(v),
+        _ => Err(format!("must be a share within [0, 1), got '{s}'")),
     }
 }
 
@@ -193,6 +212,60 @@ pub struct RunSummary {
     pub engine_queues: bool,
     /// How requests sharing a prefix stayed together, and the busiest instance's load.
     pub affinity: Affinity,
+    /// With `--kv-events`: what the routers' subscribers saw, summed over the replicas.
+    pub kv_events: Option<KvEventSummary>,
+}
+
+/// The routers' KV-event subscribers over one run (from their `/metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct KvEventSummary {
+    /// Batches applied.
+    pub batches: f64,
+    /// Sequence gaps seen (joining a stream that had started counts one).
+    pub gaps: f64,
+    /// Gaps filled from the replay sockets.
+    pub recovered: f64,
+    /// Gaps given up (the view then partial).
+    pub lost: f64,
+    /// Recoveries timed.
+    pub recoveries: f64,
+    /// Their total time, from a gap's detection to the end of its replay, wall seconds.
+    pub recovery_s: f64,
+    /// Every recovery took at most this long, wall ms (the histogram bucket's bound).
+    pub recovery_max_ms: f64,
+}
+
+impl KvEventSummary {
+    /// Adds what one router's metrics page says.
+    fn add(&mut self, page: &str) {
+        let value =
+            |name: &str, labels: &[(&str, &str)]| prom::value(page, name, labels).unwrap_or(0.0);
+        self.batches += value("prefix_router_kv_event_batches_total", &[]);
+        self.gaps += value("prefix_router_kv_event_gaps_total", &[]);
+        let replays = "prefix_router_kv_event_replays_total";
+        self.recovered += value(replays, &[("kind", "recovered")]);
+        self.lost += value(replays, &[("kind", "lost")]);
+        let count = value("prefix_router_kv_event_recovery_seconds_count", &[]);
+        self.recoveries += count;
+        self.recovery_s += value("prefix_router_kv_event_recovery_seconds_sum", &[]);
+        // The smallest bucket bound that every observation is under.
+        let max = prom::samples(page)
+            .filter(|s| s.name == "prefix_router_kv_event_recovery_seconds_bucket")
+            .filter(|s| count > 0.0 && s.value >= count)
+            .filter_map(|s| s.label("le").and_then(|le| le.parse::<f64>().ok()))
+            .fold(f64::INFINITY, f64::min);
+        if max.is_finite() {
+            self.recovery_max_ms = self.recovery_max_ms.max(max * 1e3);
+        }
+    }
+    /// Mean recovery, wall ms.
+    pub fn recovery_mean_ms(&self) -> f64 {
+        if self.recoveries > 0.0 {
+            self.recovery_s / self.recoveries * 1e3
+        } else {
+            0.0
+        }
+    }
 }
 
 /// One strategy's run, converted to engine time.
@@ -358,6 +431,14 @@ async fn run_strategy(
     label: &str,
 ) -> Result<StrategyRun> {
     let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
+    let mut mock = mock.clone();
+    if args.kv_events {
+        mock.kv_events = Some(KvEventsConfig {
+            drop_rate: args.kv_events_drop,
+            ..KvEventsConfig::default()
+        });
+    }
+    let mock = &mock;
     let mut engines = Vec::with_capacity(args.instances as usize);
     for _ in 0..args.instances {
         engines.push(
@@ -377,13 +458,33 @@ async fn run_strategy(
         settings.engine_metrics.interval = QUEUE_SCRAPE;
         settings.engine_metrics.stale_after = QUEUE_STALE;
     }
+    if args.kv_events {
+        settings.kv_events.subscribe = true;
+        settings.kv_events.tokenizer = Some(prefix_router_tokenize::WORDS.into());
+        settings.kv_events.endpoints = engines
+            .iter()
+            .map(|e| {
+                Ok(KvEventsEndpoint {
+                    instance: e.url(),
+                    publisher: e
+                        .kv_events_endpoint()
+                        .context("a mock engine without its KV-event socket")?
+                        .to_string(),
+                    replay: e.kv_events_replay_endpoint().map(str::to_string),
+                })
+            })
+            .collect::<Result<_>>()?;
+        settings = settings.validate().context("router settings")?;
+    }
     let mut routers = Vec::with_capacity(args.replicas as usize);
     for _ in 0..args.replicas {
-        routers.push(
-            Router::start(settings.clone(), None)
-                .await
-                .context("starting the router")?,
-        );
+        let router = Router::start(settings.clone(), None)
+            .await
+            .context("starting the router")?;
+        if args.kv_events {
+            wait_for_feeds(&router, &engines).await?;
+        }
+        routers.push(router);
     }
 
     let scale = args.time_scale;
@@ -438,6 +539,20 @@ async fn run_strategy(
             engine_ttft.1 += count;
         }
     }
+    let kv_events = if args.kv_events {
+        let mut sum = KvEventSummary::default();
+        for router in &routers {
+            let base = format!("http://{}", router.local_addr());
+            let page =
+                upstream::get(&client, &base, "/metrics", 4 << 20, Duration::from_secs(5)).await;
+            if let Some((_, page)) = page {
+                sum.add(&String::from_utf8_lossy(&page));
+            }
+        }
+        Some(sum)
+    } else {
+        None
+    };
     for router in routers {
         router.shutdown().await;
     }
@@ -475,6 +590,7 @@ async fn run_strategy(
         replicas: args.replicas,
         engine_queues: args.engine_queues,
         affinity,
+        kv_events,
     };
     let first_failure = outcome
         .records
@@ -486,6 +602,38 @@ async fn run_strategy(
         summary,
         first_failure,
     })
+}
+
+/// Waits until `router` is subscribed to every engine's KV events (what each published before
+/// is replayed to it).
+async fn wait_for_feeds(
+    router: &prefix_router_server::RunningRouter,
+    engines: &[MockEngine],
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let feeds = router
+        .state()
+        .kv_events
+        .as_ref()
+        .context("the router has no KV-event feeds")?;
+    for e in engines {
+        loop {
+            let connected = feeds
+                .feed(&e.url())
+                .is_some_and(|f| f.lock().map(|f| f.connected).unwrap_or(false));
+            if connected {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the router did not subscribe to {}'s KV events within 10 s",
+                    e.url()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
 }
 
 /// The outcome in engine time. Points in time are divided by the time scale; a request's TTFT
@@ -637,6 +785,29 @@ pub fn render(demo: &DemoReport) -> String {
                 a.prefixes,
                 a.max_share_over_mean
             );
+        }
+    }
+
+    if demo.runs.iter().any(|r| r.kv_events.is_some()) {
+        out.push('\n');
+        let _ = writeln!(
+            out,
+            "KV events (mock engines publishing over ZeroMQ on 127.0.0.1, every router subscribed; times are wall time):"
+        );
+        for r in &demo.runs {
+            if let Some(k) = &r.kv_events {
+                let _ = writeln!(
+                    out,
+                    "  {:<18} {:.0} batches applied, {:.0} gaps: {:.0} replayed, {:.0} lost; recovery mean {:.2} ms, all within {:.1} ms",
+                    r.strategy,
+                    k.batches,
+                    k.gaps,
+                    k.recovered,
+                    k.lost,
+                    k.recovery_mean_ms(),
+                    k.recovery_max_ms
+                );
+            }
         }
     }
 

@@ -80,7 +80,8 @@ pub struct MockEngineArgs {
     pub kv_events_topic: String,
 
     /// The model's tokenizer.json (its tokenizer_config.json beside it gives the chat template
-    /// and BOS/EOS): prompts are then the model's tokens, not one token per word.
+    /// and BOS/EOS): prompts are then the model's tokens, not one token per word
+    /// (`builtin:words`, the default's own model, names it explicitly).
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<std::path::PathBuf>,
 
@@ -140,7 +141,7 @@ pub fn run(args: MockEngineArgs) -> Result<()> {
             ),
             None => None,
         };
-        let t = ChatTokenizer::from_dir_files(file, template).context("--tokenizer")?;
+        let t = ChatTokenizer::from_setting(file, template).context("--tokenizer")?;
         config.tokenizer = Some(std::sync::Arc::new(t));
     }
     config.validate().context("invalid mock-engine flags")?;

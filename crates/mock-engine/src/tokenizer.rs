@@ -9,16 +9,10 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-/// Seed of token ids. Part of the contract: changing it changes every block hash.
-pub const TOKEN_SEED: u64 = 0x6d6f_636b_746f_6b31; // "mocktok1"
+pub use prefix_router_tokenize::words::{token_id, TOKEN_SEED};
 
 /// The "previous block" hash of the first block.
 pub const ROOT_HASH: u64 = 0x6d6f_636b_726f_6f74; // "mockroot"
-
-/// Token id of one word.
-pub fn token_id(word: &str) -> u64 {
-    xxh3_64_with_seed(word.as_bytes(), TOKEN_SEED)
-}
 
 /// A prompt cut into tokens and hashed blocks.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -27,6 +27,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
@@ -45,7 +46,7 @@ pub struct ResultLabels {
 }
 
 /// The metrics of the subscribers (registered beside the router's own).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KvEventMetrics {
     batches: Family<InstanceLabels, Counter>,
     blocks: Family<ResultLabels, Counter>,
@@ -56,6 +57,29 @@ pub struct KvEventMetrics {
     view_blocks: Family<ResultLabels, Gauge>,
     view_partial: Family<InstanceLabels, Gauge>,
     connected: Family<InstanceLabels, Gauge>,
+    recovery: Histogram,
+}
+
+/// Seconds from a gap's detection to the end of its replay: 0.1 ms to about 50 s.
+fn recovery_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-4, 2.0, 20))
+}
+
+impl Default for KvEventMetrics {
+    fn default() -> Self {
+        Self {
+            batches: Family::default(),
+            blocks: Family::default(),
+            gaps: Family::default(),
+            replays: Family::default(),
+            malformed: Family::default(),
+            lag: Family::default(),
+            view_blocks: Family::default(),
+            view_partial: Family::default(),
+            connected: Family::default(),
+            recovery: recovery_histogram(),
+        }
+    }
 }
 
 impl KvEventMetrics {
@@ -107,6 +131,11 @@ impl KvEventMetrics {
             "1 while subscribed to the instance's KV events",
             self.connected.clone(),
         );
+        r.register(
+            "kv_event_recovery_seconds",
+            "From a gap's detection to the end of its replay: how long a view was not trusted for routing (cache-aware's inference stood in)",
+            self.recovery.clone(),
+        );
     }
 
     fn forget(&self, instance: &str) {
@@ -148,6 +177,9 @@ pub struct Feed {
     pub last_seq: Option<u64>,
     /// Now minus the engine's timestamp of the last batch, seconds.
     pub lag_s: Option<f64>,
+    /// A gap is being filled from the replay socket: the view misses batches until it is, and
+    /// routing does not trust it meanwhile.
+    pub recovering: bool,
 }
 
 /// Where an instance's events come from.
@@ -201,7 +233,7 @@ impl Residency for KvFeeds {
     fn matched_blocks(&self, instance: &Instance, chain: &[u64]) -> Option<u32> {
         let feed = self.feed(instance.id().as_str())?;
         let f = lock(&feed);
-        (f.connected && f.view.completeness() == Completeness::Exact)
+        (f.connected && !f.recovering && f.view.completeness() == Completeness::Exact)
             .then(|| u32::try_from(f.view.matched(chain)).unwrap_or(u32::MAX))
     }
 }
@@ -225,7 +257,7 @@ impl KvFeeds {
                     }
                     None => None,
                 };
-                Some(Arc::new(ChatTokenizer::from_dir_files(file, template)?))
+                Some(Arc::new(ChatTokenizer::from_setting(file, template)?))
             }
         };
         Ok(Self {
@@ -428,7 +460,11 @@ fn kind(s: &Subscriber<'_>, kind: &'static str) -> ResultLabels {
 
 impl Subscriber<'_> {
     fn set_connected(&self, on: bool) {
-        lock(&self.feed).connected = on;
+        {
+            let mut f = lock(&self.feed);
+            f.connected = on;
+            f.recovering = false;
+        }
         self.feeds
             .metrics
             .connected
@@ -489,7 +525,14 @@ impl Subscriber<'_> {
             };
             if let Some(from) = missing {
                 self.feeds.metrics.gaps.get_or_create(&self.labels).inc();
+                let started = std::time::Instant::now();
+                lock(&self.feed).recovering = true;
                 let recovered = self.recover(from).await;
+                lock(&self.feed).recovering = false;
+                self.feeds
+                    .metrics
+                    .recovery
+                    .observe(started.elapsed().as_secs_f64());
                 match self.seq.observe_replayed(p.seq) {
                     Step::Next => {}
                     // The replay brought it already.

@@ -241,6 +241,13 @@ async fn lost_messages_are_replayed_and_the_view_comes_back_exact() {
         assert!(gaps > 0.0, "{page}");
         assert_eq!(replays("lost"), 0.0, "{page}");
         if replays("recovered") == gaps {
+            // Each recovery's time is measured (the first connection's replay from 0 is
+            // one more).
+            let timed = metric(&page, "prefix_router_kv_event_recovery_seconds_count", &[]);
+            assert!(
+                timed >= gaps,
+                "{timed} recoveries timed for {gaps} gaps: {page}"
+            );
             break;
         }
         assert!(Instant::now() < deadline, "not every gap recovered: {page}");

@@ -7,6 +7,7 @@
 //! with them.
 
 mod body;
+pub mod words;
 
 use std::path::Path;
 
@@ -31,6 +32,9 @@ pub enum TokenizeError {
     Encode(String),
 }
 
+/// The tokenizer setting that names [`ChatTokenizer::words`].
+pub const WORDS: &str = "builtin:words";
+
 /// One chat message, as the template sees it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Message<'a> {
@@ -40,18 +44,31 @@ pub struct Message<'a> {
 
 /// A tokenizer and the chat template that goes with it.
 pub struct ChatTokenizer {
-    tokenizer: tokenizers::Tokenizer,
-    env: Option<minijinja::Environment<'static>>,
-    bos: String,
-    eos: String,
+    kind: Kind,
+}
+
+enum Kind {
+    /// A model's tokenizer.json and chat template.
+    Model {
+        tokenizer: Box<tokenizers::Tokenizer>,
+        env: Option<minijinja::Environment<'static>>,
+        bos: String,
+        eos: String,
+    },
+    /// The mock engine's text model ([`words`]).
+    Words,
 }
 
 impl std::fmt::Debug for ChatTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTokenizer")
-            .field("vocab", &self.tokenizer.get_vocab_size(true))
-            .field("template", &self.env.is_some())
-            .finish()
+        match &self.kind {
+            Kind::Model { tokenizer, env, .. } => f
+                .debug_struct("ChatTokenizer")
+                .field("vocab", &tokenizer.get_vocab_size(true))
+                .field("template", &env.is_some())
+                .finish(),
+            Kind::Words => f.write_str("ChatTokenizer(words)"),
+        }
     }
 }
 
@@ -117,11 +134,29 @@ impl ChatTokenizer {
             })?;
         let env = template.map(environment).transpose()?;
         Ok(Self {
-            tokenizer,
-            env,
-            bos: bos.into(),
-            eos: eos.into(),
+            kind: Kind::Model {
+                tokenizer: Box::new(tokenizer),
+                env,
+                bos: bos.into(),
+                eos: eos.into(),
+            },
         })
+    }
+
+    /// One token per whitespace-separated word, as prefix-router's mock engine counts them
+    /// ([`words`]): for replaying generated workloads against mock engines that publish KV
+    /// events without a model tokenizer. Roles and templates add no tokens.
+    pub fn words() -> Self {
+        Self { kind: Kind::Words }
+    }
+
+    /// A tokenizer named in a configuration: [`WORDS`] for [`Self::words`], else a
+    /// `tokenizer.json` path (see [`Self::from_dir_files`]).
+    pub fn from_setting(tokenizer: &Path, template: Option<String>) -> Result<Self, TokenizeError> {
+        if tokenizer.as_os_str() == WORDS {
+            return Ok(Self::words());
+        }
+        Self::from_dir_files(tokenizer, template)
     }
 
     /// From a model's files: `tokenizer.json`, and `tokenizer_config.json` beside it when
@@ -171,14 +206,25 @@ impl ChatTokenizer {
         })
     }
 
-    /// Whether chat requests can be tokenized (a template is loaded).
+    /// Whether chat requests can be tokenized (a template is loaded, or none is needed).
     pub fn has_template(&self) -> bool {
-        self.env.is_some()
+        match &self.kind {
+            Kind::Model { env, .. } => env.is_some(),
+            Kind::Words => true,
+        }
     }
 
-    /// The prompt text the template makes of `messages`, ready for the assistant's answer.
+    /// The prompt text the template makes of `messages`, ready for the assistant's answer
+    /// (the contents one after another for [`Self::words`]).
     pub fn render_chat(&self, messages: &[Message<'_>]) -> Result<String, TokenizeError> {
-        let env = self.env.as_ref().ok_or(TokenizeError::NoTemplate)?;
+        let (env, bos, eos) = match &self.kind {
+            Kind::Model { env, bos, eos, .. } => (env, bos, eos),
+            Kind::Words => {
+                let texts: Vec<&str> = messages.iter().map(|m| m.content).collect();
+                return Ok(texts.join(" "));
+            }
+        };
+        let env = env.as_ref().ok_or(TokenizeError::NoTemplate)?;
         let template = env
             .get_template("chat")
             .map_err(|e| TokenizeError::Template(e.to_string()))?;
@@ -186,8 +232,8 @@ impl ChatTokenizer {
             .render(minijinja::context! {
                 messages => messages,
                 add_generation_prompt => true,
-                bos_token => self.bos,
-                eos_token => self.eos,
+                bos_token => bos,
+                eos_token => eos,
             })
             .map_err(|e| TokenizeError::Template(e.to_string()))
     }
@@ -204,10 +250,13 @@ impl ChatTokenizer {
     }
 
     fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, TokenizeError> {
-        self.tokenizer
-            .encode_fast(text, special)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| TokenizeError::Encode(e.to_string()))
+        match &self.kind {
+            Kind::Model { tokenizer, .. } => tokenizer
+                .encode_fast(text, special)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| TokenizeError::Encode(e.to_string())),
+            Kind::Words => Ok(words::ids(text)),
+        }
     }
 }
 

@@ -475,6 +475,7 @@ pub struct KvEventsSettings {
     pub endpoints: Vec<KvEventsEndpoint>,
     /// The model's `tokenizer.json` (its `tokenizer_config.json` beside it gives the chat
     /// template): `kv-aware` tokenizes requests with it to match them to the engines' blocks.
+    /// `builtin:words`: the mock engine's one token per word.
     pub tokenizer: Option<std::path::PathBuf>,
     /// A chat template file to use instead of the one in `tokenizer_config.json`.
     pub chat_template: Option<std::path::PathBuf>,
