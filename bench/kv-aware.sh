@@ -26,7 +26,7 @@ run() {
   echo "## $title"
   "$BIN" demo --kv-events --strategies cache-aware,kv-aware --requests "$N" \
     --plot "$OUT/plot.svg" "$@" 2>"$OUT/err" >"$OUT/out" || { cat "$OUT/err" "$OUT/out"; exit 1; }
-  grep -E '^(strategy |cache-aware |kv-aware )|most-used|^Placement' "$OUT/out"
+  grep -E '^(strategy |cache-aware |kv-aware )|most-used|^Placement|batches applied' "$OUT/out"
 }
 for w in long-context shared-system-prompt rag agent hot-prefix sharegpt; do
   run "workload $w, 7 instances, one router" --workload "$w"

@@ -277,5 +277,6 @@ fn sim_config(
         driver: Driver::OpenLoop,
         scale: Vec::new(),
         hit_rate_buckets: 1,
+        kv_events: Default::default(),
     })
 }

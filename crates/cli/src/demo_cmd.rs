@@ -140,7 +140,7 @@ pub struct DemoArgs {
 
     /// Share (0..1) of KV-event batches each engine drops (still replayable), with
     /// `--kv-events`: the router must notice the gaps and recover.
-    #[arg(long, value_name = "F", default_value_t = 0.0, requires = "kv_events", value_parser = parse_share)]
+    #[arg(long, value_name = "F", default_value_t = 0.0, requires = "kv_events", value_parser = crate::args::parse_share)]
     pub kv_events_drop: f64,
 
     /// Where the SVG with the TTFT CDFs, per-instance shares and hit rate over time goes.
@@ -152,13 +152,6 @@ fn parse_positive(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
         _ => Err(format!("must be a positive number, got '{s}'")),
-    }
-}
-
-fn parse_share(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if (0.0..1.0).contains(&v) => Ok(v),
-        _ => Err(format!("must be a share within [0, 1), got '{s}'")),
     }
 }
 
@@ -306,6 +299,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         driver,
         scale: Vec::new(),
         hit_rate_buckets: HIT_RATE_BUCKETS,
+        kv_events: Default::default(),
     };
     // The simulator's view of the same runs: cheap, and the yardstick the demo should meet.
     let simulated = simulate(&workload, &sim_config, &mut |_| {}).context("simulate")?;

@@ -7,7 +7,9 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use prefix_router_core::{ConcurrencyThreshold, PrefixLength, StrategyConfig};
 use prefix_router_sim::sweep::{self, load_sweep};
-use prefix_router_sim::{plot, simulate, table, Driver, SimConfig, SimWorkload, WorkloadSource};
+use prefix_router_sim::{
+    plot, simulate, table, Driver, KvEventModel, SimConfig, SimWorkload, WorkloadSource,
+};
 use prefix_router_workload::{trace, Arrival, Request};
 
 use crate::args::SimulateArgs;
@@ -141,6 +143,10 @@ fn sim_config(args: &SimulateArgs, workload: &SimWorkload) -> Result<SimConfig> 
         driver,
         scale: args.scale.clone().map(|s| s.0).unwrap_or_default(),
         hit_rate_buckets: HIT_RATE_BUCKETS,
+        kv_events: KvEventModel {
+            delay_s: args.kv_event_delay_ms / 1e3,
+            loss: args.kv_event_loss,
+        },
     })
 }
 

@@ -11,6 +11,12 @@ pub trait Residency: Send + Sync {
     /// Leading blocks of `chain` that `instance` holds on its GPU; `None` where that is not
     /// known exactly (no view of it, or one that missed events): the strategy then infers.
     fn matched_blocks(&self, instance: &Instance, chain: &[u64]) -> Option<u32>;
+
+    /// Blocks `instance` holds on its GPU, where known exactly (`None` otherwise): how full its
+    /// cache is, the same for every router replica that reads the same engine.
+    fn held_blocks(&self, _instance: &Instance) -> Option<u64> {
+        None
+    }
 }
 
 /// A request's token blocks and whom to ask about them.

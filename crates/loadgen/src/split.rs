@@ -158,3 +158,93 @@ pub fn affinity(outcome: &BenchOutcome, requests: &[Request], instances: usize) 
             .map_or(0.0, |&m| m as f64 / mean.max(1e-9)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RequestRecord;
+    use prefix_router_workload::{Message, Role, Segment};
+
+    fn request(doc: u64, q: u64) -> Request {
+        let seg = |id, tokens| Segment { id, tokens };
+        Request {
+            id: q,
+            arrival_s: 0.0,
+            group: None,
+            model: None,
+            messages: vec![Message::new(
+                Role::User,
+                vec![seg(doc, 100), seg(1000 + q, 5)],
+            )],
+            output_tokens: 1,
+        }
+    }
+
+    fn record(index: usize, instance: &str) -> RequestRecord {
+        RequestRecord {
+            index,
+            id: index as u64,
+            due_s: 0.0,
+            sent_s: 0.0,
+            first_content_s: Some(0.1),
+            finished_s: 0.2,
+            status: Some(200),
+            usage: None,
+            content_chunks: 1,
+            instance: Some(instance.into()),
+            decision: None,
+            failure: None,
+        }
+    }
+
+    fn outcome(records: Vec<RequestRecord>) -> BenchOutcome {
+        let mode = LoadMode::ClosedLoop { concurrency: 1 };
+        let n = records.len() as u64;
+        BenchOutcome::from_records("t".into(), "e".into(), mode, n, records, 1.0)
+    }
+
+    #[test]
+    fn merged_records_point_back_to_the_original_list() {
+        // Requests 0..6 dealt to two targets: 0, 2, 4 to the first and 1, 3, 5 to the second.
+        let a = outcome((0..3).map(|i| record(i, "x")).collect());
+        let b = outcome((0..3).map(|i| record(i, "y")).collect());
+        let configs = [
+            BenchConfig::new(
+                "http://127.0.0.1:1",
+                LoadMode::ClosedLoop { concurrency: 1 },
+            ),
+            BenchConfig::new(
+                "http://127.0.0.1:2",
+                LoadMode::ClosedLoop { concurrency: 1 },
+            ),
+        ];
+        let m = merge(&configs, vec![a, b]);
+        let order: Vec<(usize, &str)> = m
+            .records
+            .iter()
+            .map(|r| (r.index, r.instance.as_deref().unwrap_or("")))
+            .collect();
+        assert_eq!(
+            order,
+            [(0, "x"), (1, "y"), (2, "x"), (3, "y"), (4, "x"), (5, "y")]
+        );
+        assert_eq!(m.planned, 6);
+    }
+
+    #[test]
+    fn affinity_counts_each_prefix_on_its_most_used_instance() {
+        // Document 1: three on x, one on y; document 2: two on y. 5 of 6 on their home.
+        let requests: Vec<Request> = [1, 1, 1, 1, 2, 2]
+            .iter()
+            .enumerate()
+            .map(|(q, &d)| request(d, q as u64))
+            .collect();
+        let on = ["x", "x", "y", "x", "y", "y"];
+        let o = outcome(on.iter().enumerate().map(|(i, s)| record(i, s)).collect());
+        let a = affinity(&o, &requests, 3);
+        assert_eq!((a.requests, a.prefixes), (6, 2));
+        assert!((a.on_home - 5.0 / 6.0).abs() < 1e-9, "{a:?}");
+        // 3 each on x and y, none on the third instance: the mean is 2.
+        assert!((a.max_share_over_mean - 1.5).abs() < 1e-9, "{a:?}");
+    }
+}

@@ -236,6 +236,14 @@ impl Residency for KvFeeds {
         (f.connected && !f.recovering && f.view.completeness() == Completeness::Exact)
             .then(|| u32::try_from(f.view.matched(chain)).unwrap_or(u32::MAX))
     }
+
+    /// Under the same condition, the view's GPU block count.
+    fn held_blocks(&self, instance: &Instance) -> Option<u64> {
+        let feed = self.feed(instance.id().as_str())?;
+        let f = lock(&feed);
+        (f.connected && !f.recovering && f.view.completeness() == Completeness::Exact)
+            .then(|| f.view.gpu_blocks() as u64)
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

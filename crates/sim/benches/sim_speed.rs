@@ -34,6 +34,7 @@ fn config(kind: StrategyKind) -> SimConfig {
         driver: Driver::OpenLoop,
         scale: Vec::new(),
         hit_rate_buckets: 50,
+        kv_events: Default::default(),
     }
 }
 

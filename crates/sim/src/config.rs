@@ -38,6 +38,8 @@ pub struct SimConfig {
     pub scale: Vec<ScaleEvent>,
     /// Buckets of the hit-rate-over-time series (≥ 1).
     pub hit_rate_buckets: usize,
+    /// How the engines' KV events reach strategies that read them (`kv-aware`).
+    pub kv_events: crate::KvEventModel,
 }
 
 impl SimConfig {
@@ -62,6 +64,19 @@ impl SimConfig {
             return Err(SimError::InvalidConfig {
                 field: "hit_rate_buckets",
                 why: "must be at least 1".into(),
+            });
+        }
+        let k = self.kv_events;
+        if !(k.delay_s.is_finite() && k.delay_s >= 0.0) {
+            return Err(SimError::InvalidConfig {
+                field: "kv_event_delay",
+                why: format!("must be a finite number of seconds ≥ 0, got {}", k.delay_s),
+            });
+        }
+        if !(0.0..1.0).contains(&k.loss) {
+            return Err(SimError::InvalidConfig {
+                field: "kv_event_loss",
+                why: format!("must be a share within [0, 1), got {}", k.loss),
             });
         }
         let mut healthy = i64::from(self.instances);

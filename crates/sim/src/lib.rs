@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod input;
 pub mod members;
 pub mod metrics;
@@ -26,6 +27,7 @@ pub mod table;
 
 pub use config::{Driver, SimConfig};
 pub use error::SimError;
+pub use events::KvEventModel;
 pub use input::{SimWorkload, WorkloadSource};
 pub use report::{FleetSummary, Report, StrategyResult, StrategySettings, WorkloadSummary};
 pub use simulate::{engine_config, routing_keys, simulate, simulate_keyed, Prepared, Progress};

@@ -1,7 +1,7 @@
 //! The event queue: a min-heap on time with a deterministic tie-break.
 //!
 //! Events at the same instant are ordered by kind first (engine steps, then scale events, then
-//! arrivals: a request finishing at `t` frees its slot before a request arriving at `t` is
+//! KV-event deliveries, then arrivals: a request finishing at `t` frees its slot before a request arriving at `t` is
 //! routed, as in a real router that sees the response end first), then by insertion order. No
 //! two entries ever compare equal, so the pop order never depends on the heap's internals.
 
@@ -23,6 +23,11 @@ pub enum Event {
         /// Index into the configured scale events.
         index: usize,
     },
+    /// A batch of an engine's KV events reaches the router (see [`crate::events`]).
+    KvEvents {
+        /// The batch's number.
+        batch: u64,
+    },
     /// A request reaches the router.
     Arrival {
         /// Position of the request in the workload.
@@ -36,7 +41,8 @@ impl Event {
         match self {
             Event::EngineStep { .. } => 0,
             Event::Scale { .. } => 1,
-            Event::Arrival { .. } => 2,
+            Event::KvEvents { .. } => 2,
+            Event::Arrival { .. } => 3,
         }
     }
 }

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use prefix_router_core::extract::chat_route;
 use prefix_router_core::{
     dispatch, Chain, ChainSpec, End, ExtractError, InstanceId, KeyHash, KeyOptions, PrefixLength,
-    RequestInfo, RouteRequest, RouteRng, Strategy, Ticket, Usage,
+    RequestInfo, RouteRequest, RouteRng, Strategy, Ticket, TokenRoute, Usage,
 };
 use prefix_router_engine_model::{EngineConfig, EngineEvent, EngineRequest};
 use prefix_router_workload::Request;
 use rand::SeedableRng;
 
+use crate::events::SimViews;
 use crate::members::{instance_id, Life, SimFleet};
 use crate::queue::{Event, EventQueue};
 use crate::{Driver, SimConfig, SimError};
@@ -133,6 +134,10 @@ struct Loop<'a> {
     finished: u64,
     next_unsent: usize,
     scratch: Vec<EngineEvent>,
+    /// The engines' KV events as the router sees them, for a strategy that reads tokens.
+    views: Option<SimViews>,
+    /// Instances whose views exist (the rest are added as the fleet grows).
+    tracked: usize,
 }
 
 /// What routing reads from `req`, by the server's own extraction of its chat body: rendered
@@ -169,7 +174,12 @@ pub fn run_strategy(
         finished: 0,
         next_unsent: 0,
         scratch: Vec::with_capacity(64),
+        views: strategy
+            .reads_tokens()
+            .then(|| SimViews::new(config.kv_events, config.seed)),
+        tracked: 0,
     };
+    lp.track_new();
     for index in config.scale_order() {
         lp.queue
             .push(config.scale[index].at_s, Event::Scale { index });
@@ -198,6 +208,11 @@ pub fn run_strategy(
                 lp.step(now, engine, generation, progress)?
             }
             Event::Scale { index } => lp.scale(now, index),
+            Event::KvEvents { batch } => {
+                if let Some(v) = lp.views.as_mut() {
+                    v.deliver(batch);
+                }
+            }
         }
     }
 
@@ -254,13 +269,21 @@ impl Loop<'_> {
                 }
             }
         }
+        let block_hashes = req.block_hashes(inputs.engine.block_tokens);
         let route = RouteRequest {
             key: Some(key),
             chain: &self.chain.blocks,
             prompt_units: self.chain.units,
             model: req.model.as_deref(),
             now,
-            tokens: None,
+            // What kv-aware reads: the request's token blocks (the workload's hashes name them
+            // as the engine does) and the views the engines' events built.
+            tokens: self.views.as_ref().map(|v| TokenRoute {
+                chain: &block_hashes,
+                block_tokens: inputs.engine.block_tokens,
+                prompt_tokens: req.prompt_tokens(),
+                residency: v,
+            }),
         };
         let routed = dispatch(self.strategy, &route, self.fleet.snapshot(), &mut self.rng)
             .map_err(|source| SimError::Route {
@@ -294,7 +317,7 @@ impl Loop<'_> {
             now,
             EngineRequest {
                 id: request as u64,
-                block_hashes: req.block_hashes(inputs.engine.block_tokens),
+                block_hashes,
                 prompt_tokens: req.prompt_tokens(),
                 output_tokens: req.output_tokens,
             },
@@ -320,6 +343,15 @@ impl Loop<'_> {
         let mut events = std::mem::take(&mut self.scratch);
         events.clear();
         inst.engine.advance(now, &mut events);
+        if let Some(views) = self.views.as_mut() {
+            // What the step stored and evicted: one batch, on its way to the router.
+            let mut batch = Vec::new();
+            inst.engine.cache_mut().take_changes(&mut batch);
+            if let Some(n) = views.send(instance, batch) {
+                self.queue
+                    .push(now + views.delay_s(), Event::KvEvents { batch: n });
+            }
+        }
         let mut drained = false;
         for event in &events {
             match *event {
@@ -386,10 +418,30 @@ impl Loop<'_> {
         let delta = self.inputs.config.scale[index].delta;
         if delta > 0 {
             self.fleet.add(delta as usize);
+            self.track_new();
         } else {
             self.fleet.drain(delta.unsigned_abs() as usize);
         }
         self.tell_membership(now);
+    }
+
+    /// Starts the KV-event views of instances created since the last call (their engines
+    /// record what their caches store and evict from now on).
+    fn track_new(&mut self) {
+        let Some(views) = self.views.as_mut() else {
+            return;
+        };
+        for (i, inst) in self
+            .fleet
+            .instances
+            .iter_mut()
+            .enumerate()
+            .skip(self.tracked)
+        {
+            inst.engine.cache_mut().record_changes();
+            views.track(i, &inst.view);
+        }
+        self.tracked = self.fleet.instances.len();
     }
 
     /// Tells the strategy about the fleet's membership changes since the last call.

@@ -62,5 +62,6 @@ pub fn config(instances: u32, strategies: &[StrategyKind]) -> SimConfig {
         driver: Driver::OpenLoop,
         scale: Vec::new(),
         hit_rate_buckets: 10,
+        kv_events: Default::default(),
     }
 }

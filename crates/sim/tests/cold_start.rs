@@ -33,6 +33,7 @@ fn run(requests: &[Request], strategy: &str, seed: u64) -> RunOutcome {
         driver: Driver::ClosedLoop { clients: 8 },
         scale: Vec::new(),
         hit_rate_buckets: 1,
+        kv_events: Default::default(),
     };
     let engine = engine_config("small").expect("preset");
     let keys = routing_keys(requests, &config).expect("keys");

@@ -270,6 +270,20 @@ mod tests {
     }
 
     #[test]
+    fn the_shared_prefix_is_named_by_the_next_to_last_segment_across_messages() {
+        let r = req(vec![
+            Message::new(Role::System, vec![seg(1, 10), seg(2, 5)]),
+            Message::new(Role::User, vec![seg(3, 7)]),
+        ]);
+        assert_eq!(r.shared_prefix(), Some(2));
+        assert_eq!(
+            req(vec![Message::new(Role::User, vec![seg(9, 3)])]).shared_prefix(),
+            None
+        );
+        assert_eq!(req(Vec::new()).shared_prefix(), None);
+    }
+
+    #[test]
     fn prompt_tokens_sums_all_segments() {
         let r = req(vec![
             Message::new(Role::System, vec![seg(1, 10), seg(2, 5)]),

@@ -330,6 +330,7 @@ impl Strategy for CacheAware {
         // The previous decision's buffer: no allocation per decision.
         let mut cands = std::mem::take(&mut st.cands);
         cands.clear();
+        let mut all_held = req.tokens.is_some();
         for (index, inst) in fleet.eligible(req.model) {
             let slot = st.slot_of.get(&inst.id_hash()).map(|&s| usize::from(s));
             // What the engine reports holding, where it does (kv-aware), else the index's guess.
@@ -345,6 +346,8 @@ impl Strategy for CacheAware {
                     (b, b.saturating_mul(block).min(req.prompt_units))
                 }
             };
+            let held = req.tokens.and_then(|t| t.residency.held_blocks(inst));
+            all_held &= held.is_some();
             let load = slot.map_or(&idle, |s| &st.loads[s]);
             let uncached = f64::from(req.prompt_units - matched_units);
             let cost = load.cost(&st.pool, instances);
@@ -356,8 +359,17 @@ impl Strategy for CacheAware {
                 expected_s: cost.ttft(queued as f64 + uncached, f64::from(decoding)),
                 full_prefill_s: cost.per_unit_s * f64::from(req.prompt_units),
                 footprint: slot.map_or(0, |s| st.slots.footprint(s)),
+                held: held.map(|h| u32::try_from(h).unwrap_or(u32::MAX)),
                 recent: slot.map_or(0.0, |s| st.recent[s]),
             });
+        }
+        // How full each cache is, for the rule that keeps new content off the fullest: from
+        // the engines where every candidate's is reported (the same for every router replica,
+        // so replicas place new prefixes alike), else from what this router sent.
+        if all_held {
+            for c in cands.iter_mut() {
+                c.footprint = c.held.unwrap_or(c.footprint);
+            }
         }
         let chosen = choose::choose(&mut cands, cfg, req, fleet);
         st.cands = cands;
