@@ -80,7 +80,8 @@ impl Reported {
     }
     pub(crate) fn get(&self, now: f64) -> Option<EngineQueue> {
         let until = f64::from_bits(self.valid_until.load(Ordering::Acquire));
-        if !(now < until) {
+        // NaN on either side: unknown too.
+        if now.partial_cmp(&until) != Some(std::cmp::Ordering::Less) {
             return None;
         }
         let packed = self.counts.load(Ordering::Relaxed);

@@ -47,14 +47,16 @@ pub struct ChatTokenizer {
     kind: Kind,
 }
 
+/// A model's tokenizer.json and chat template.
+struct Model {
+    tokenizer: tokenizers::Tokenizer,
+    env: Option<minijinja::Environment<'static>>,
+    bos: String,
+    eos: String,
+}
+
 enum Kind {
-    /// A model's tokenizer.json and chat template.
-    Model {
-        tokenizer: Box<tokenizers::Tokenizer>,
-        env: Option<minijinja::Environment<'static>>,
-        bos: String,
-        eos: String,
-    },
+    Model(Box<Model>),
     /// The mock engine's text model ([`words`]).
     Words,
 }
@@ -62,10 +64,10 @@ enum Kind {
 impl std::fmt::Debug for ChatTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
-            Kind::Model { tokenizer, env, .. } => f
+            Kind::Model(m) => f
                 .debug_struct("ChatTokenizer")
-                .field("vocab", &tokenizer.get_vocab_size(true))
-                .field("template", &env.is_some())
+                .field("vocab", &m.tokenizer.get_vocab_size(true))
+                .field("template", &m.env.is_some())
                 .finish(),
             Kind::Words => f.write_str("ChatTokenizer(words)"),
         }
@@ -134,12 +136,12 @@ impl ChatTokenizer {
             })?;
         let env = template.map(environment).transpose()?;
         Ok(Self {
-            kind: Kind::Model {
-                tokenizer: Box::new(tokenizer),
+            kind: Kind::Model(Box::new(Model {
+                tokenizer,
                 env,
                 bos: bos.into(),
                 eos: eos.into(),
-            },
+            })),
         })
     }
 
@@ -209,7 +211,7 @@ impl ChatTokenizer {
     /// Whether chat requests can be tokenized (a template is loaded, or none is needed).
     pub fn has_template(&self) -> bool {
         match &self.kind {
-            Kind::Model { env, .. } => env.is_some(),
+            Kind::Model(m) => m.env.is_some(),
             Kind::Words => true,
         }
     }
@@ -218,7 +220,7 @@ impl ChatTokenizer {
     /// (the contents one after another for [`Self::words`]).
     pub fn render_chat(&self, messages: &[Message<'_>]) -> Result<String, TokenizeError> {
         let (env, bos, eos) = match &self.kind {
-            Kind::Model { env, bos, eos, .. } => (env, bos, eos),
+            Kind::Model(m) => (&m.env, &m.bos, &m.eos),
             Kind::Words => {
                 let texts: Vec<&str> = messages.iter().map(|m| m.content).collect();
                 return Ok(texts.join(" "));
@@ -251,7 +253,8 @@ impl ChatTokenizer {
 
     fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, TokenizeError> {
         match &self.kind {
-            Kind::Model { tokenizer, .. } => tokenizer
+            Kind::Model(m) => m
+                .tokenizer
                 .encode_fast(text, special)
                 .map(|e| e.get_ids().to_vec())
                 .map_err(|e| TokenizeError::Encode(e.to_string())),
