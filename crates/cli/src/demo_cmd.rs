@@ -1,6 +1,7 @@
 //! `prefix-router demo`: the whole story over real HTTP on one machine. For each strategy in
-//! turn it starts N fresh mock engines and one router on 127.0.0.1 ephemeral ports, replays the
-//! workload through the router with the load generator, stops them, and finally prints
+//! turn it starts N fresh mock engines and one router (or `--replicas` of them) on 127.0.0.1
+//! ephemeral ports, replays the workload through the router(s) with the load generator, stops
+//! them, and finally prints
 //! `simulate`'s table for the runs (in engine time), `simulate`'s own figures for the same
 //! workload and settings, and where the published experiment stands beside them.
 //!
@@ -305,11 +306,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let simulated = simulate(&workload, &sim_config, &mut |_| {}).context("simulate")?;
 
     eprintln!(
-        "demo: {} requests of {} per strategy through {} mock engines ({}) and one router, engines at {}x real time ({} wall s per engine s)",
+        "demo: {} requests of {} per strategy through {} mock engines ({}) and {}, engines at {}x real time ({} wall s per engine s)",
         workload.requests.len(),
         workload.name,
         args.instances,
         args.preset,
+        match args.replicas {
+            1 => "one router".to_string(),
+            n => format!("{n} router replicas"),
+        },
         fmt_speed(args.time_scale),
         args.time_scale
     );
