@@ -255,3 +255,42 @@ async fn other_v1_routes_are_forwarded() {
     }
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn prefix_aware_replicas_place_every_key_alike_without_talking() {
+    // Three replicas with the same configuration, the fleet listed in a different order on
+    // each (as discovery may return it): every key lands on the same instance through any of
+    // them, and the keys still spread.
+    let ups = fleet(5).await;
+    let mut order = urls(&ups);
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(router(settings(&order)).await);
+        order.rotate_left(2);
+    }
+    let mut homes = HashSet::new();
+    for doc in 0..30 {
+        let body = format!(
+            r#"{{"prompt":"policy document {doc}: {}"}}"#,
+            "text ".repeat(300)
+        );
+        let placed: Vec<String> = futures_util::future::join_all(
+            replicas
+                .iter()
+                .map(|r| post(r.local_addr(), "/v1/completions", &[], body.clone())),
+        )
+        .await
+        .iter()
+        .map(|a| a.upstream().to_string())
+        .collect();
+        assert!(
+            placed.iter().all(|p| *p == placed[0]),
+            "doc {doc}: {placed:?}"
+        );
+        homes.insert(placed[0].clone());
+    }
+    assert!(homes.len() >= 3, "30 keys on {homes:?} only");
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
