@@ -270,7 +270,7 @@ struct StrategyRun {
 }
 
 /// Runs `demo`.
-pub fn run(args: DemoArgs) -> Result<()> {
+pub fn run(mut args: DemoArgs) -> Result<()> {
     let started = Instant::now();
     let workload = load_workload(&args)?;
     let engine = engine_config(&args.preset).context("--preset")?;
@@ -291,6 +291,17 @@ pub fn run(args: DemoArgs) -> Result<()> {
         .map(|&k| StrategyConfig::new(k))
         .collect();
     crate::args::apply_strategy_params(&mut strategies, &args.strategy_params)?;
+    // kv-aware without the engines' events would silently be cache-aware.
+    let reads_tokens = strategies
+        .iter()
+        .map(StrategyConfig::build)
+        .collect::<Result<Vec<_>, _>>()?
+        .iter()
+        .any(|s| s.reads_tokens());
+    if reads_tokens && !args.kv_events {
+        eprintln!("demo: kv-aware routes on the engines' KV events: turning on --kv-events");
+        args.kv_events = true;
+    }
     let sim_config = SimConfig {
         preset: args.preset.clone(),
         instances: args.instances,
