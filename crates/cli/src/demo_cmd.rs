@@ -628,10 +628,7 @@ async fn wait_for_feeds(
         .context("the router has no KV-event feeds")?;
     for e in engines {
         loop {
-            let connected = feeds
-                .feed(&e.url())
-                .is_some_and(|f| f.lock().map(|f| f.connected).unwrap_or(false));
-            if connected {
+            if feeds.is_connected(&e.url()) {
                 break;
             }
             if Instant::now() > deadline {

@@ -198,10 +198,6 @@ impl Instance {
         let others = self.others(now).map_or(0, |q| q.total());
         self.in_flight().saturating_add(others)
     }
-    /// Forgets the engine's report: its queue is unknown again.
-    pub fn forget_report(&self) {
-        self.reported.clear()
-    }
     /// Counts one more request in flight; the caller must call [`Instance::release`] exactly once.
     pub fn acquire(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);

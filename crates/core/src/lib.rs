@@ -26,7 +26,7 @@ pub use fleet::{Fleet, FleetSnapshot, Instance, InstanceId, InstanceSpec, Instan
 pub use group::{GroupError, GroupId};
 pub use key::KeyHash;
 pub use reported::EngineQueue;
-pub use residency::{Residency, TokenRoute};
+pub use residency::{Report, Residency, TokenRoute};
 pub use strategy::{
     Feedback, MembershipChange, ParamSpec, RouteRequest, RouteRng, Strategy, StrategyConfig,
     StrategyEntry, StrategyKind, StrategyStats, TicketInfo, Usage, REGISTRY,

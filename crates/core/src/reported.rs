@@ -75,9 +75,6 @@ impl Reported {
         self.valid_until
             .store(valid_until.to_bits(), Ordering::Release);
     }
-    pub(crate) fn clear(&self) {
-        self.valid_until.store(0f64.to_bits(), Ordering::Release);
-    }
     pub(crate) fn get(&self, now: f64) -> Option<EngineQueue> {
         let until = f64::from_bits(self.valid_until.load(Ordering::Acquire));
         // NaN on either side: unknown too.
@@ -129,8 +126,5 @@ mod tests {
         r.set(q, 10.0);
         assert_eq!(r.get(9.9), Some(q));
         assert_eq!(r.get(10.0), None, "stale is unknown, not zero");
-        r.set(q, 20.0);
-        r.clear();
-        assert_eq!(r.get(11.0), None);
     }
 }

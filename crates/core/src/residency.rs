@@ -6,17 +6,21 @@
 
 use crate::Instance;
 
+/// What an engine's report says about one request's blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    /// Leading blocks of the request's chain the instance holds on its GPU.
+    pub matched_blocks: u32,
+    /// Blocks it holds on its GPU in all, where known: how full its cache is, the same for
+    /// every router replica that reads the same engine.
+    pub held_blocks: Option<u64>,
+}
+
 /// How many leading token blocks of a request an instance holds.
 pub trait Residency: Send + Sync {
-    /// Leading blocks of `chain` that `instance` holds on its GPU; `None` where that is not
-    /// known exactly (no view of it, or one that missed events): the strategy then infers.
-    fn matched_blocks(&self, instance: &Instance, chain: &[u64]) -> Option<u32>;
-
-    /// Blocks `instance` holds on its GPU, where known exactly (`None` otherwise): how full its
-    /// cache is, the same for every router replica that reads the same engine.
-    fn held_blocks(&self, _instance: &Instance) -> Option<u64> {
-        None
-    }
+    /// What `instance` reports about `chain`, in one look at its view; `None` where that is
+    /// not known exactly (no view of it, or one that missed events): the strategy then infers.
+    fn report(&self, instance: &Instance, chain: &[u64]) -> Option<Report>;
 }
 
 /// A request's token blocks and whom to ask about them.

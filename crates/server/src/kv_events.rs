@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use prefix_router_core::{Instance, Residency, TokenRoute};
+use prefix_router_core::{Instance, Report, Residency, TokenRoute};
 use prefix_router_kv_events::wire::{self, Replayed};
 use prefix_router_kv_events::{
     decode_batch, token_chain, Completeness, EngineView, KvEvent, Sequence, Step,
@@ -229,20 +229,17 @@ impl Tokenized {
 }
 
 impl Residency for KvFeeds {
-    /// From the instance's view, only while it is subscribed and complete.
-    fn matched_blocks(&self, instance: &Instance, chain: &[u64]) -> Option<u32> {
+    /// From the instance's view, only while it is subscribed, complete and not being replayed;
+    /// one lock of its feed.
+    fn report(&self, instance: &Instance, chain: &[u64]) -> Option<Report> {
         let feed = self.feed(instance.id().as_str())?;
         let f = lock(&feed);
-        (f.connected && !f.recovering && f.view.completeness() == Completeness::Exact)
-            .then(|| u32::try_from(f.view.matched(chain)).unwrap_or(u32::MAX))
-    }
-
-    /// Under the same condition, the view's GPU block count.
-    fn held_blocks(&self, instance: &Instance) -> Option<u64> {
-        let feed = self.feed(instance.id().as_str())?;
-        let f = lock(&feed);
-        (f.connected && !f.recovering && f.view.completeness() == Completeness::Exact)
-            .then(|| f.view.gpu_blocks() as u64)
+        (f.connected && !f.recovering && f.view.completeness() == Completeness::Exact).then(|| {
+            Report {
+                matched_blocks: u32::try_from(f.view.matched(chain)).unwrap_or(u32::MAX),
+                held_blocks: Some(f.view.gpu_blocks() as u64),
+            }
+        })
     }
 }
 
@@ -323,6 +320,11 @@ impl KvFeeds {
     /// The feed of `instance`, if subscribed.
     pub fn feed(&self, instance: &str) -> Option<Arc<Mutex<Feed>>> {
         lock(&self.feeds).get(instance).cloned()
+    }
+
+    /// Whether the router is subscribed to `instance`'s events now.
+    pub fn is_connected(&self, instance: &str) -> bool {
+        self.feed(instance).is_some_and(|f| lock(&f).connected)
     }
 
     /// A JSON summary of one instance's view (the admin API's `GET /admin/kv-view`).

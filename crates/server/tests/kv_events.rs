@@ -65,10 +65,7 @@ async fn start_with(
     let deadline = Instant::now() + SETTLE;
     for url in &urls {
         loop {
-            let connected = feeds
-                .feed(url)
-                .is_some_and(|f| f.lock().map(|f| f.connected).unwrap_or(false));
-            if connected {
+            if feeds.is_connected(url) {
                 break;
             }
             assert!(Instant::now() < deadline, "not subscribed to {url}");

@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use prefix_router_core::{Instance, Residency, RouteRng};
+use prefix_router_core::{Instance, Report, Residency, RouteRng};
 use prefix_router_engine_model::CacheChange;
 use rand::{Rng, SeedableRng};
 
@@ -134,15 +134,13 @@ impl SimViews {
 }
 
 impl Residency for SimViews {
-    fn matched_blocks(&self, instance: &Instance, chain: &[u64]) -> Option<u32> {
+    fn report(&self, instance: &Instance, chain: &[u64]) -> Option<Report> {
         let view = self.views.get(*self.by_hash.get(&instance.id_hash())?)?;
         let n = chain.iter().take_while(|h| view.held.contains(h)).count();
-        Some(u32::try_from(n).unwrap_or(u32::MAX))
-    }
-
-    fn held_blocks(&self, instance: &Instance) -> Option<u64> {
-        let view = self.views.get(*self.by_hash.get(&instance.id_hash())?)?;
-        Some(view.held.len() as u64)
+        Some(Report {
+            matched_blocks: u32::try_from(n).unwrap_or(u32::MAX),
+            held_blocks: Some(view.held.len() as u64),
+        })
     }
 }
 
@@ -165,13 +163,16 @@ mod tests {
         let a = v.send(0, vec![CacheChange::Stored(1), CacheChange::Stored(2)]);
         assert_eq!(v.send(0, Vec::new()), None);
         v.deliver(a.unwrap_or(u64::MAX));
-        assert_eq!(v.matched_blocks(&inst, &[1, 2, 3]), Some(2));
+        assert_eq!(
+            v.report(&inst, &[1, 2, 3]).map(|r| r.matched_blocks),
+            Some(2)
+        );
         // Every batch lost from now on, then one gets through.
         v.model.loss = 1.0;
         let b = v.send(0, vec![CacheChange::Evicted(2), CacheChange::Stored(3)]);
         v.deliver(b.unwrap_or(u64::MAX));
         assert_eq!(
-            v.matched_blocks(&inst, &[1, 2]),
+            v.report(&inst, &[1, 2]).map(|r| r.matched_blocks),
             Some(2),
             "stale, still trusted"
         );
@@ -179,11 +180,15 @@ mod tests {
         let c = v.send(0, vec![CacheChange::Stored(2)]);
         v.deliver(c.unwrap_or(u64::MAX));
         assert_eq!(
-            v.matched_blocks(&inst, &[1, 2, 3]),
+            v.report(&inst, &[1, 2, 3]).map(|r| r.matched_blocks),
             Some(3),
             "replayed in order"
         );
         let other = Instance::new(InstanceSpec::from_url("sim://b"));
-        assert_eq!(v.matched_blocks(&other, &[1]), None, "no view: unknown");
+        assert_eq!(
+            v.report(&other, &[1]).map(|r| r.matched_blocks),
+            None,
+            "no view: unknown"
+        );
     }
 }

@@ -2,13 +2,13 @@
 //! scenario in the simulator): 7 instances of the `small` preset (64k-token caches, 8 documents
 //! of 8,000 tokens each), 32 documents, 8 closed-loop clients, 400 requests.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+mod support;
 
-use prefix_router_core::{PrefixLength, Strategy, StrategyConfig, StrategyKind};
-use prefix_router_sim::run::{run_strategy, RunInputs, RunOutcome};
-use prefix_router_sim::{engine_config, routing_keys, Driver, SimConfig};
+use prefix_router_core::{PrefixLength, StrategyConfig, StrategyKind};
+use prefix_router_sim::run::RunOutcome;
+use prefix_router_sim::{Driver, SimConfig};
 use prefix_router_workload::{generators, Arrival, Request, WorkloadKind, WorkloadSpec};
+use std::collections::BTreeMap;
 
 fn workload(seed: u64) -> Vec<Request> {
     let mut spec = WorkloadSpec::default_for(WorkloadKind::LongContext);
@@ -35,17 +35,7 @@ fn run(requests: &[Request], strategy: &str, seed: u64) -> RunOutcome {
         hit_rate_buckets: 1,
         kv_events: Default::default(),
     };
-    let engine = engine_config("small").expect("preset");
-    let keys = routing_keys(requests, &config).expect("keys");
-    let s: Arc<dyn Strategy> = config.strategies[0].build().expect("builds");
-    let inputs = RunInputs {
-        requests,
-        keys: &keys,
-        engine: &engine,
-        config: &config,
-        chains: None,
-    };
-    run_strategy(inputs, &s, &mut |_| {}).expect("runs")
+    support::run_first(requests, &config)
 }
 
 /// Documents whose requests mostly went to each instance.

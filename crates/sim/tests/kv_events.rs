@@ -3,11 +3,11 @@
 //! often: 7 instances of the `small` preset (65,536-token caches), 65 documents of 8,000 tokens
 //! (each cache holds about an eighth of them), 16 closed-loop clients, 1,800 requests.
 
-use std::sync::Arc;
+mod support;
 
-use prefix_router_core::{PrefixLength, Strategy, StrategyConfig, StrategyKind};
-use prefix_router_sim::run::{run_strategy, RunInputs, RunOutcome};
-use prefix_router_sim::{engine_config, routing_keys, Driver, KvEventModel, SimConfig};
+use prefix_router_core::{PrefixLength, StrategyConfig, StrategyKind};
+use prefix_router_sim::run::RunOutcome;
+use prefix_router_sim::{Driver, KvEventModel, SimConfig};
 use prefix_router_workload::{generators, Arrival, Request, WorkloadKind, WorkloadSpec};
 
 fn workload() -> Vec<Request> {
@@ -34,17 +34,7 @@ fn run(requests: &[Request], strategy: &str, kv_events: KvEventModel) -> RunOutc
         hit_rate_buckets: 1,
         kv_events,
     };
-    let engine = engine_config("small").expect("preset");
-    let keys = routing_keys(requests, &config).expect("keys");
-    let s: Arc<dyn Strategy> = config.strategies[0].build().expect("builds");
-    let inputs = RunInputs {
-        requests,
-        keys: &keys,
-        engine: &engine,
-        config: &config,
-        chains: None,
-    };
-    run_strategy(inputs, &s, &mut |_| {}).expect("runs")
+    support::run_first(requests, &config)
 }
 
 fn hit_rate(requests: &[Request], out: &RunOutcome) -> f64 {

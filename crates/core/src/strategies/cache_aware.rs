@@ -334,20 +334,20 @@ impl Strategy for CacheAware {
         for (index, inst) in fleet.eligible(req.model) {
             let slot = st.slot_of.get(&inst.id_hash()).map(|&s| usize::from(s));
             // What the engine reports holding, where it does (kv-aware), else the index's guess.
-            let reported = req.tokens.and_then(|t| {
+            let report = req.tokens.and_then(|t| {
                 t.residency
-                    .matched_blocks(inst, t.chain)
-                    .map(|b| t.units(b, req.prompt_units))
+                    .report(inst, t.chain)
+                    .map(|r| (t.units(r.matched_blocks, req.prompt_units), r.held_blocks))
             });
-            let (matched_blocks, matched_units) = match reported {
-                Some(units) => (units / block.max(1), units),
+            let held = report.and_then(|(_, h)| h);
+            all_held &= held.is_some();
+            let (matched_blocks, matched_units) = match report {
+                Some((units, _)) => (units / block.max(1), units),
                 None => {
                     let b = slot.map_or(0, |s| st.matched[s]);
                     (b, b.saturating_mul(block).min(req.prompt_units))
                 }
             };
-            let held = req.tokens.and_then(|t| t.residency.held_blocks(inst));
-            all_held &= held.is_some();
             let load = slot.map_or(&idle, |s| &st.loads[s]);
             let uncached = f64::from(req.prompt_units - matched_units);
             let cost = load.cost(&st.pool, instances);

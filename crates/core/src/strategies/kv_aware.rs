@@ -83,10 +83,11 @@ mod tests {
     struct Reports(HashMap<String, u32>);
 
     impl Residency for Reports {
-        fn matched_blocks(&self, instance: &Instance, chain: &[u64]) -> Option<u32> {
-            self.0
-                .get(&instance.spec().url)
-                .map(|&b| b.min(chain.len() as u32))
+        fn report(&self, instance: &Instance, chain: &[u64]) -> Option<crate::Report> {
+            self.0.get(&instance.spec().url).map(|&b| crate::Report {
+                matched_blocks: b.min(chain.len() as u32),
+                held_blocks: None,
+            })
         }
     }
 
