@@ -278,5 +278,6 @@ fn sim_config(
         scale: Vec::new(),
         hit_rate_buckets: 1,
         kv_events: Default::default(),
+        routers: Default::default(),
     })
 }

@@ -122,6 +122,29 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "F", default_value_t = 0.0, value_parser = parse_share)]
     pub kv_event_loss: f64,
 
+    /// Router replicas in front of the fleet, each with its own learned state; requests are
+    /// dealt among them round-robin, so each sees a share of every prefix.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub replicas: u32,
+
+    /// The replicas scrape every engine's queue (running and waiting requests) and count what
+    /// the others sent there, as `serve` does with `[engine_metrics] route_on_queues`.
+    #[arg(long)]
+    pub engine_queues: bool,
+
+    /// With --engine-queues: milliseconds between scrapes.
+    #[arg(long, value_name = "MS", default_value_t = 1000.0, value_parser = parse_delay_ms, requires = "engine_queues")]
+    pub scrape_interval_ms: f64,
+
+    /// With --engine-queues: milliseconds from a scrape's send to the replicas reading it.
+    #[arg(long, value_name = "MS", default_value_t = 5.0, value_parser = parse_delay_ms, requires = "engine_queues")]
+    pub scrape_delay_ms: f64,
+
+    /// With --engine-queues: milliseconds a reading is trusted from its send; past it the
+    /// engine's queue is unknown (never zero). At least the scrape interval.
+    #[arg(long, value_name = "MS", default_value_t = 3000.0, value_parser = parse_delay_ms, requires = "engine_queues")]
+    pub scrape_stale_ms: f64,
+
     /// Number of requests (generators: how many to make; traces: the first N lines).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub requests: Option<u64>,

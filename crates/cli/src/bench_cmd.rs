@@ -315,6 +315,7 @@ pub fn strategy_result(outcome: &BenchOutcome, label: &str) -> StrategyResult {
         ttft_percentiles_ms: outcome.ttft_percentiles_ms(),
         hit_rate_over_time: hit_rate_series(samples.into_iter(), horizon, HIT_RATE_BUCKETS),
         strategy_stats: None,
+        affinity: None,
     }
 }
 
@@ -411,6 +412,7 @@ fn sim_report(report: &BenchReport) -> Result<Report> {
             seed: 0,
             scale_events: Vec::new(),
             strategies: Vec::new(),
+            routers: Default::default(),
         },
         oracle_hit_rate: report.oracle_hit_rate,
         results: report.results.iter().map(|r| r.result.clone()).collect(),

@@ -28,8 +28,8 @@ use prefix_router_mock_engine::{KvEventsConfig, MockEngine, MockEngineConfig};
 use prefix_router_server::settings::KvEventsEndpoint;
 use prefix_router_server::{prom, upstream, Router, Settings};
 use prefix_router_sim::{
-    engine_config, plot, simulate, table, Driver, FleetSummary, Report, SimConfig, SimWorkload,
-    StrategyResult, WorkloadSource,
+    engine_config, plot, simulate, table, Driver, FleetSummary, Report, RouterModel, ScrapeModel,
+    SimConfig, SimWorkload, StrategyResult, WorkloadSource,
 };
 use prefix_router_workload::{Arrival, Request};
 
@@ -312,6 +312,15 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
         scale: Vec::new(),
         hit_rate_buckets: HIT_RATE_BUCKETS,
         kv_events: Default::default(),
+        // The same replicas, scraping as often in engine time as the routers do in wall time.
+        routers: RouterModel {
+            replicas: args.replicas,
+            scrape: args.engine_queues.then(|| ScrapeModel {
+                interval_s: QUEUE_SCRAPE.as_secs_f64() / args.time_scale,
+                delay_s: ScrapeModel::default().delay_s,
+                stale_after_s: QUEUE_STALE.as_secs_f64() / args.time_scale,
+            }),
+        },
     };
     // The simulator's view of the same runs: cheap, and the yardstick the demo should meet.
     let simulated = simulate(&workload, &sim_config, &mut |_| {}).context("simulate")?;
@@ -368,6 +377,7 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
             seed: args.seed,
             scale_events: Vec::new(),
             strategies: simulated.fleet.strategies.clone(),
+            routers: simulated.fleet.routers,
         },
         oracle_hit_rate: simulated.oracle_hit_rate,
         results: runs.iter().map(|r| r.result.clone()).collect(),

@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use prefix_router_core::{ConcurrencyThreshold, PrefixLength, StrategyConfig};
 use prefix_router_sim::sweep::{self, load_sweep};
 use prefix_router_sim::{
-    plot, simulate, table, Driver, KvEventModel, SimConfig, SimWorkload, WorkloadSource,
+    plot, simulate, table, Driver, KvEventModel, RouterModel, ScrapeModel, SimConfig, SimWorkload,
+    WorkloadSource,
 };
 use prefix_router_workload::{trace, Arrival, Request};
 
@@ -146,6 +147,14 @@ fn sim_config(args: &SimulateArgs, workload: &SimWorkload) -> Result<SimConfig> 
         kv_events: KvEventModel {
             delay_s: args.kv_event_delay_ms / 1e3,
             loss: args.kv_event_loss,
+        },
+        routers: RouterModel {
+            replicas: args.replicas,
+            scrape: args.engine_queues.then(|| ScrapeModel {
+                interval_s: args.scrape_interval_ms / 1e3,
+                delay_s: args.scrape_delay_ms / 1e3,
+                stale_after_s: args.scrape_stale_ms / 1e3,
+            }),
         },
     })
 }

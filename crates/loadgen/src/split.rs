@@ -8,7 +8,6 @@
 //! position in the original list, each time counted from its own run's start (the starts are
 //! within a scheduling tick of each other).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use prefix_router_workload::Request;
@@ -112,51 +111,20 @@ fn merge(configs: &[BenchConfig], outcomes: Vec<BenchOutcome>) -> BenchOutcome {
     merged
 }
 
-/// How well requests that share a prefix stayed together.
-#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
-pub struct Affinity {
-    /// Completed requests with a shared prefix.
-    pub requests: u64,
-    /// Distinct shared prefixes among them.
-    pub prefixes: u64,
-    /// Share of those requests that went to their prefix's most-used instance.
-    pub on_home: f64,
-    /// The busiest instance's completed requests over the mean per instance.
-    pub max_share_over_mean: f64,
-}
+pub use prefix_router_workload::Affinity;
 
 /// The affinity of `outcome`, whose records index `requests` (the list it ran), among
-/// `instances` instances.
+/// `instances` instances: every completed request with the instance that served it.
 pub fn affinity(outcome: &BenchOutcome, requests: &[Request], instances: usize) -> Affinity {
-    let mut per: HashMap<u64, HashMap<&str, u64>> = HashMap::new();
-    let mut load: HashMap<&str, u64> = HashMap::new();
-    let mut completed = 0u64;
-    for r in outcome.records.iter().filter(|r| r.is_ok()) {
-        let Some(inst) = r.instance.as_deref() else {
-            continue;
-        };
-        completed += 1;
-        *load.entry(inst).or_default() += 1;
-        if let Some(p) = requests.get(r.index).and_then(Request::shared_prefix) {
-            *per.entry(p).or_default().entry(inst).or_default() += 1;
-        }
-    }
-    let with_prefix: u64 = per.values().flat_map(|m| m.values()).sum();
-    let home: u64 = per.values().filter_map(|m| m.values().max()).sum();
-    let mean = completed as f64 / instances.max(1) as f64;
-    Affinity {
-        requests: with_prefix,
-        prefixes: per.len() as u64,
-        on_home: if with_prefix == 0 {
-            0.0
-        } else {
-            home as f64 / with_prefix as f64
-        },
-        max_share_over_mean: load
-            .values()
-            .max()
-            .map_or(0.0, |&m| m as f64 / mean.max(1e-9)),
-    }
+    let served = outcome
+        .records
+        .iter()
+        .filter(|r| r.is_ok())
+        .filter_map(|r| {
+            let inst = r.instance.as_deref()?;
+            Some((requests.get(r.index)?, inst))
+        });
+    Affinity::of(served, instances)
 }
 
 #[cfg(test)]

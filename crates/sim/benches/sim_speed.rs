@@ -35,6 +35,7 @@ fn config(kind: StrategyKind) -> SimConfig {
         scale: Vec::new(),
         hit_rate_buckets: 50,
         kv_events: Default::default(),
+        routers: Default::default(),
     }
 }
 

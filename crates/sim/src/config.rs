@@ -40,6 +40,8 @@ pub struct SimConfig {
     pub hit_rate_buckets: usize,
     /// How the engines' KV events reach strategies that read them (`kv-aware`).
     pub kv_events: crate::KvEventModel,
+    /// The router replicas in front of the fleet, and whether they scrape the engines' queues.
+    pub routers: crate::RouterModel,
 }
 
 impl SimConfig {
@@ -79,6 +81,7 @@ impl SimConfig {
                 why: format!("must be a share within [0, 1), got {}", k.loss),
             });
         }
+        self.routers.validate()?;
         let mut healthy = i64::from(self.instances);
         for (at, delta) in self
             .scale_order()

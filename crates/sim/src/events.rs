@@ -139,6 +139,8 @@ impl Residency for SimViews {
         let n = chain.iter().take_while(|h| view.held.contains(h)).count();
         Some(Report {
             matched_blocks: u32::try_from(n).unwrap_or(u32::MAX),
+            // The engine model keeps no offloaded tier.
+            offloaded_blocks: 0,
             held_blocks: Some(view.held.len() as u64),
         })
     }

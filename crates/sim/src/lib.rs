@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod plot;
 pub mod queue;
 pub mod report;
+pub mod routers;
 pub mod run;
 pub mod simulate;
 pub mod stats;
@@ -30,6 +31,7 @@ pub use error::SimError;
 pub use events::KvEventModel;
 pub use input::{SimWorkload, WorkloadSource};
 pub use report::{FleetSummary, Report, StrategyResult, StrategySettings, WorkloadSummary};
+pub use routers::{RouterModel, ScrapeModel};
 pub use simulate::{engine_config, routing_keys, simulate, simulate_keyed, Prepared, Progress};
 pub use stats::{HitRateBucket, LatencySummary};
 

@@ -23,13 +23,14 @@ pub enum Life {
     Removed,
 }
 
-/// One simulated instance: its engine and the router's view of it.
+/// One simulated instance: its engine and each router replica's view of it.
 #[derive(Debug)]
 pub struct SimInstance {
     /// The engine model.
     pub engine: Engine,
-    /// The router's instance (in-flight count, state); shared with the fleet's snapshots.
-    pub view: Arc<Instance>,
+    /// Each replica's instance (its own in-flight count, state and scraped report); shared
+    /// with that replica's fleet snapshots.
+    pub views: Vec<Arc<Instance>>,
     /// Where it is in its life.
     pub life: Life,
     /// Requests dispatched to it.
@@ -55,12 +56,20 @@ fn spec(index: usize) -> InstanceSpec {
     }
 }
 
-/// Every instance ever created plus the router's fleet built from the live ones.
+impl SimInstance {
+    /// Requests in flight on it, from every replica.
+    pub fn in_flight(&self) -> u32 {
+        self.views.iter().map(|v| v.in_flight()).sum()
+    }
+}
+
+/// Every instance ever created plus each router replica's fleet built from the live ones (the
+/// same members in the same order for every replica).
 #[derive(Debug)]
 pub struct SimFleet {
     engine_config: EngineConfig,
-    fleet: Fleet,
-    snapshot: Arc<FleetSnapshot>,
+    fleets: Vec<Fleet>,
+    snapshots: Vec<Arc<FleetSnapshot>>,
     /// Snapshot position -> instance index.
     snapshot_to_instance: Vec<usize>,
     /// Every instance ever created, by index.
@@ -70,13 +79,15 @@ pub struct SimFleet {
 }
 
 impl SimFleet {
-    /// `n` serving instances with empty caches.
-    pub fn new(engine_config: EngineConfig, n: usize) -> Self {
-        let fleet = Fleet::new((0..n).map(spec).collect());
+    /// `n` serving instances with empty caches, seen by `replicas` (≥ 1) router replicas.
+    pub fn new(engine_config: EngineConfig, n: usize, replicas: usize) -> Self {
+        let fleets: Vec<Fleet> = (0..replicas.max(1))
+            .map(|_| Fleet::new((0..n).map(spec).collect()))
+            .collect();
         let mut me = Self {
             engine_config,
-            snapshot: fleet.snapshot(),
-            fleet,
+            snapshots: Vec::new(),
+            fleets,
             snapshot_to_instance: Vec::new(),
             instances: Vec::with_capacity(n),
             changes: Vec::new(),
@@ -85,9 +96,14 @@ impl SimFleet {
         me
     }
 
-    /// The snapshot strategies route with (refreshed on every membership change).
-    pub fn snapshot(&self) -> &FleetSnapshot {
-        &self.snapshot
+    /// The snapshot replica `replica` routes with (refreshed on every membership change).
+    pub fn snapshot(&self, replica: usize) -> &FleetSnapshot {
+        &self.snapshots[replica]
+    }
+
+    /// Router replicas.
+    pub fn replicas(&self) -> usize {
+        self.fleets.len()
     }
 
     /// Instance index of a snapshot position.
@@ -105,8 +121,7 @@ impl SimFleet {
         specs.extend((first..first + k).map(spec));
         self.changes
             .extend((first..first + k).map(|i| (i, MembershipChange::Added)));
-        self.fleet.set_members(specs);
-        self.refresh();
+        self.set_members(&specs);
     }
 
     /// Starts draining the `k` most recently created serving instances (as a scale-down of an
@@ -119,7 +134,9 @@ impl SimFleet {
             }
             if inst.life == Life::Serving {
                 inst.life = Life::Draining;
-                inst.view.set_state(InstanceState::Draining);
+                inst.views
+                    .iter()
+                    .for_each(|v| v.set_state(InstanceState::Draining));
                 self.changes.push((i, MembershipChange::Draining));
                 left -= 1;
             }
@@ -131,15 +148,14 @@ impl SimFleet {
     pub fn remove_drained(&mut self) -> bool {
         let mut changed = false;
         for (i, inst) in self.instances.iter_mut().enumerate() {
-            if inst.life == Life::Draining && inst.view.in_flight() == 0 {
+            if inst.life == Life::Draining && inst.in_flight() == 0 {
                 inst.life = Life::Removed;
                 self.changes.push((i, MembershipChange::Removed));
                 changed = true;
             }
         }
         if changed {
-            self.fleet.set_members(self.member_specs());
-            self.refresh();
+            self.set_members(&self.member_specs());
         }
         changed
     }
@@ -152,20 +168,33 @@ impl SimFleet {
             .collect()
     }
 
-    /// Re-reads the snapshot after a membership change, creating engines for new members.
+    /// Every replica's member list becomes `specs`.
+    fn set_members(&mut self, specs: &[InstanceSpec]) {
+        for f in &self.fleets {
+            f.set_members(specs.to_vec());
+        }
+        self.refresh();
+    }
+
+    /// Re-reads the snapshots after a membership change, creating engines for new members.
     fn refresh(&mut self) {
-        self.snapshot = self.fleet.snapshot();
+        self.snapshots = self.fleets.iter().map(Fleet::snapshot).collect();
         self.snapshot_to_instance.clear();
-        for view in self.snapshot.instances() {
-            let index = match parse_index(&view.id().0) {
+        for position in 0..self.snapshots[0].len() {
+            let views: Vec<Arc<Instance>> = self
+                .snapshots
+                .iter()
+                .map(|s| Arc::clone(&s.instances()[position]))
+                .collect();
+            let index = match parse_index(&views[0].id().0) {
                 Some(i) if i < self.instances.len() => {
-                    self.instances[i].view = Arc::clone(view);
+                    self.instances[i].views = views;
                     i
                 }
                 Some(i) if i == self.instances.len() => {
                     self.instances.push(SimInstance {
                         engine: Engine::new(self.engine_config.clone()),
-                        view: Arc::clone(view),
+                        views,
                         life: Life::Serving,
                         dispatched: 0,
                         scheduled: None,

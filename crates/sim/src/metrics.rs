@@ -1,6 +1,6 @@
 //! From a run's raw records to the numbers a report shows.
 
-use prefix_router_workload::Request;
+use prefix_router_workload::{Affinity, Request};
 
 use crate::members::instance_id;
 use crate::report::StrategyResult;
@@ -68,7 +68,14 @@ pub fn summarize(
         buckets,
     );
 
+    let served = records
+        .iter()
+        .zip(requests)
+        .filter(|(r, _)| r.instance != u32::MAX)
+        .map(|(r, q)| (q, r.instance));
+    let affinity = Some(Affinity::of(served, outcome.dispatched.len()));
     StrategyResult {
+        affinity,
         strategy: strategy.to_string(),
         requests: n as u64,
         ttft_ms: LatencySummary::from_sorted(&ttft),

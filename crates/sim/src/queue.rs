@@ -28,6 +28,13 @@ pub enum Event {
         /// The batch's number.
         batch: u64,
     },
+    /// The router replicas scrape every engine's queue (see [`crate::routers`]).
+    Scrape,
+    /// A scrape's readings reach the replicas.
+    ScrapeArrives {
+        /// The scrape's number.
+        scrape: u64,
+    },
     /// A request reaches the router.
     Arrival {
         /// Position of the request in the workload.
@@ -41,7 +48,7 @@ impl Event {
         match self {
             Event::EngineStep { .. } => 0,
             Event::Scale { .. } => 1,
-            Event::KvEvents { .. } => 2,
+            Event::KvEvents { .. } | Event::Scrape | Event::ScrapeArrives { .. } => 2,
             Event::Arrival { .. } => 3,
         }
     }

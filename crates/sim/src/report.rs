@@ -62,6 +62,8 @@ pub struct FleetSummary {
     pub scale_events: Vec<ScaleEvent>,
     /// Settings of each strategy, in run order.
     pub strategies: Vec<StrategySettings>,
+    /// The router replicas and what they scrape.
+    pub routers: crate::RouterModel,
 }
 
 /// A strategy's settings as the report records them.
@@ -121,4 +123,8 @@ pub struct StrategyResult {
     /// index size and bytes against its budget, predicted and engine-reported cached tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy_stats: Option<prefix_router_core::StrategyStats>,
+    /// How well each shared prefix's requests stayed on one instance, where the requests
+    /// are known (the simulator; the demo prints its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<prefix_router_workload::Affinity>,
 }

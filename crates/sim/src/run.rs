@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use prefix_router_core::extract::chat_route;
 use prefix_router_core::{
-    dispatch, Chain, ChainSpec, End, ExtractError, InstanceId, KeyHash, KeyOptions, PrefixLength,
-    RequestInfo, RouteRequest, RouteRng, Strategy, Ticket, TokenRoute, Usage,
+    dispatch, Chain, ChainSpec, End, EngineQueue, ExtractError, InstanceId, KeyHash, KeyOptions,
+    PrefixLength, RequestInfo, RouteRequest, RouteRng, Strategy, Ticket, TokenRoute, Usage,
 };
 use prefix_router_engine_model::{EngineConfig, EngineEvent, EngineRequest};
 use prefix_router_workload::Request;
@@ -16,6 +16,7 @@ use rand::SeedableRng;
 use crate::events::SimViews;
 use crate::members::{instance_id, Life, SimFleet};
 use crate::queue::{Event, EventQueue};
+use crate::routers::Scrapes;
 use crate::{Driver, SimConfig, SimError};
 
 /// How often (in finished requests) the progress callback is called.
@@ -53,11 +54,12 @@ pub struct RunOutcome {
     pub records: Vec<RequestRecord>,
     /// Requests dispatched to each instance ever created.
     pub dispatched: Vec<u64>,
-    /// Decisions by reason label.
+    /// Decisions by reason label (every replica's).
     pub decisions: BTreeMap<String, u64>,
     /// Decisions that overflowed.
     pub overflows: u64,
-    /// What the strategy reports of its learned state at the end (index size, predictions).
+    /// What the strategy reports of its learned state at the end (index size, predictions):
+    /// the first replica's.
     pub strategy_stats: Option<prefix_router_core::StrategyStats>,
 }
 
@@ -120,14 +122,18 @@ fn chained_route(
 
 struct Loop<'a> {
     inputs: RunInputs<'a>,
-    strategy: &'a Arc<dyn Strategy>,
+    /// One strategy per router replica; request `i` goes to replica `i mod n`.
+    replicas: &'a [Arc<dyn Strategy>],
+    /// Each replica's random stream.
+    rngs: Vec<RouteRng>,
+    /// Engine-queue readings on their way to the replicas.
+    scrapes: Scrapes,
     /// Each request's ticket while it is in flight.
     tickets: Vec<Option<Ticket>>,
     /// Reused chain of the request being routed.
     chain: Chain,
     fleet: SimFleet,
     queue: EventQueue,
-    rng: RouteRng,
     records: Vec<RequestRecord>,
     decisions: BTreeMap<&'static str, u64>,
     overflows: u64,
@@ -151,23 +157,48 @@ pub fn route_info(req: &Request, opts: &KeyOptions) -> Result<RequestInfo, Extra
     chat_route(req.chat_body(false, Some(reads)).as_bytes(), opts)
 }
 
-/// Replays the workload through `strategy` on a fresh fleet; `progress(finished)` is called every
-/// [`PROGRESS_EVERY`] finished requests.
+/// Replays the workload through `strategy` on a fresh fleet behind one router; `progress(finished)`
+/// is called every [`PROGRESS_EVERY`] finished requests.
 pub fn run_strategy(
     inputs: RunInputs<'_>,
     strategy: &Arc<dyn Strategy>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<RunOutcome, SimError> {
+    run_replicas(inputs, std::slice::from_ref(strategy), progress)
+}
+
+/// Replays the workload on a fresh fleet behind one router replica per strategy in `replicas`
+/// (each built alike, each learning on its own: see [`crate::routers`]); `progress(finished)`
+/// is called every [`PROGRESS_EVERY`] finished requests.
+pub fn run_replicas(
+    inputs: RunInputs<'_>,
+    replicas: &[Arc<dyn Strategy>],
+    progress: &mut dyn FnMut(u64),
+) -> Result<RunOutcome, SimError> {
     let config = inputs.config;
     let n = inputs.requests.len();
+    let Some(strategy) = replicas.first() else {
+        return Err(SimError::InvalidConfig {
+            field: "replicas",
+            why: "at least one router replica is needed".into(),
+        });
+    };
     let mut lp = Loop {
         inputs,
-        strategy,
+        replicas,
+        // Replica 0 draws what a lone router would, so one replica runs as before.
+        rngs: (0..replicas.len() as u64)
+            .map(|r| RouteRng::seed_from_u64(config.seed ^ r.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+            .collect(),
+        scrapes: Scrapes::default(),
         tickets: (0..n).map(|_| None).collect(),
         chain: Chain::default(),
-        fleet: SimFleet::new(inputs.engine.clone(), config.instances as usize),
+        fleet: SimFleet::new(
+            inputs.engine.clone(),
+            config.instances as usize,
+            replicas.len(),
+        ),
         queue: EventQueue::new(),
-        rng: RouteRng::seed_from_u64(config.seed),
         records: vec![RequestRecord::PENDING; n],
         decisions: BTreeMap::new(),
         overflows: 0,
@@ -180,6 +211,9 @@ pub fn run_strategy(
         tracked: 0,
     };
     lp.track_new();
+    if config.routers.scrape.is_some() {
+        lp.queue.push(0.0, Event::Scrape);
+    }
     for index in config.scale_order() {
         lp.queue
             .push(config.scale[index].at_s, Event::Scale { index });
@@ -213,6 +247,8 @@ pub fn run_strategy(
                     v.deliver(batch);
                 }
             }
+            Event::Scrape => lp.scrape(now),
+            Event::ScrapeArrives { scrape } => lp.scrape_arrives(scrape),
         }
     }
 
@@ -255,7 +291,7 @@ impl Loop<'_> {
         }
         let req = &inputs.requests[request];
         let mut key = inputs.keys[request];
-        if let Some(spec) = self.strategy.chain_spec() {
+        if let Some(spec) = self.replicas[0].chain_spec() {
             let prepared = inputs
                 .chains
                 .filter(|c| c.spec == spec)
@@ -285,12 +321,19 @@ impl Loop<'_> {
                 residency: v,
             }),
         };
-        let routed = dispatch(self.strategy, &route, self.fleet.snapshot(), &mut self.rng)
-            .map_err(|source| SimError::Route {
-                strategy: self.strategy.name().to_string(),
-                request,
-                source,
-            })?;
+        let replica = request % self.replicas.len();
+        let strategy = &self.replicas[replica];
+        let routed = dispatch(
+            strategy,
+            &route,
+            self.fleet.snapshot(replica),
+            &mut self.rngs[replica],
+        )
+        .map_err(|source| SimError::Route {
+            strategy: strategy.name().to_string(),
+            request,
+            source,
+        })?;
         let instance =
             self.fleet
                 .instance_at(routed.index)
@@ -298,7 +341,7 @@ impl Loop<'_> {
                     field: "strategies",
                     why: format!(
                         "strategy '{}' chose position {} outside the fleet",
-                        self.strategy.name(),
+                        strategy.name(),
                         routed.index
                     ),
                 })?;
@@ -384,8 +427,7 @@ impl Loop<'_> {
                     if let Some(t) = self.tickets.get_mut(id as usize).and_then(Option::take) {
                         t.finish(End::Finished { usage: Some(usage) }, at);
                     }
-                    let view = &self.fleet.instances[instance].view;
-                    drained |= view.in_flight() == 0
+                    drained |= self.fleet.instances[instance].in_flight() == 0
                         && self.fleet.instances[instance].life == Life::Draining;
                     self.finished += 1;
                     if self.finished % PROGRESS_EVERY == 0 {
@@ -439,7 +481,7 @@ impl Loop<'_> {
             .skip(self.tracked)
         {
             inst.engine.cache_mut().record_changes();
-            views.track(i, &inst.view);
+            views.track(i, &inst.views[0]);
         }
         self.tracked = self.fleet.instances.len();
     }
@@ -448,7 +490,51 @@ impl Loop<'_> {
     fn tell_membership(&mut self, now: f64) {
         for (index, change) in self.fleet.changes.drain(..) {
             let id = InstanceId(Arc::from(instance_id(index).as_str()));
-            self.strategy.membership(&id, change, now);
+            for s in self.replicas {
+                s.membership(&id, change, now);
+            }
+        }
+    }
+
+    /// Reads every live engine's queue and sends the readings on their way; the next scrape
+    /// follows while requests remain.
+    fn scrape(&mut self, now: f64) {
+        let Some(model) = self.inputs.config.routers.scrape else {
+            return;
+        };
+        let readings = self
+            .fleet
+            .instances
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| i.life != Life::Removed)
+            .map(|(k, i)| (k, i.engine.running() as u32, i.engine.waiting() as u32))
+            .collect();
+        let n = self.scrapes.send(now, readings);
+        self.queue
+            .push(now + model.delay_s, Event::ScrapeArrives { scrape: n });
+        if self.finished < self.inputs.requests.len() as u64 {
+            self.queue.push(now + model.interval_s, Event::Scrape);
+        }
+    }
+
+    /// A scrape's readings reach the replicas: each stores what the engine holds beyond its
+    /// own requests in flight there now, trusted until the reading goes stale.
+    fn scrape_arrives(&mut self, scrape: u64) {
+        let (Some(model), Some((sent_at, readings))) =
+            (self.inputs.config.routers.scrape, self.scrapes.take(scrape))
+        else {
+            return;
+        };
+        for (k, running, waiting) in readings {
+            let Some(inst) = self.fleet.instances.get(k) else {
+                continue;
+            };
+            for view in &inst.views {
+                let others =
+                    EngineQueue::others(f64::from(running), f64::from(waiting), view.in_flight());
+                view.report_others(others, sent_at + model.stale_after_s);
+            }
         }
     }
 

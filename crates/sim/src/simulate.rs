@@ -7,7 +7,7 @@ use prefix_router_workload::Request;
 
 use crate::metrics::summarize;
 use crate::report::{FleetSummary, Report, StrategySettings, WorkloadSummary};
-use crate::run::{run_strategy, Chains, RunInputs};
+use crate::run::{run_replicas, Chains, RunInputs};
 use crate::{SimConfig, SimError, SimWorkload};
 
 /// Where a simulation is, for progress bars.
@@ -154,11 +154,16 @@ pub fn simulate_keyed(
             ),
         });
     }
+    // One strategy per router replica, each built alike and learning on its own.
     let strategies = config
         .strategies
         .iter()
-        .map(|s| s.build())
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|s| {
+            (0..config.routers.replicas.max(1))
+                .map(|_| s.build())
+                .collect()
+        })
+        .collect::<Result<Vec<Vec<_>>, _>>()?;
     let inputs = RunInputs {
         requests,
         keys,
@@ -169,8 +174,8 @@ pub fn simulate_keyed(
 
     let total = requests.len() as u64;
     let mut results = Vec::with_capacity(strategies.len());
-    for (index, strategy) in strategies.iter().enumerate() {
-        let name = strategy.name();
+    for (index, replicas) in strategies.iter().enumerate() {
+        let name = replicas.first().map_or("", |s| s.name());
         let mut report = |finished: u64| {
             progress(Progress {
                 strategy: name,
@@ -181,7 +186,7 @@ pub fn simulate_keyed(
             })
         };
         report(0);
-        let outcome = run_strategy(inputs, strategy, &mut report)?;
+        let outcome = run_replicas(inputs, replicas, &mut report)?;
         results.push(summarize(name, requests, &outcome, config.hit_rate_buckets));
     }
 
@@ -195,6 +200,7 @@ pub fn simulate_keyed(
             seed: config.seed,
             scale_events: config.scale.clone(),
             strategies: config.strategies.iter().map(settings).collect(),
+            routers: config.routers,
         },
         oracle_hit_rate: prepared.oracle_hit_rate.unwrap_or_else(|| {
             prefix_router_workload::trace::oracle_hit_rate(requests, engine.block_tokens)

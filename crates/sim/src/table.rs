@@ -38,6 +38,22 @@ pub fn render(report: &Report) -> String {
         "Fleet:    {} x {} (KV cache {} blocks of {} tokens each), routing key = first {} characters, router seed {}{scale}",
         f.instances, f.preset, f.engine.kv_capacity_blocks, f.engine.block_tokens, f.prefix_length, f.seed
     );
+    if f.routers.replicas > 1 {
+        let scrape = match f.routers.scrape {
+            Some(s) => format!(
+                "each scrapes the engines' queues every {} ms (read {} ms later, trusted {} ms)",
+                s.interval_s * 1e3,
+                s.delay_s * 1e3,
+                s.stale_after_s * 1e3
+            ),
+            None => "the engines' queues not scraped".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "Routers:  {} replicas, requests dealt round-robin, each learning on its own; {scrape}",
+            f.routers.replicas
+        );
+    }
     out.push('\n');
 
     let header = [
@@ -65,6 +81,16 @@ pub fn render(report: &Report) -> String {
         let _ = writeln!(out, "{line}");
     }
     for r in &report.results {
+        // Where replicas each place alone, how far they agreed.
+        if let (Some(a), true) = (r.affinity, f.routers.replicas > 1) {
+            let _ = writeln!(
+                out,
+                "{} placement: {} of each shared prefix's requests on its home instance; busiest instance {:.2}x the mean",
+                r.strategy,
+                pct(a.on_home),
+                a.max_share_over_mean
+            );
+        }
         if let Some(line) = r
             .strategy_stats
             .as_ref()

@@ -63,5 +63,6 @@ pub fn config(instances: u32, strategies: &[StrategyKind]) -> SimConfig {
         scale: Vec::new(),
         hit_rate_buckets: 10,
         kv_events: Default::default(),
+        routers: Default::default(),
     }
 }

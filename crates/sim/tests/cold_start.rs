@@ -34,6 +34,7 @@ fn run(requests: &[Request], strategy: &str, seed: u64) -> RunOutcome {
         scale: Vec::new(),
         hit_rate_buckets: 1,
         kv_events: Default::default(),
+        routers: Default::default(),
     };
     support::run_first(requests, &config)
 }

@@ -33,6 +33,7 @@ fn run(requests: &[Request], strategy: &str, kv_events: KvEventModel) -> RunOutc
         scale: Vec::new(),
         hit_rate_buckets: 1,
         kv_events,
+        routers: Default::default(),
     };
     support::run_first(requests, &config)
 }

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod affinity;
 pub mod generators;
 pub mod ids;
 pub mod request;
@@ -12,6 +13,7 @@ pub mod sharegpt;
 pub mod text;
 pub mod trace;
 
+pub use affinity::Affinity;
 pub use generators::{
     generate, Arrival, Generator, SpecError, TokenDist, TokenRange, UnknownWorkload, WorkloadKind,
     WorkloadParams, WorkloadSpec,

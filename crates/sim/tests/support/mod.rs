@@ -3,15 +3,18 @@
 use std::sync::Arc;
 
 use prefix_router_core::Strategy;
-use prefix_router_sim::run::{run_strategy, RunInputs, RunOutcome};
+use prefix_router_sim::run::{run_replicas, RunInputs, RunOutcome};
 use prefix_router_sim::{engine_config, routing_keys, SimConfig};
 use prefix_router_workload::Request;
 
-/// Runs `requests` through the first strategy of `config` on a fresh fleet.
+/// Runs `requests` through the first strategy of `config` on a fresh fleet, behind
+/// `config.routers.replicas` router replicas.
 pub fn run_first(requests: &[Request], config: &SimConfig) -> RunOutcome {
     let engine = engine_config(&config.preset).expect("preset");
     let keys = routing_keys(requests, config).expect("keys");
-    let s: Arc<dyn Strategy> = config.strategies[0].build().expect("builds");
+    let s: Vec<Arc<dyn Strategy>> = (0..config.routers.replicas)
+        .map(|_| config.strategies[0].build().expect("builds"))
+        .collect();
     let inputs = RunInputs {
         requests,
         keys: &keys,
@@ -19,5 +22,5 @@ pub fn run_first(requests: &[Request], config: &SimConfig) -> RunOutcome {
         config,
         chains: None,
     };
-    run_strategy(inputs, &s, &mut |_| {}).expect("runs")
+    run_replicas(inputs, &s, &mut |_| {}).expect("runs")
 }
