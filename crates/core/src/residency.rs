@@ -11,6 +11,9 @@ use crate::Instance;
 pub struct Report {
     /// Leading blocks of the request's chain the instance holds on its GPU.
     pub matched_blocks: u32,
+    /// Blocks after those that it can load from an offloaded copy (CPU memory or further)
+    /// instead of computing them: cheaper than a miss, dearer than a hit.
+    pub offloaded_blocks: u32,
     /// Blocks it holds on its GPU in all, where known: how full its cache is, the same for
     /// every router replica that reads the same engine.
     pub held_blocks: Option<u64>,

@@ -27,7 +27,12 @@ struct Block {
     /// Blocks from the start of the prefix to this one (1 for a root; 0: the chain above is
     /// not known to the view).
     depth: u32,
+    /// Listed on the GPU (a prefix hit).
     gpu: bool,
+    /// Listed on another medium (CPU memory or further): the engine can load it instead of
+    /// computing it. vLLM's offloading stores a copy while the GPU still holds the block, so
+    /// a block can be on both.
+    offloaded: bool,
 }
 
 /// A prefix the view holds: its last block and length.
@@ -57,7 +62,10 @@ pub struct EngineView {
     blocks: HashMap<EngineHash, Block>,
     /// The router's names of the blocks listed on the GPU.
     ours: HashMap<u64, EngineHash>,
+    /// The router's names of the blocks listed offloaded.
+    ours_offloaded: HashMap<u64, EngineHash>,
     gpu: usize,
+    offloaded: usize,
     /// XOR of [`block_digest`] over the blocks on the GPU.
     digest: u64,
     block_size: u32,
@@ -76,9 +84,10 @@ impl EngineView {
     pub fn gpu_blocks(&self) -> usize {
         self.gpu
     }
-    /// Blocks listed elsewhere (offloaded to CPU memory or further).
+    /// Blocks listed elsewhere (offloaded to CPU memory or further), whether or not the GPU
+    /// also holds them.
     pub fn offloaded_blocks(&self) -> usize {
-        self.blocks.len() - self.gpu
+        self.offloaded
     }
     /// The block size the engine last reported (tokens per block; 0 before any store).
     pub fn block_size(&self) -> u32 {
@@ -110,11 +119,26 @@ impl EngineView {
             .count()
     }
 
+    /// How many leading blocks of `chain` the engine holds on its GPU, and how many more
+    /// after those it can load from an offloaded copy (each held on the GPU or offloaded,
+    /// without a gap): what a request costs there is the first free, the second cheaper than
+    /// computing.
+    pub fn matched_with_offloaded(&self, chain: &[u64]) -> (usize, usize) {
+        let gpu = self.matched(chain);
+        let more = chain[gpu..]
+            .iter()
+            .take_while(|h| self.ours_offloaded.contains_key(h) || self.ours.contains_key(h))
+            .count();
+        (gpu, more)
+    }
+
     /// Forgets everything: the engine cleared its cache or restarted. The view is exact again.
     pub fn clear(&mut self) {
         self.blocks.clear();
         self.ours.clear();
+        self.ours_offloaded.clear();
         self.gpu = 0;
+        self.offloaded = 0;
         self.digest = 0;
         self.completeness = Completeness::Exact;
     }
@@ -128,6 +152,7 @@ impl EngineView {
                         self.block_size = s.block_size;
                     }
                     let gpu = s.medium == Medium::Gpu;
+                    let offloaded = !gpu;
                     let mut parent = s.parent;
                     // The depth of the block before the first: 0 before a root, `None` when
                     // the view does not know where the chain starts.
@@ -163,6 +188,7 @@ impl EngineView {
                                 ours,
                                 depth,
                                 gpu,
+                                offloaded,
                             },
                         );
                         before = (depth > 0).then_some(depth);
@@ -180,15 +206,23 @@ impl EngineView {
         }
     }
 
-    fn insert(&mut self, h: EngineHash, b: Block) {
-        let old = self.blocks.insert(h, b);
-        if let Some(old) = old {
-            if old.gpu {
-                self.gpu -= 1;
-                self.digest ^= block_digest(h);
+    /// Lists `b` under `h`; a block already listed keeps the media it is on (an offload's
+    /// store adds the CPU copy of a block the GPU still holds) and what it knew of its chain.
+    fn insert(&mut self, h: EngineHash, mut b: Block) {
+        if let Some(old) = self.blocks.get(&h).copied() {
+            self.unlist(h, old);
+            b.gpu |= old.gpu;
+            b.offloaded |= old.offloaded;
+            b.ours = b.ours.or(old.ours);
+            if b.depth == 0 {
+                b.depth = old.depth;
             }
-            self.forget_name(h, old.ours);
         }
+        self.list(h, b);
+    }
+
+    /// Counts `b` on its media and names it.
+    fn list(&mut self, h: EngineHash, b: Block) {
         if b.gpu {
             self.gpu += 1;
             self.digest ^= block_digest(h);
@@ -196,30 +230,53 @@ impl EngineView {
                 self.ours.insert(o, h);
             }
         }
+        if b.offloaded {
+            self.offloaded += 1;
+            if let Some(o) = b.ours {
+                self.ours_offloaded.insert(o, h);
+            }
+        }
+        self.blocks.insert(h, b);
     }
 
-    /// Drops the router's name `ours` of block `h`, if it still names `h` (two engine blocks
-    /// can share a name: the same tokens stored again under another hash).
-    fn forget_name(&mut self, h: EngineHash, ours: Option<u64>) {
-        if let Some(o) = ours {
-            if self.ours.get(&o) == Some(&h) {
-                self.ours.remove(&o);
+    /// Undoes [`Self::list`]'s counts and names (the entry itself stays).
+    fn unlist(&mut self, h: EngineHash, b: Block) {
+        // Two engine blocks can share a name (the same tokens stored again under another
+        // hash): a name is dropped only while it still names `h`.
+        let forget = |names: &mut HashMap<u64, EngineHash>| {
+            if let Some(o) = b.ours {
+                if names.get(&o) == Some(&h) {
+                    names.remove(&o);
+                }
             }
+        };
+        if b.gpu {
+            self.gpu -= 1;
+            self.digest ^= block_digest(h);
+            forget(&mut self.ours);
+        }
+        if b.offloaded {
+            self.offloaded -= 1;
+            forget(&mut self.ours_offloaded);
         }
     }
 
     fn remove(&mut self, h: EngineHash, from_gpu: bool) {
         match self.blocks.get(&h).copied() {
-            Some(b) if b.gpu == from_gpu => {
-                if b.gpu {
-                    self.gpu -= 1;
-                    self.digest ^= block_digest(h);
+            Some(b) if (from_gpu && b.gpu) || (!from_gpu && b.offloaded) => {
+                self.unlist(h, b);
+                let rest = Block {
+                    gpu: b.gpu && !from_gpu,
+                    offloaded: b.offloaded && from_gpu,
+                    ..b
+                };
+                if rest.gpu || rest.offloaded {
+                    self.list(h, rest);
+                } else {
+                    self.blocks.remove(&h);
                 }
-                self.forget_name(h, b.ours);
-                self.blocks.remove(&h);
             }
-            // Removed from one medium while listed on the other: an offload moved it, or the
-            // event is stale; the listing stands.
+            // Removed from a medium it is not listed on: a stale event; the listing stands.
             Some(_) => {}
             None => self.unknown_removals += 1,
         }
@@ -326,6 +383,11 @@ mod tests {
         let chain = crate::token_chain(&[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3], 4);
         assert_eq!(v.matched(&chain), 2, "an offloaded block is not resident");
         assert_eq!(v.unknown_removals, 1);
+        assert_eq!(
+            v.matched_with_offloaded(&chain),
+            (2, 1),
+            "but it can be loaded"
+        );
         assert_eq!(v.longest_prefixes(1)[0].last, EngineHash(4));
         v.mark_partial();
         assert_eq!(v.completeness(), Completeness::Partial);
@@ -333,6 +395,37 @@ mod tests {
         assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (0, 0));
         assert_eq!(v.matched(&chain), 0);
         assert_eq!(v.completeness(), Completeness::Exact);
+    }
+
+    #[test]
+    fn an_offloaded_copy_of_a_resident_block_is_on_both_media_until_each_drops_it() {
+        let mut v = EngineView::new();
+        v.apply(&batch(vec![stored(&[1, 2], None, Medium::Gpu)]));
+        let digest = v.digest();
+        // The offloading connector copies both to CPU memory; the GPU keeps them.
+        v.apply(&batch(vec![stored(&[1, 2], None, Medium::Cpu)]));
+        let chain = crate::token_chain(&[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3], 4);
+        assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (2, 2));
+        assert_eq!(v.matched_with_offloaded(&chain), (2, 0));
+        assert_eq!(v.digest(), digest, "the GPU's set is unchanged");
+        // The GPU evicts the second: it is still loadable from the CPU copy.
+        v.apply(&batch(vec![removed(&[2], Medium::Gpu)]));
+        assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (1, 2));
+        assert_eq!(v.matched_with_offloaded(&chain), (1, 1));
+        // The CPU drops its copy of the first: the GPU's stands.
+        v.apply(&batch(vec![removed(&[1], Medium::Cpu)]));
+        assert_eq!(v.matched_with_offloaded(&chain), (1, 1));
+        assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (1, 1));
+        // A removal from a medium a block is not on changes nothing.
+        v.apply(&batch(vec![removed(&[1], Medium::Cpu)]));
+        assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (1, 1));
+        v.apply(&batch(vec![
+            removed(&[1], Medium::Gpu),
+            removed(&[2], Medium::Cpu),
+        ]));
+        assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (0, 0));
+        assert_eq!(v.matched_with_offloaded(&chain), (0, 0));
+        assert_eq!(v.unknown_removals, 0);
     }
 
     #[test]

@@ -79,14 +79,19 @@ mod tests {
         StrategyKind, TokenRoute,
     };
 
-    /// Reports, per instance URL, how many leading blocks it holds (absent: not known).
-    struct Reports(HashMap<String, u32>);
+    /// Reports, per instance URL, how many leading blocks it holds on its GPU and how many
+    /// after those offloaded (absent: not known).
+    struct Reports(HashMap<String, (u32, u32)>);
 
     impl Residency for Reports {
         fn report(&self, instance: &Instance, chain: &[u64]) -> Option<crate::Report> {
-            self.0.get(&instance.spec().url).map(|&b| crate::Report {
-                matched_blocks: b.min(chain.len() as u32),
-                held_blocks: None,
+            self.0.get(&instance.spec().url).map(|&(b, off)| {
+                let matched_blocks = b.min(chain.len() as u32);
+                crate::Report {
+                    matched_blocks,
+                    offloaded_blocks: off.min(chain.len() as u32 - matched_blocks),
+                    held_blocks: None,
+                }
             })
         }
     }
@@ -103,6 +108,21 @@ mod tests {
         reports: &[(usize, u32)],
         doc: u8,
     ) -> (usize, Reason, u32) {
+        route_with(
+            s,
+            fleet,
+            &reports.iter().map(|&(i, b)| (i, b, 0)).collect::<Vec<_>>(),
+            doc,
+        )
+    }
+
+    /// [`route`], with `(instance, GPU blocks, offloaded blocks after them)` reports.
+    fn route_with(
+        s: &Arc<dyn Strategy>,
+        fleet: &Fleet,
+        reports: &[(usize, u32, u32)],
+        doc: u8,
+    ) -> (usize, Reason, u32) {
         let text: String = std::iter::repeat_n(char::from(b'a' + doc), 8_000).collect();
         let spec = ChainSpec {
             block_units: 128,
@@ -110,7 +130,12 @@ mod tests {
         };
         let chain = Chain::of_chars(None, &text, spec);
         let tokens: Vec<u64> = (0..125).map(|b| u64::from(doc) << 32 | b).collect();
-        let residency = Reports(reports.iter().map(|&(i, b)| (url(i), b)).collect());
+        let residency = Reports(
+            reports
+                .iter()
+                .map(|&(i, b, off)| (url(i), (b, off)))
+                .collect(),
+        );
         let req = RouteRequest {
             key: None,
             chain: &chain.blocks,
@@ -134,8 +159,15 @@ mod tests {
     }
 
     fn setup() -> (Arc<dyn Strategy>, Fleet) {
+        setup_with(&[])
+    }
+
+    fn setup_with(params: &[(&str, &str)]) -> (Arc<dyn Strategy>, Fleet) {
         let mut c = StrategyConfig::new(StrategyKind::named("kv-aware").expect("registered"));
         c.params.insert("max-share".into(), "0".into());
+        for (k, v) in params {
+            c.params.insert((*k).into(), (*v).into());
+        }
         let s = c.build().expect("builds");
         assert!(s.reads_tokens() && s.reads_usage());
         let fleet = Fleet::new((0..4).map(|i| InstanceSpec::from_url(url(i))).collect());
@@ -177,5 +209,33 @@ mod tests {
         let (at, _, cached) = route(&s, &fleet, &partial, 1);
         assert_eq!(at, home, "inferred match on the unreported instance");
         assert!(cached > 7_000);
+    }
+
+    #[test]
+    fn an_offloaded_copy_draws_new_requests_and_a_gpu_hit_beats_it() {
+        for doc in 0..6u8 {
+            // Where the prefix would go with nobody holding it.
+            let (s, fleet) = setup();
+            let (cold_home, reason, _) = route(&s, &fleet, &[(0, 0), (1, 0), (2, 0), (3, 0)], doc);
+            assert_eq!(reason, Reason::Cold);
+            let holder = (cold_home + 1) % 4;
+            let off: Vec<(usize, u32, u32)> = (0..4)
+                .map(|i| (i, 0, if i == holder { 125 } else { 0 }))
+                .collect();
+            // Another instance keeps the whole prompt in CPU memory: loading beats computing.
+            let (s, fleet) = setup();
+            assert_eq!(route_with(&s, &fleet, &off, doc).0, holder, "doc {doc}");
+            // Without credit for it, the copy is ignored.
+            let (s, fleet) = setup_with(&[("offload-credit", "0")]);
+            assert_eq!(route_with(&s, &fleet, &off, doc).0, cold_home, "doc {doc}");
+            // A GPU hit elsewhere beats the offloaded copy.
+            let gpu = (holder + 1) % 4;
+            let both: Vec<(usize, u32, u32)> = off
+                .iter()
+                .map(|&(i, b, o)| if i == gpu { (i, 125, 0) } else { (i, b, o) })
+                .collect();
+            let (s, fleet) = setup();
+            assert_eq!(route_with(&s, &fleet, &both, doc).0, gpu, "doc {doc}");
+        }
     }
 }
