@@ -8,7 +8,10 @@
 //! ```
 //!
 //! - `uncached(i)`: the request's prompt units (characters; bytes for the native API) minus the
-//!   longest prefix of its block chain that the [index](index) says `i` still holds;
+//!   longest prefix of its block chain that the [index](index) says `i` still holds (for
+//!   `kv-aware`, that its engine reports holding on its GPU; blocks after those that it reports
+//!   offloaded to CPU memory count `offload-credit` of theirs as saved: loading them costs a
+//!   transfer, not a prefill);
 //! - `queued(i)`: the uncached units of requests sent to `i` that have not produced a first
 //!   token (the prefill work ahead of this one);
 //! - `decoding(i)`: requests on `i` past their first token (they share every engine step with
@@ -22,7 +25,8 @@
 //!   `decode-chars` times it).
 //!
 //! The minimum wins. Candidates within `tie_tolerance` times the whole prompt's prefill cost of
-//! it count as tied; among those the
+//! it count as tied (`cold_tie_tolerance`, wider, where nobody holds any of the prompt, so that
+//! router replicas with different views of the queues place a new prefix alike); among those the
 //! longest match wins (locality when it costs nothing), then the highest rendezvous score of the
 //! last block they hold (a cooled hot prefix goes back to one home) or, if they hold none, of
 //! the first block nobody holds, so a never-seen prefix on an idle fleet goes to a
@@ -99,9 +103,19 @@ pub(crate) const PARAMS: &[ParamSpec] = &[
         help: "candidates within this fraction of the whole prompt's prefill cost of the best expected TTFT count as tied",
     },
     ParamSpec {
+        name: "cold-tie-tolerance",
+        default: "0.5",
+        help: "the same for a prompt nobody holds any of: a wide tie places new prefixes by rendezvous among all but clearly busier instances, so router replicas agree",
+    },
+    ParamSpec {
         name: "max-share",
         default: "1.2",
         help: "an instance whose share of recent requests would exceed this multiple of the mean takes no more until others catch up, so a hot prefix gains homes (0: off)",
+    },
+    ParamSpec {
+        name: "offload-credit",
+        default: "0.8",
+        help: "kv-aware: share of a block's prefill saved where the engine can load it from an offloaded (CPU) copy instead of computing it (0: none, 1: as good as a GPU hit)",
     },
     ParamSpec {
         name: "cache-chars",
@@ -121,10 +135,14 @@ pub struct CacheAwareConfig {
     pub prior: Cost,
     /// Relative tolerance for ties.
     pub tie_tolerance: f64,
+    /// Relative tolerance for ties where no candidate holds any of the prompt.
+    pub cold_tie_tolerance: f64,
     /// Starting estimate of each instance's cache, in blocks (`u32::MAX`: unknown).
     pub cache_blocks: u32,
     /// Bound on an instance's share of recent requests, as a multiple of the mean (0: none).
     pub max_share: f64,
+    /// Share of the prefill an offloaded block saves (`kv-aware`'s reports).
+    pub offload_credit: f64,
 }
 
 impl CacheAwareConfig {
@@ -159,9 +177,17 @@ impl CacheAwareConfig {
         if !(0.0..=1.0).contains(&tie_tolerance) {
             return Err(bad("tie-tolerance", "must be within 0..=1"));
         }
+        let cold_tie_tolerance: f64 = c.param("cold-tie-tolerance")?;
+        if !(0.0..=1.0).contains(&cold_tie_tolerance) {
+            return Err(bad("cold-tie-tolerance", "must be within 0..=1"));
+        }
         let max_share: f64 = c.param("max-share")?;
         if !(max_share == 0.0 || (1.0..=100.0).contains(&max_share)) {
             return Err(bad("max-share", "must be 0 (off) or within 1..=100"));
+        }
+        let offload_credit: f64 = c.param("offload-credit")?;
+        if !(0.0..=1.0).contains(&offload_credit) {
+            return Err(bad("offload-credit", "must be within 0..=1"));
         }
         let cache_chars: u64 = c.param("cache-chars")?;
         let cache_blocks = if cache_chars == 0 {
@@ -181,8 +207,10 @@ impl CacheAwareConfig {
                 per_decoding_s: decode_units * us * 1e-6,
             },
             tie_tolerance,
+            cold_tie_tolerance,
             cache_blocks,
             max_share,
+            offload_credit,
         })
     }
 }
@@ -333,23 +361,31 @@ impl Strategy for CacheAware {
         let mut all_held = req.tokens.is_some();
         for (index, inst) in fleet.eligible(req.model) {
             let slot = st.slot_of.get(&inst.id_hash()).map(|&s| usize::from(s));
-            // What the engine reports holding, where it does (kv-aware), else the index's guess.
+            // What the engine reports holding, where it does (kv-aware), else the index's guess:
+            // the units it holds on its GPU, and those after them it can load from an
+            // offloaded copy.
             let report = req.tokens.and_then(|t| {
-                t.residency
-                    .report(inst, t.chain)
-                    .map(|r| (t.units(r.matched_blocks, req.prompt_units), r.held_blocks))
+                t.residency.report(inst, t.chain).map(|r| {
+                    let hit = t.units(r.matched_blocks, req.prompt_units);
+                    let reach = r.matched_blocks.saturating_add(r.offloaded_blocks);
+                    let loadable = t.units(reach, req.prompt_units).saturating_sub(hit);
+                    (hit, loadable, r.held_blocks)
+                })
             });
-            let held = report.and_then(|(_, h)| h);
+            let held = report.and_then(|(_, _, h)| h);
             all_held &= held.is_some();
-            let (matched_blocks, matched_units) = match report {
-                Some((units, _)) => (units / block.max(1), units),
+            let (matched_blocks, matched_units, loadable_units) = match report {
+                Some((units, loadable, _)) => (units / block.max(1), units, loadable),
                 None => {
                     let b = slot.map_or(0, |s| st.matched[s]);
-                    (b, b.saturating_mul(block).min(req.prompt_units))
+                    (b, b.saturating_mul(block).min(req.prompt_units), 0)
                 }
             };
             let load = slot.map_or(&idle, |s| &st.loads[s]);
-            let uncached = f64::from(req.prompt_units - matched_units);
+            // A block loaded from CPU memory costs a transfer, not a prefill: it saves
+            // `offload_credit` of its computation.
+            let uncached = f64::from(req.prompt_units - matched_units)
+                - cfg.offload_credit * f64::from(loadable_units);
             let cost = load.cost(&st.pool, instances);
             let (queued, decoding) = ahead(load, inst, req.now, st.mean_uncached);
             cands.push(Candidate {

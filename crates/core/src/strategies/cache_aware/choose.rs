@@ -59,7 +59,18 @@ pub(super) fn choose(
     // against that rather than against the best's own (maybe tiny) cost, so that noise in
     // the learned costs of two instances that both hold a prefix does not flip it between
     // them on every request.
-    let limit = best.expected_s + cfg.tie_tolerance * best.full_prefill_s;
+    // Where nobody holds any of the prompt, a wider tie (`cold-tie-tolerance`): the new
+    // prefix then goes by rendezvous among every instance not clearly busier than the best.
+    // Router replicas each see their own queues, so a narrow tie makes each place it by its
+    // own view; a wide one makes them agree (the load still counts: an instance busier by
+    // more than that is out), and the requests that follow before the engines report the
+    // first one's blocks land with it.
+    let tolerance = if max_blocks == 0 {
+        cfg.tie_tolerance.max(cfg.cold_tie_tolerance)
+    } else {
+        cfg.tie_tolerance
+    };
+    let limit = best.expected_s + tolerance * best.full_prefill_s;
     let tied = || cands.iter().filter(|c| c.expected_s <= limit);
     let max_units = longest.map_or(0, |c| c.matched_units);
     // Among the tied, a match counts by what it saves: those within the same tolerance of

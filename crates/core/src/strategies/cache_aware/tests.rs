@@ -397,3 +397,35 @@ fn other_routers_queues_count_while_their_report_is_fresh() {
     let (i, _) = s.serve(&prompt("", 42, 1), None);
     assert_eq!(i, cold_home, "a stale report still counted");
 }
+
+#[test]
+fn replicas_that_see_different_queues_place_a_new_prefix_alike() {
+    // Each of 16 new documents, placed by a router replica that sees an idle fleet and by one
+    // whose fresher scrape says another router has 8 requests running on that very instance
+    // (about a quarter of the document's prefill in cost): with the wide tie for prompts
+    // nobody holds, both put it in the same place; with the narrow one, the second replica's
+    // view sends some elsewhere, and the document's next requests, before the engine reports
+    // its blocks, would split between two homes.
+    let split = |params: &[(&str, &str)]| {
+        (0..16u64)
+            .filter(|&doc| {
+                let (home, reason, _) = Router::new(4, params).send(&prompt("", doc, doc));
+                assert_eq!(reason, Reason::Cold);
+                let mut busy = Router::new(4, params);
+                let queue = crate::EngineQueue {
+                    waiting: 0,
+                    running: 8,
+                };
+                busy.fleet.snapshot().instances()[home].report_others(queue, 10.0);
+                let (placed, reason, _) = busy.send(&prompt("", doc, doc));
+                assert_eq!(reason, Reason::Cold);
+                placed != home
+            })
+            .count()
+    };
+    assert_eq!(split(&[]), 0, "replicas disagree on a new prefix");
+    assert!(
+        split(&[("cold-tie-tolerance", "0.1")]) > 0,
+        "the narrow tie should show the disagreement this guards against"
+    );
+}
