@@ -198,8 +198,11 @@ pub struct KvFeeds {
     feeds: Mutex<HashMap<String, Arc<Mutex<Feed>>>>,
     /// The subscribers' metrics.
     pub metrics: KvEventMetrics,
-    /// The model's tokenizer, when configured (`kv-aware` needs it).
+    /// The default tokenizer (`[kv_events] tokenizer`), when configured: for requests naming a
+    /// model without its own, or naming none (`kv-aware` needs this one or `tokenizers`).
     pub tokenizer: Option<Arc<ChatTokenizer>>,
+    /// Each model's own tokenizer (`[[kv_events.tokenizers]]`), by the name requests give.
+    pub tokenizers: HashMap<String, Arc<ChatTokenizer>>,
     /// The block size an engine last reported (0: none yet), read on every tokenized request
     /// without taking any feed's lock.
     reported_block: std::sync::atomic::AtomicU32,
@@ -235,8 +238,11 @@ impl Residency for KvFeeds {
         let feed = self.feed(instance.id().as_str())?;
         let f = lock(&feed);
         (f.connected && !f.recovering && f.view.completeness() == Completeness::Exact).then(|| {
+            let (gpu, offloaded) = f.view.matched_with_offloaded(chain);
+            let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
             Report {
-                matched_blocks: u32::try_from(f.view.matched(chain)).unwrap_or(u32::MAX),
+                matched_blocks: count(gpu),
+                offloaded_blocks: count(offloaded),
                 held_blocks: Some(f.view.gpu_blocks() as u64),
             }
         })
@@ -247,31 +253,85 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A configured tokenizer (or its chat template) that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{source}", .model.as_ref().map(|m| format!("model '{m}': ")).unwrap_or_default())]
+pub struct TokenizerLoadError {
+    /// The dotted settings field that names the file, e.g. `kv_events.tokenizers[1].tokenizer`.
+    pub field: String,
+    /// The model whose tokenizer it is (`None`: the default one).
+    pub model: Option<String>,
+    /// What went wrong, naming the file.
+    pub source: TokenizeError,
+}
+
+/// Loads a tokenizer and its chat template file, the errors naming `prefix`'s fields.
+fn load_tokenizer(
+    prefix: &str,
+    model: Option<&str>,
+    file: &std::path::Path,
+    chat_template: Option<&std::path::Path>,
+) -> Result<Arc<ChatTokenizer>, TokenizerLoadError> {
+    let error = |field: &str, source| TokenizerLoadError {
+        field: format!("{prefix}{field}"),
+        model: model.map(str::to_string),
+        source,
+    };
+    let template = match chat_template {
+        Some(t) => Some(std::fs::read_to_string(t).map_err(|e| {
+            error(
+                "chat_template",
+                TokenizeError::Read {
+                    path: t.display().to_string(),
+                    message: e.to_string(),
+                },
+            )
+        })?),
+        None => None,
+    };
+    ChatTokenizer::from_setting(file, template)
+        .map(Arc::new)
+        .map_err(|e| error("tokenizer", e))
+}
+
 impl KvFeeds {
-    /// Feeds for these settings (none running yet: see [`run`]); loads the tokenizer.
-    pub fn new(settings: KvEventsSettings) -> Result<Self, TokenizeError> {
-        let tokenizer = match &settings.tokenizer {
-            None => None,
-            Some(file) => {
-                let template = match &settings.chat_template {
-                    Some(t) => {
-                        Some(std::fs::read_to_string(t).map_err(|e| TokenizeError::Read {
-                            path: t.display().to_string(),
-                            message: e.to_string(),
-                        })?)
-                    }
-                    None => None,
-                };
-                Some(Arc::new(ChatTokenizer::from_setting(file, template)?))
-            }
-        };
+    /// Feeds for these settings (none running yet: see [`run`]); loads the tokenizers.
+    pub fn new(settings: KvEventsSettings) -> Result<Self, TokenizerLoadError> {
+        let tokenizer = settings
+            .tokenizer
+            .as_deref()
+            .map(|file| load_tokenizer("kv_events.", None, file, settings.chat_template.as_deref()))
+            .transpose()?;
+        let mut tokenizers = HashMap::with_capacity(settings.tokenizers.len());
+        for (i, t) in settings.tokenizers.iter().enumerate() {
+            let loaded = load_tokenizer(
+                &format!("kv_events.tokenizers[{i}]."),
+                Some(&t.model),
+                &t.tokenizer,
+                t.chat_template.as_deref(),
+            )?;
+            tokenizers.insert(t.model.clone(), loaded);
+        }
         Ok(Self {
             settings,
             feeds: Mutex::new(HashMap::new()),
             metrics: KvEventMetrics::default(),
             tokenizer,
+            tokenizers,
             reported_block: std::sync::atomic::AtomicU32::new(0),
         })
+    }
+
+    /// Whether any request can be tokenized: a default tokenizer or a model's own.
+    pub fn has_tokenizer(&self) -> bool {
+        self.tokenizer.is_some() || !self.tokenizers.is_empty()
+    }
+
+    /// The tokenizer of requests naming `model`: its own, else the default.
+    pub fn tokenizer_for(&self, model: Option<&str>) -> Option<&Arc<ChatTokenizer>> {
+        model
+            .and_then(|m| self.tokenizers.get(m))
+            .or(self.tokenizer.as_ref())
     }
 
     /// The block size the engines report, else vLLM's default.
@@ -285,11 +345,15 @@ impl KvFeeds {
         }
     }
 
-    /// A request body's token blocks, when a tokenizer is configured and the body is a chat
-    /// or completion it can tokenize (`None` otherwise: the strategy then infers).
+    /// A request body's token blocks, computed with the tokenizer of the model the body names
+    /// (else the default), when there is one and the body is a chat or completion it can
+    /// tokenize (`None` otherwise: the strategy then infers). The body is parsed once.
     pub fn tokenize(&self, body: &[u8]) -> Option<Tokenized> {
-        let tokenizer = self.tokenizer.as_ref()?;
-        let prompt = Prompt::from_body(body)?;
+        if !self.has_tokenizer() {
+            return None;
+        }
+        let (model, prompt) = Prompt::from_body_with_model(body)?;
+        let tokenizer = self.tokenizer_for(model.as_deref())?;
         let ids = tokenizer.ids(&prompt).ok()?;
         let block_tokens = self.block_tokens();
         Some(Tokenized {
@@ -372,11 +436,22 @@ pub fn warn_if_blind(state: &AppState) {
             strategy = name,
             "[kv_events] subscribe is off: {name} has no engine reports and runs as cache-aware"
         ),
-        Some(f) if f.tokenizer.is_none() => tracing::warn!(
+        Some(f) if !f.has_tokenizer() => tracing::warn!(
             strategy = name,
             "no [kv_events] tokenizer: requests cannot be matched to the engines' blocks, so \
              {name} runs as cache-aware"
         ),
+        Some(f) if f.tokenizer.is_none() => {
+            let mut models: Vec<&str> = f.tokenizers.keys().map(String::as_str).collect();
+            models.sort_unstable();
+            let models = models.join(", ");
+            tracing::info!(
+                strategy = name,
+                models = %models,
+                "[kv_events] tokenizes requests for these models only (no default tokenizer): \
+                 {name} runs as cache-aware for the others"
+            );
+        }
         Some(_) => {}
     }
 }
@@ -718,5 +793,138 @@ impl Subscriber<'_> {
         m.view_partial
             .get_or_create(&self.labels)
             .set(i64::from(f.view.completeness() == Completeness::Partial));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use prefix_router_tokenize::WORDS;
+
+    use super::*;
+    use crate::settings::KvEventsTokenizer;
+
+    fn byte_bpe() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../data/tokenizers/byte-bpe/tokenizer.json")
+    }
+
+    fn entry(model: &str, tokenizer: PathBuf) -> KvEventsTokenizer {
+        KvEventsTokenizer {
+            model: model.into(),
+            tokenizer,
+            chat_template: None,
+        }
+    }
+
+    /// Feeds with `default` and a tokenizer per model: "a" the byte-BPE one, "b" one per word.
+    fn feeds(default: Option<PathBuf>) -> KvFeeds {
+        KvFeeds::new(KvEventsSettings {
+            tokenizer: default,
+            tokenizers: vec![entry("a", byte_bpe()), entry("b", WORDS.into())],
+            ..KvEventsSettings::default()
+        })
+        .expect("the tokenizers load")
+    }
+
+    /// A chat body naming `model` (none: no `model` field): a few hundred tokens either way.
+    fn body(model: Option<&str>) -> Vec<u8> {
+        let text: String = (0..120).map(|w| format!("lease{w} clause ")).collect();
+        let mut v = serde_json::json!({
+            "messages": [
+                {"role": "system", "content": text},
+                {"role": "user", "content": "what does it say?"},
+            ],
+        });
+        if let Some(m) = model {
+            v["model"] = m.into();
+        }
+        v.to_string().into_bytes()
+    }
+
+    /// The chain `tokenizer` gives `body`, in the feeds' default block size.
+    fn chain_of(tokenizer: &ChatTokenizer, body: &[u8]) -> Vec<u64> {
+        let prompt = Prompt::from_body(body).expect("a prompt");
+        let ids = tokenizer.ids(&prompt).expect("tokenizes");
+        token_chain(&ids, DEFAULT_BLOCK_TOKENS as usize)
+    }
+
+    fn chain(feeds: &KvFeeds, body: &[u8]) -> Option<Vec<u64>> {
+        feeds.tokenize(body).map(|t| t.chain)
+    }
+
+    #[test]
+    fn each_model_is_tokenized_with_its_own_tokenizer() {
+        let f = feeds(None);
+        let bpe = ChatTokenizer::from_setting(&byte_bpe(), None).expect("loads");
+        let words = ChatTokenizer::words();
+        let (a, b) = (body(Some("a")), body(Some("b")));
+        // The same text: the two tokenizers name different blocks.
+        assert_ne!(chain_of(&bpe, &a), chain_of(&words, &a));
+        assert!(chain_of(&words, &a).len() >= 10);
+        assert_eq!(chain(&f, &a), Some(chain_of(&bpe, &a)));
+        assert_eq!(chain(&f, &b), Some(chain_of(&words, &b)));
+        // No tokenizer for the model and no default: nothing (the strategy infers).
+        assert_eq!(chain(&f, &body(Some("c"))), None);
+        assert_eq!(chain(&f, &body(None)), None);
+        assert!(f.has_tokenizer());
+        assert!(f.tokenizer_for(Some("c")).is_none());
+    }
+
+    #[test]
+    fn other_models_and_model_less_bodies_use_the_default() {
+        let f = feeds(Some(WORDS.into()));
+        let bpe = ChatTokenizer::from_setting(&byte_bpe(), None).expect("loads");
+        let words = ChatTokenizer::words();
+        let (a, c, none) = (body(Some("a")), body(Some("c")), body(None));
+        assert_eq!(chain(&f, &a), Some(chain_of(&bpe, &a)));
+        assert_eq!(chain(&f, &c), Some(chain_of(&words, &c)));
+        assert_eq!(chain(&f, &none), Some(chain_of(&words, &none)));
+        // Not a prompt: nothing, whatever the model.
+        assert_eq!(chain(&f, br#"{"model":"a","input":"x"}"#), None);
+        assert_eq!(chain(&f, b"{"), None);
+    }
+
+    #[test]
+    fn without_any_tokenizer_nothing_is_tokenized() {
+        let f = KvFeeds::new(KvEventsSettings::default()).expect("nothing to load");
+        assert!(!f.has_tokenizer());
+        assert_eq!(chain(&f, &body(Some("a"))), None);
+        assert_eq!(chain(&f, &body(None)), None);
+    }
+
+    #[test]
+    fn a_tokenizer_that_does_not_load_names_its_model_field_and_file() {
+        let missing = PathBuf::from("/nonexistent/model-b/tokenizer.json");
+        let e = KvFeeds::new(KvEventsSettings {
+            tokenizers: vec![entry("a", byte_bpe()), entry("b", missing)],
+            ..KvEventsSettings::default()
+        })
+        .expect_err("no such file");
+        assert_eq!(e.field, "kv_events.tokenizers[1].tokenizer");
+        let text = e.to_string();
+        assert!(
+            text.contains("model 'b'") && text.contains("/nonexistent/model-b/tokenizer.json"),
+            "{text}"
+        );
+        let e = KvFeeds::new(KvEventsSettings {
+            tokenizers: vec![KvEventsTokenizer {
+                chat_template: Some("/nonexistent/template.jinja".into()),
+                ..entry("a", byte_bpe())
+            }],
+            ..KvEventsSettings::default()
+        })
+        .expect_err("no such template");
+        assert_eq!(e.field, "kv_events.tokenizers[0].chat_template");
+        assert!(e.to_string().contains("/nonexistent/template.jinja"), "{e}");
+        // The default tokenizer's errors name its own field, and no model.
+        let e = KvFeeds::new(KvEventsSettings {
+            tokenizer: Some("/nonexistent/tokenizer.json".into()),
+            ..KvEventsSettings::default()
+        })
+        .expect_err("no such file");
+        assert_eq!(e.field, "kv_events.tokenizer");
+        assert!(!e.to_string().contains("model"), "{e}");
     }
 }

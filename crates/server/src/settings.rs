@@ -57,8 +57,8 @@ mod tests;
 
 pub use sections::{
     AccessLogSettings, Admin, AdminSettings, Discovery, DnsRecord, DnsTarget, EngineMetrics,
-    HealthSettings, InstanceEntry, KvEventsEndpoint, KvEventsSettings, Limits, Retries, Routing,
-    Timeouts,
+    HealthSettings, InstanceEntry, KvEventsEndpoint, KvEventsSettings, KvEventsTokenizer, Limits,
+    Retries, Routing, Timeouts,
 };
 pub use source::{read_fields, settings_from_text, ConfigSource, Overrides};
 
@@ -244,6 +244,7 @@ impl Settings {
         self.instances = check_instances(std::mem::take(&mut self.instances))?;
         check_dns(&mut self.discovery.dns)?;
         check_kv_endpoints(&mut self.kv_events.endpoints)?;
+        check_kv_tokenizers(&self.kv_events.tokenizers)?;
         if self.engine_metrics.stale_after < self.engine_metrics.interval {
             return Err(invalid(
                 "engine_metrics.stale_after_ms",
@@ -310,6 +311,26 @@ fn check_kv_endpoints(entries: &mut [KvEventsEndpoint]) -> Result<(), SettingsEr
         check_tcp_endpoint(field("publisher"), &entries[i].publisher)?;
         if let Some(r) = &entries[i].replay {
             check_tcp_endpoint(field("replay"), r)?;
+        }
+    }
+    Ok(())
+}
+
+/// `[[kv_events.tokenizers]]`: a model name and a tokenizer, no model twice.
+fn check_kv_tokenizers(entries: &[KvEventsTokenizer]) -> Result<(), SettingsError> {
+    for (i, e) in entries.iter().enumerate() {
+        let field = |f: &str| format!("kv_events.tokenizers[{i}].{f}");
+        if e.model.trim().is_empty() {
+            return Err(invalid(field("model"), "must not be empty"));
+        }
+        if entries[..i].iter().any(|x| x.model == e.model) {
+            return Err(invalid(
+                field("model"),
+                format!("model '{}' is listed twice", e.model),
+            ));
+        }
+        if e.tokenizer.as_os_str().is_empty() {
+            return Err(invalid(field("tokenizer"), "must not be empty"));
         }
     }
     Ok(())

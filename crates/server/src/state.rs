@@ -81,7 +81,7 @@ impl AppState {
             .then(|| crate::kv_events::KvFeeds::new(settings.kv_events.clone()))
             .transpose()
             .map_err(|e| SettingsError::Invalid {
-                field: "kv_events.tokenizer".into(),
+                field: e.field.clone(),
                 message: e.to_string(),
             })?;
         if let Some(feeds) = &kv_events {

@@ -3,7 +3,8 @@
 //! engine's cache holds: after ordinary traffic, after lost messages (recovered by replay),
 //! and when the router joins mid-stream (recovered from the replay buffer, or marked partial
 //! when the buffer no longer reaches back); and, with the same tokenizer file on both sides,
-//! the token blocks the router computes for a request are the ones the engine reports.
+//! the token blocks the router computes for a request are the ones the engine reports (each
+//! model's own, where engines serve different models with different tokenizers).
 
 mod support;
 
@@ -11,12 +12,13 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
+use prefix_router_core::Residency;
 use prefix_router_kv_events::{token_chain, Completeness, Encoding};
 use prefix_router_mock_engine::{KvEventsConfig, MockEngine, MockEngineConfig};
 use prefix_router_server::prom;
-use prefix_router_server::settings::KvEventsEndpoint;
+use prefix_router_server::settings::{KvEventsEndpoint, KvEventsTokenizer};
 use prefix_router_server::RunningRouter;
-use prefix_router_tokenize::{ChatTokenizer, Prompt};
+use prefix_router_tokenize::{ChatTokenizer, Prompt, WORDS};
 use support::*;
 
 /// Long enough for any wait here on a loaded 2-core machine.
@@ -79,9 +81,14 @@ async fn start_with(
 
 /// A chat body: document `doc` (about 300 words, 18 blocks), then a question.
 fn chat(doc: usize, q: usize) -> String {
+    chat_for("mock-llama", doc, q)
+}
+
+/// [`chat`] for `model`.
+fn chat_for(model: &str, doc: usize, q: usize) -> String {
     let text: String = (0..300).map(|w| format!("d{doc}w{w} ")).collect();
     serde_json::json!({
-        "model": "mock-llama",
+        "model": model,
         "max_tokens": 2,
         "messages": [
             {"role": "system", "content": text},
@@ -146,14 +153,12 @@ async fn converge(r: &RunningRouter, e: &MockEngine) -> (Completeness, usize) {
             e.url()
         );
         if Instant::now() >= nudge_at {
-            let a = post(
-                e.local_addr(),
-                "/v1/chat/completions",
-                &[],
-                chat(fresh_doc(), 0),
-            )
-            .await;
-            assert_eq!(a.status, http::StatusCode::OK);
+            // Natively, without `model`: whatever model the engine serves.
+            let mut body: serde_json::Value =
+                serde_json::from_str(&chat(fresh_doc(), 0)).expect("json");
+            body.as_object_mut().map(|o| o.remove("model"));
+            let a = post(e.local_addr(), "/invocations", &[], body.to_string()).await;
+            assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
             nudge_at = Instant::now() + Duration::from_millis(500);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -420,6 +425,135 @@ async fn kv_aware_routes_to_the_engine_that_reports_the_prefix() {
             "cache_hit",
             "document {d}"
         );
+    }
+    r.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_models_requests_are_matched_with_that_models_tokenizer() {
+    // model-a's engine counts byte-BPE tokens, model-b's one token per word: the same text
+    // gives different ids, hence different blocks, on each.
+    let bpe = test_tokenizer();
+    let words = ChatTokenizer::words();
+    let mut engines = Vec::new();
+    for (model, tokenizer) in [("model-a", Some(Arc::clone(&bpe))), ("model-b", None)] {
+        let mut c = MockEngineConfig::from_preset("small")
+            .expect("preset")
+            .with_time_scale(0.01);
+        c.model = model.into();
+        c.tokenizer = tokenizer;
+        c.kv_events = Some(KvEventsConfig::default());
+        engines.push(
+            MockEngine::bind("127.0.0.1:0".parse().expect("addr"), c)
+                .await
+                .expect("mock engine starts"),
+        );
+    }
+    let (a, b) = (&engines[0], &engines[1]);
+    let urls = [a.url(), b.url()];
+    let mut s = settings(&urls);
+    s.instances[0].models = vec!["model-a".into()];
+    s.instances[1].models = vec!["model-b".into()];
+    s.routing.strategy = prefix_router_core::StrategyConfig::new(
+        prefix_router_core::StrategyKind::named("kv-aware").expect("registered"),
+    );
+    // No default tokenizer: each model has its own.
+    s.kv_events.tokenizers = vec![
+        KvEventsTokenizer {
+            model: "model-a".into(),
+            tokenizer: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../data/tokenizers/byte-bpe/tokenizer.json"),
+            chat_template: None,
+        },
+        KvEventsTokenizer {
+            model: "model-b".into(),
+            tokenizer: WORDS.into(),
+            chat_template: None,
+        },
+    ];
+    let r = start_with(&[a, b], s).await;
+    let feeds = r.state().kv_events.as_ref().expect("subscribed");
+    // Traffic for both models through the router (an engine refuses the other's model).
+    let mut sent = Vec::new();
+    for d in 0..4 {
+        for model in ["model-a", "model-b"] {
+            let body = chat_for(model, d, d);
+            let ans = post(r.local_addr(), "/v1/chat/completions", &[], body.clone()).await;
+            assert_eq!(ans.status, http::StatusCode::OK, "{:?}", ans.body);
+            sent.push((model, body));
+        }
+    }
+    converge(&r, a).await;
+    converge(&r, b).await;
+    let snapshot = r.state().fleet.snapshot();
+    let instance = |url: &str| Arc::clone(snapshot.get(url).expect("an instance").1);
+    let (ia, ib) = (instance(&a.url()), instance(&b.url()));
+    for (model, body) in &sent {
+        let (own, other, home, away) = match *model {
+            "model-a" => (&*bpe, &words, &ia, &ib),
+            _ => (&words, &*bpe, &ib, &ia),
+        };
+        let prompt = Prompt::from_body(body.as_bytes()).expect("a prompt");
+        let chain = token_chain(&own.ids(&prompt).expect("tokenizes"), 16);
+        let wrong = token_chain(&other.ids(&prompt).expect("tokenizes"), 16);
+        assert!(chain.len() >= 10, "{model}: {} blocks", chain.len());
+        // The router's blocks of the request are its model's tokenizer's...
+        let t = feeds.tokenize(body.as_bytes()).expect("tokenized");
+        let route = t.route(feeds);
+        assert_eq!(route.chain, chain.as_slice(), "{model}");
+        // ...which its engine reports holding in full; the other tokenizer's blocks, none.
+        let report = feeds.report(home, route.chain).expect("a report");
+        assert_eq!(report.matched_blocks as usize, chain.len(), "{model}");
+        assert_eq!(
+            feeds.report(home, &wrong).expect("a report").matched_blocks,
+            0
+        );
+        // The other engine never saw it.
+        assert_eq!(
+            feeds
+                .report(away, route.chain)
+                .expect("a report")
+                .matched_blocks,
+            0
+        );
+    }
+    // Documents warmed on each engine behind the router's back: only the engines' reports,
+    // matched with the right tokenizer, can make the router's next request for them a hit.
+    for d in 10..12 {
+        for (model, e) in [("model-a", a), ("model-b", b)] {
+            let ans = post(
+                e.local_addr(),
+                "/v1/chat/completions",
+                &[],
+                chat_for(model, d, 0),
+            )
+            .await;
+            assert_eq!(ans.status, http::StatusCode::OK, "{:?}", ans.body);
+        }
+    }
+    converge(&r, a).await;
+    converge(&r, b).await;
+    for d in 10..12 {
+        for (model, e) in [("model-a", a), ("model-b", b)] {
+            let ans = post(
+                r.local_addr(),
+                "/v1/chat/completions",
+                &[],
+                chat_for(model, d, 1),
+            )
+            .await;
+            assert_eq!(ans.status, http::StatusCode::OK, "{:?}", ans.body);
+            assert_eq!(
+                ans.header("x-prefix-router-instance"),
+                e.url(),
+                "{model} {d}"
+            );
+            assert_eq!(
+                ans.header("x-prefix-router-decision"),
+                "cache_hit",
+                "{model} document {d}"
+            );
+        }
     }
     r.shutdown().await;
 }

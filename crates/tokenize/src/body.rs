@@ -21,6 +21,22 @@ impl Prompt {
     /// completion. `None` for anything else.
     pub fn from_body(body: &[u8]) -> Option<Self> {
         let v: Value = serde_json::from_slice(body).ok()?;
+        Self::from_value(&v)
+    }
+
+    /// [`Self::from_body`], with the body's `model` (when it is a non-empty string), from one
+    /// parse of the body: which model's tokenizer to use is read with the prompt.
+    pub fn from_body_with_model(body: &[u8]) -> Option<(Option<String>, Self)> {
+        let v: Value = serde_json::from_slice(body).ok()?;
+        let prompt = Self::from_value(&v)?;
+        let model = match v.get("model") {
+            Some(Value::String(m)) if !m.is_empty() => Some(m.clone()),
+            _ => None,
+        };
+        Some((model, prompt))
+    }
+
+    fn from_value(v: &Value) -> Option<Self> {
         if let Some(Value::Array(list)) = v.get("messages") {
             let mut out = Vec::with_capacity(list.len());
             for m in list {
@@ -101,5 +117,31 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn the_model_comes_with_the_prompt() {
+        assert_eq!(
+            Prompt::from_body_with_model(br#"{"model":"a","prompt":"x y"}"#),
+            Some((Some("a".into()), Prompt::Completion("x y".into())))
+        );
+        let chat = br#"{"messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(
+            Prompt::from_body_with_model(chat),
+            Some((None, Prompt::Chat(vec![("user".into(), "hi".into())])))
+        );
+        // Not a name: as if none were given.
+        for odd in [
+            &br#"{"model":"","prompt":"x"}"#[..],
+            br#"{"model":7,"prompt":"x"}"#,
+        ] {
+            assert_eq!(
+                Prompt::from_body_with_model(odd),
+                Some((None, Prompt::Completion("x".into())))
+            );
+        }
+        // No prompt: nothing, whatever the model.
+        assert_eq!(Prompt::from_body_with_model(br#"{"model":"a"}"#), None);
+        assert_eq!(Prompt::from_body_with_model(b"{"), None);
     }
 }

@@ -479,6 +479,9 @@ pub struct KvEventsSettings {
     pub tokenizer: Option<std::path::PathBuf>,
     /// A chat template file to use instead of the one in `tokenizer_config.json`.
     pub chat_template: Option<std::path::PathBuf>,
+    /// A tokenizer per model (`[[kv_events.tokenizers]]`), for requests naming that model;
+    /// `tokenizer` above stays the one for every other model and for requests naming none.
+    pub tokenizers: Vec<KvEventsTokenizer>,
 }
 
 impl Default for KvEventsSettings {
@@ -492,8 +495,22 @@ impl Default for KvEventsSettings {
             endpoints: Vec::new(),
             tokenizer: None,
             chat_template: None,
+            tokenizers: Vec::new(),
         }
     }
+}
+
+/// One `[[kv_events.tokenizers]]` entry: the tokenizer of requests naming `model`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvEventsTokenizer {
+    /// The model name, as requests give it in `model` (and instances list it in `models`).
+    pub model: String,
+    /// Its `tokenizer.json` (or `builtin:words`), as `[kv_events] tokenizer`.
+    pub tokenizer: std::path::PathBuf,
+    /// A chat template file to use instead of the one in its `tokenizer_config.json`.
+    #[serde(default)]
+    pub chat_template: Option<std::path::PathBuf>,
 }
 
 /// One `[[kv_events.endpoints]]` entry.

@@ -263,3 +263,64 @@ fn a_staleness_bound_shorter_than_the_scrape_interval_is_refused() {
     assert!(e.contains("engine_metrics.stale_after_ms"), "{e}");
     assert!(err("[engine_metrics]\nstale_after_ms = 0").contains("stale_after_ms"));
 }
+
+#[test]
+fn a_tokenizer_per_model_parses_and_each_model_has_one() {
+    let s = parse(
+        "[kv_events]\ntokenizer = \"builtin:words\"\n[[kv_events.tokenizers]]\nmodel = \"model-a\"\ntokenizer = \"/models/a/tokenizer.json\"\nchat_template = \"/models/a/template.jinja\"\n[[kv_events.tokenizers]]\nmodel = \"model-b\"\ntokenizer = \"builtin:words\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let k = &s.kv_events;
+    assert_eq!(
+        k.tokenizer.as_deref(),
+        Some(std::path::Path::new("builtin:words"))
+    );
+    assert_eq!(
+        k.tokenizers,
+        vec![
+            KvEventsTokenizer {
+                model: "model-a".into(),
+                tokenizer: "/models/a/tokenizer.json".into(),
+                chat_template: Some("/models/a/template.jinja".into()),
+            },
+            KvEventsTokenizer {
+                model: "model-b".into(),
+                tokenizer: "builtin:words".into(),
+                chat_template: None,
+            },
+        ]
+    );
+    let entry = |model: &str| {
+        format!("[[kv_events.tokenizers]]\nmodel = \"{model}\"\ntokenizer = \"builtin:words\"\n")
+    };
+    let e = err(&format!(
+        "{}{}{}",
+        entry("model-a"),
+        entry("model-b"),
+        entry("model-a")
+    ));
+    assert!(
+        e.contains("kv_events.tokenizers[2].model") && e.contains("'model-a'"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "one line: {e}");
+    let e = err(&entry(" "));
+    assert!(e.contains("kv_events.tokenizers[0].model"), "{e}");
+}
+
+#[test]
+fn a_tokenizer_entry_needs_its_fields_and_no_others() {
+    // Placed at the entry's header.
+    let e = err("[kv_events]\nsubscribe = true\n[[kv_events.tokenizers]]\nmodel = \"model-a\"\n");
+    assert!(
+        e.contains("line 3") && e.contains("missing field `tokenizer`"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "one line: {e}");
+    let e = err("[[kv_events.tokenizers]]\ntokenizer = \"builtin:words\"\n");
+    assert!(e.contains("missing field `model`"), "{e}");
+    let e = err("[[kv_events.tokenizers]]\nmodel = \"m\"\ntokenizer = \"builtin:words\"\ntemplate = \"x\"\n");
+    assert!(e.contains("template"), "{e}");
+    let e = err("[[kv_events.tokenizers]]\nmodel = \"m\"\ntokenizer = \"\"\n");
+    assert!(e.contains("kv_events.tokenizers[0].tokenizer"), "{e}");
+}
