@@ -164,7 +164,7 @@ mod tests {
         rec.take()
             .into_iter()
             .map(|c| match c {
-                Call::Dispatched { instance, now } => format!("sent {instance} at {now}"),
+                Call::Dispatched { instance, now, .. } => format!("sent {instance} at {now}"),
                 Call::Feedback {
                     instance,
                     event,

@@ -582,6 +582,7 @@ mod tests {
     use super::*;
     use crate::simulate::{engine_config, routing_keys};
     use crate::testkit::{config, shared_docs, PRESET};
+    use prefix_router_core::Strategy as CoreStrategy;
     use prefix_router_core::{StrategyConfig, StrategyKind};
     use prefix_router_workload::ScaleEvent;
     use proptest::prelude::*;
@@ -643,6 +644,93 @@ mod tests {
             .iter()
             .filter(|r| r.instance == 2)
             .all(|r| r.start_s >= 6.0));
+    }
+
+    fn run_on(
+        w: &crate::SimWorkload,
+        c: &SimConfig,
+        replicas: &[Arc<dyn CoreStrategy>],
+    ) -> RunOutcome {
+        let engine = engine_config(PRESET).expect("test preset exists");
+        let keys = routing_keys(&w.requests, c).expect("keys");
+        let inputs = RunInputs {
+            requests: &w.requests,
+            keys: &keys,
+            engine: &engine,
+            config: c,
+            chains: None,
+        };
+        run_replicas(inputs, replicas, &mut |_| {}).expect("run completes")
+    }
+
+    #[test]
+    fn prefix_aware_replicas_route_every_request_as_one_router_does() {
+        let w = shared_docs(400, 20, 40.0, 21);
+        let kind = StrategyKind::named("prefix-aware").expect("registered");
+        let build = |n: usize| -> Vec<Arc<dyn CoreStrategy>> {
+            (0..n)
+                .map(|_| StrategyConfig::new(kind).build().expect("builds"))
+                .collect()
+        };
+        let c = config(5, &[]);
+        let one = run_on(&w, &c, &build(1));
+        let mut three = c.clone();
+        three.routers.replicas = 3;
+        let split = run_on(&w, &three, &build(3));
+        let at = |o: &RunOutcome| o.records.iter().map(|r| r.instance).collect::<Vec<_>>();
+        assert_eq!(at(&one), at(&split), "rendezvous needs no coordination");
+    }
+
+    #[test]
+    fn replicas_read_what_the_engines_hold_of_the_others_and_a_late_reading_is_unknown() {
+        use crate::routers::{RouterModel, ScrapeModel};
+        use prefix_router_core::strategies::recording::{Call, Pick, Recording};
+        // Three replicas that send everything to the first instance: each sees the others'
+        // requests there only through the scrape.
+        let others_seen = |scrape: Option<ScrapeModel>| {
+            let w = shared_docs(300, 10, 60.0, 22);
+            let mut c = config(3, &[]);
+            c.routers = RouterModel {
+                replicas: 3,
+                scrape,
+            };
+            let recorders: Vec<Arc<Recording>> = (0..3)
+                .map(|_| Arc::new(Recording::new(Pick::First)))
+                .collect();
+            let replicas: Vec<Arc<dyn CoreStrategy>> = recorders
+                .iter()
+                .map(|r| Arc::clone(r) as Arc<dyn CoreStrategy>)
+                .collect();
+            let out = run_on(&w, &c, &replicas);
+            assert!(out.records.iter().all(|r| r.instance == 0));
+            let (mut known, mut busy, mut all) = (0, 0, 0);
+            for r in &recorders {
+                for call in r.take() {
+                    if let Call::Dispatched { others, .. } = call {
+                        all += 1;
+                        known += usize::from(others.is_some());
+                        busy += usize::from(others.is_some_and(|q| q.total() > 0));
+                    }
+                }
+            }
+            assert_eq!(all, 300);
+            (known, busy)
+        };
+        assert_eq!(others_seen(None), (0, 0), "not scraped: unknown");
+        let fresh = ScrapeModel {
+            interval_s: 0.05,
+            delay_s: 0.005,
+            stale_after_s: 0.2,
+        };
+        let (known, busy) = others_seen(Some(fresh));
+        assert!(known > 250, "every reading is fresh: {known} of 300");
+        assert!(busy > 100, "the others' requests show: {busy} of 300");
+        // Each reading arrives after it went stale: unknown, never an idle engine.
+        let late = ScrapeModel {
+            delay_s: 0.5,
+            ..fresh
+        };
+        assert_eq!(others_seen(Some(late)), (0, 0));
     }
 
     proptest! {

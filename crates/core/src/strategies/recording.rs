@@ -22,8 +22,13 @@ pub enum Pick {
 /// One call the strategy received.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Call {
-    /// [`Strategy::dispatched`].
-    Dispatched { instance: InstanceId, now: f64 },
+    /// [`Strategy::dispatched`], with what the instance's engine reported of other routers'
+    /// requests then ([`Instance::others`]).
+    Dispatched {
+        instance: InstanceId,
+        now: f64,
+        others: Option<crate::EngineQueue>,
+    },
     /// [`Strategy::feedback`].
     Feedback {
         instance: InstanceId,
@@ -101,6 +106,7 @@ impl Strategy for Recording {
         self.push(Call::Dispatched {
             instance: instance.id().clone(),
             now: req.now,
+            others: instance.others(req.now),
         });
         Self::NOTE
     }
