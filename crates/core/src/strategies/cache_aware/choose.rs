@@ -27,12 +27,14 @@ pub(super) struct Candidate {
     pub(super) recent: f64,
 }
 
-/// Picks among `cands` (every eligible instance, scored) and says why.
+/// Picks among `cands` (every eligible instance, scored) and says why; `unseen`: the router
+/// never sent this prompt's first block anywhere.
 pub(super) fn choose(
     cands: &mut Vec<Candidate>,
     cfg: &CacheAwareConfig,
     req: &RouteRequest<'_>,
     fleet: &FleetSnapshot,
+    unseen: bool,
 ) -> Result<(Candidate, Reason), RouteError> {
     let block = cfg.chain.block_units;
     // The longest match among all, for the reasons, before the bound takes any out.
@@ -59,13 +61,15 @@ pub(super) fn choose(
     // against that rather than against the best's own (maybe tiny) cost, so that noise in
     // the learned costs of two instances that both hold a prefix does not flip it between
     // them on every request.
-    // Where nobody holds any of the prompt, a wider tie (`cold-tie-tolerance`): the new
-    // prefix then goes by rendezvous among every instance not clearly busier than the best.
-    // Router replicas each see their own queues, so a narrow tie makes each place it by its
-    // own view; a wide one makes them agree (the load still counts: an instance busier by
-    // more than that is out), and the requests that follow before the engines report the
-    // first one's blocks land with it.
-    let tolerance = if max_blocks == 0 {
+    // Where nobody holds any of a prompt this router never sent, a wider tie
+    // (`cold-tie-tolerance`): the new prefix then goes by rendezvous among every instance not
+    // clearly busier than the best. Router replicas each see their own queues, so a narrow tie
+    // makes each place it by its own view; a wide one makes them agree (the load still counts:
+    // an instance busier by more than that is out), and the requests that follow before the
+    // engines report the first one's blocks land with it. A prompt sent before and evicted
+    // since is placed by load: on caches that evict often, the wide tie kept sending
+    // documents back to the cache that had just dropped them (5 points of hit rate).
+    let tolerance = if max_blocks == 0 && unseen {
         cfg.tie_tolerance.max(cfg.cold_tie_tolerance)
     } else {
         cfg.tie_tolerance

@@ -310,6 +310,12 @@ impl BlockIndex {
         }
     }
 
+    /// Whether block `hash` is listed at all (sent to some instance and not yet dropped from
+    /// the budget, resident there or not).
+    pub fn contains(&self, hash: u64) -> bool {
+        self.lookup(hash).is_some()
+    }
+
     /// The stamp `slot` has on block `hash`, if it is listed as a holder.
     pub fn stamp(&self, hash: u64, slot: usize) -> Option<u32> {
         let tag = slot as u16 + 1;

@@ -429,3 +429,28 @@ fn replicas_that_see_different_queues_place_a_new_prefix_alike() {
         "the narrow tie should show the disagreement this guards against"
     );
 }
+
+#[test]
+fn an_evicted_prompt_is_placed_by_load_and_only_a_new_one_by_the_wide_tie() {
+    let busy = crate::EngineQueue {
+        waiting: 0,
+        running: 8,
+    };
+    for doc in 0..8u64 {
+        let chain = prompt("", doc, doc);
+        // A router that never saw the document keeps it on its rendezvous home although
+        // another router's requests run there (the wide tie: replicas agree).
+        let mut fresh = Router::new(4, &[]);
+        let (home, _, _) = Router::new(4, &[]).send(&chain);
+        fresh.fleet.snapshot().instances()[home].report_others(busy, 10.0);
+        assert_eq!(fresh.send(&chain).0, home, "doc {doc}");
+        // One that sent it there before, to a cache of a single block (evicted at once),
+        // places it again by load: elsewhere.
+        let mut seen = Router::new(4, &[("cache-chars", "128")]);
+        assert_eq!(seen.serve(&chain, None).0, home);
+        seen.fleet.snapshot().instances()[home].report_others(busy, 10.0);
+        let (again, reason, _) = seen.send(&chain);
+        assert_eq!(reason, Reason::Cold, "doc {doc}: nothing is resident");
+        assert_ne!(again, home, "doc {doc}");
+    }
+}
