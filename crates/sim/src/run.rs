@@ -588,17 +588,8 @@ mod tests {
     use proptest::prelude::*;
 
     fn run(w: &crate::SimWorkload, c: &SimConfig, kind: StrategyKind) -> RunOutcome {
-        let engine = engine_config(PRESET).expect("test preset exists");
-        let keys = routing_keys(&w.requests, c).expect("keys");
         let strategy = StrategyConfig::new(kind).build().expect("strategy builds");
-        let inputs = RunInputs {
-            requests: &w.requests,
-            keys: &keys,
-            engine: &engine,
-            config: c,
-            chains: None,
-        };
-        run_strategy(inputs, &strategy, &mut |_| {}).expect("run completes")
+        run_on(w, c, &[strategy])
     }
 
     #[test]

@@ -4,9 +4,8 @@
 
 mod support;
 
-use prefix_router_core::{PrefixLength, StrategyConfig, StrategyKind};
 use prefix_router_sim::run::RunOutcome;
-use prefix_router_sim::{Driver, SimConfig};
+
 use prefix_router_workload::{generators, Arrival, Request, WorkloadKind, WorkloadSpec};
 use std::collections::BTreeMap;
 
@@ -22,21 +21,7 @@ fn workload(seed: u64) -> Vec<Request> {
 }
 
 fn run(requests: &[Request], strategy: &str, seed: u64) -> RunOutcome {
-    let kind = StrategyKind::named(strategy).expect("registered");
-
-    let config = SimConfig {
-        preset: "small".into(),
-        instances: 7,
-        strategies: vec![StrategyConfig::new(kind)],
-        prefix_length: PrefixLength::new(1024).expect("valid"),
-        seed,
-        driver: Driver::ClosedLoop { clients: 8 },
-        scale: Vec::new(),
-        hit_rate_buckets: 1,
-        kv_events: Default::default(),
-        routers: Default::default(),
-    };
-    support::run_first(requests, &config)
+    support::run_first(requests, &support::config("small", strategy, 8, seed))
 }
 
 /// Documents whose requests mostly went to each instance.

@@ -5,9 +5,8 @@
 
 mod support;
 
-use prefix_router_core::{PrefixLength, StrategyConfig, StrategyKind};
 use prefix_router_sim::run::RunOutcome;
-use prefix_router_sim::{Driver, KvEventModel, SimConfig};
+use prefix_router_sim::{KvEventModel, SimConfig};
 use prefix_router_workload::{generators, Arrival, Request, WorkloadKind, WorkloadSpec};
 
 fn workload() -> Vec<Request> {
@@ -22,18 +21,9 @@ fn workload() -> Vec<Request> {
 }
 
 fn run(requests: &[Request], strategy: &str, kv_events: KvEventModel) -> RunOutcome {
-    let kind = StrategyKind::named(strategy).expect("registered");
     let config = SimConfig {
-        preset: "small".into(),
-        instances: 7,
-        strategies: vec![StrategyConfig::new(kind)],
-        prefix_length: PrefixLength::new(1024).expect("valid"),
-        seed: 4,
-        driver: Driver::ClosedLoop { clients: 16 },
-        scale: Vec::new(),
-        hit_rate_buckets: 1,
         kv_events,
-        routers: Default::default(),
+        ..support::config("small", strategy, 16, 4)
     };
     support::run_first(requests, &config)
 }

@@ -6,8 +6,7 @@
 
 mod support;
 
-use prefix_router_core::{PrefixLength, StrategyConfig, StrategyKind};
-use prefix_router_sim::{Driver, RouterModel, ScrapeModel, SimConfig};
+use prefix_router_sim::{RouterModel, ScrapeModel, SimConfig};
 use prefix_router_workload::{generators, Affinity, Arrival, Request, WorkloadKind, WorkloadSpec};
 
 fn workload() -> Vec<Request> {
@@ -19,18 +18,9 @@ fn workload() -> Vec<Request> {
 
 /// Each prefix's requests on its home instance, and the busiest instance over the mean.
 fn placement(requests: &[Request], strategy: &str, routers: RouterModel) -> Affinity {
-    let kind = StrategyKind::named(strategy).expect("registered");
     let config = SimConfig {
-        preset: "llama-3.1-70b-h100x8".into(),
-        instances: 7,
-        strategies: vec![StrategyConfig::new(kind)],
-        prefix_length: PrefixLength::new(1024).expect("valid"),
-        seed: 1,
-        driver: Driver::ClosedLoop { clients: 32 },
-        scale: Vec::new(),
-        hit_rate_buckets: 1,
-        kv_events: Default::default(),
         routers,
+        ..support::config("llama-3.1-70b-h100x8", strategy, 32, 1)
     };
     let out = support::run_first(requests, &config);
     Affinity::of(
