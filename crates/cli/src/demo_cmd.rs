@@ -832,10 +832,9 @@ pub fn render(demo: &DemoReport) -> String {
     let _ = writeln!(
         out,
         "simulate, same workload and settings (the discrete-event model of the same engines{}):",
-        if demo.runs.first().is_some_and(|r| r.replicas > 1) {
-            ", one router"
-        } else {
-            ""
+        match demo.runs.first().map_or(1, |r| r.replicas) {
+            1 => String::new(),
+            n => format!(" behind {n} router replicas"),
         }
     );
     for (d, s) in demo.report.results.iter().zip(&demo.simulated) {
