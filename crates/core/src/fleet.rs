@@ -191,6 +191,14 @@ impl Instance {
     pub fn report_others(&self, queue: EngineQueue, valid_until: f64) {
         self.reported.set(queue, valid_until)
     }
+    /// Stores what an engine that reports `running` and `waiting` requests holds beyond this
+    /// router's own in flight there now, trusted until `valid_until`; returns it. The one path
+    /// from a scrape to routing, for the server's scraper and the simulator's.
+    pub fn report_engine_queue(&self, running: f64, waiting: f64, valid_until: f64) -> EngineQueue {
+        let others = EngineQueue::others(running, waiting, self.in_flight());
+        self.report_others(others, valid_until);
+        others
+    }
     /// Its load as routing counts it at `now`: this router's requests in flight, plus the
     /// others the engine reported while that report is fresh (several router replicas then
     /// see one another's traffic).

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use prefix_router_core::{EngineQueue, Instance, InstanceState};
+use prefix_router_core::{Instance, InstanceState};
 
 use crate::metrics::InstanceLabels;
 use crate::prom;
@@ -134,8 +134,7 @@ pub async fn scrape_once(state: &AppState, path: &str, previous: &Previous) {
         // Both, or the queue is unknown: an engine that exports only one of them does not
         // say how many requests it holds.
         if let (true, Some(r), Some(w)) = (settings.route_on_queues, running, waiting) {
-            let others = EngineQueue::others(r, w, inst.in_flight());
-            inst.report_others(others, valid_until);
+            let others = inst.report_engine_queue(r, w, valid_until);
             m.engine_others
                 .get_or_create(&labels)
                 .set(f64::from(others.total()));

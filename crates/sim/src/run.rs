@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use prefix_router_core::extract::chat_route;
 use prefix_router_core::{
-    dispatch, Chain, ChainSpec, End, EngineQueue, ExtractError, InstanceId, KeyHash, KeyOptions,
-    PrefixLength, RequestInfo, RouteRequest, RouteRng, Strategy, Ticket, TokenRoute, Usage,
+    dispatch, Chain, ChainSpec, End, ExtractError, InstanceId, KeyHash, KeyOptions, PrefixLength,
+    RequestInfo, RouteRequest, RouteRng, Strategy, Ticket, TokenRoute, Usage,
 };
 use prefix_router_engine_model::{EngineConfig, EngineEvent, EngineRequest};
 use prefix_router_workload::Request;
@@ -531,9 +531,11 @@ impl Loop<'_> {
                 continue;
             };
             for view in &inst.views {
-                let others =
-                    EngineQueue::others(f64::from(running), f64::from(waiting), view.in_flight());
-                view.report_others(others, sent_at + model.stale_after_s);
+                view.report_engine_queue(
+                    f64::from(running),
+                    f64::from(waiting),
+                    sent_at + model.stale_after_s,
+                );
             }
         }
     }

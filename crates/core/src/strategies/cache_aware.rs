@@ -410,7 +410,9 @@ impl Strategy for CacheAware {
         // A prompt this router never sent (its first block unlisted): a new prefix, placed
         // with the wide tie so that replicas agree. One it sent before and that nobody holds
         // any more was evicted: placed by load, as any other.
-        let unseen = !req.chain.first().is_some_and(|h| st.index.contains(*h));
+        // (Looked up only when no candidate matched anything: the only case it decides.)
+        let unseen = cands.iter().all(|c| c.matched_blocks == 0)
+            && !req.chain.first().is_some_and(|h| st.index.contains(*h));
         let chosen = choose::choose(&mut cands, cfg, req, fleet, unseen);
         st.cands = cands;
         let (chosen, reason) = chosen?;
