@@ -31,9 +31,11 @@
 //! last block they hold (a cooled hot prefix goes back to one home) or, if they hold none, of
 //! the first block nobody holds, so a never-seen prefix on an idle fleet goes to a
 //! deterministic, evenly spread instance: router replicas agree without talking, and no
-//! instance is "the first". A hot prefix gains homes as its home's queue grows (another
-//! instance becomes cheaper even recomputing it) and gives them up as it cools (the home is
-//! cheapest again, and the spare copies age out). An overloaded instance only loses its own
+//! instance is "the first". Instances with room under the share bound come first (a prefix
+//! placed near the bound soon spills). With the engines' reports (kv-aware), a short opening
+//! most of them hold counts as held by all (`shared_opening`). A hot prefix gains homes as its
+//! home's queue grows (another instance becomes cheaper even recomputing it) and gives them up
+//! as it cools (the home is cheapest again, and the spare copies age out). An overloaded instance only loses its own
 //! requests: nothing switches cache routing off for the fleet.
 //!
 //! Feedback: an engine's `cached_tokens` that contradicts a prediction corrects the estimate of
@@ -233,6 +235,8 @@ struct State {
     recent: Vec<f64>,
     /// Scratch for the candidates of a decision.
     cands: Vec<Candidate>,
+    /// Scratch for their matches.
+    scratch: Vec<u32>,
     /// Uncached units of the requests this router sends, exponentially averaged: what each
     /// request another router queued on an instance is taken to cost there.
     mean_uncached: f64,
@@ -250,6 +254,37 @@ fn ahead(load: &InstanceLoad, inst: &Instance, now: f64, mean_uncached: f64) -> 
     let others = inst.others(now).unwrap_or_default();
     let queued = load.queued_units + (f64::from(others.waiting) * mean_uncached) as u64;
     (queued, load.decoding.saturating_add(others.running))
+}
+
+/// A prefix that more than half of the candidates hold and that is less than half of the
+/// prompt (a system prompt every request opens with, followed by a new document) is counted as
+/// held by all of them: the others pay for it once and hold it from then on. Counted only where
+/// it is held, it keeps new content off the instances that lack it for as long as their queues
+/// are short (at light load, forever: on `rag` with exact reports, one of seven instances took
+/// nothing, and the six others' caches held more documents each). Cache-aware's index does the
+/// same for an opening sent to more instances than it lists (crowded blocks), so only the
+/// engines' reports (kv-aware) count here. The decision's prediction stays what each instance
+/// really holds.
+fn shared_opening(cands: &mut [Candidate], units: &mut Vec<u32>, prompt_units: u32, block: u32) {
+    let n = cands.len();
+    if n < 3 {
+        return;
+    }
+    // The longest prefix more than half hold: the (n/2+1)-th largest match.
+    units.clear();
+    units.extend(
+        cands
+            .iter()
+            .map(|c| if c.reported { c.matched_units } else { 0 }),
+    );
+    let (_, &mut shared, _) = units.select_nth_unstable_by(n / 2, |a, b| b.cmp(a));
+    if shared == 0 || 2 * u64::from(shared) >= u64::from(prompt_units) {
+        return;
+    }
+    for c in cands.iter_mut().filter(|c| c.matched_units < shared) {
+        c.matched_units = shared;
+        c.matched_blocks = shared / block.max(1);
+    }
 }
 
 /// Requests per instance over which the share bound looks (the decay of `recent`).
@@ -286,6 +321,7 @@ impl CacheAware {
             matched: Vec::new(),
             recent: Vec::new(),
             cands: Vec::new(),
+            scratch: Vec::new(),
             mean_uncached: 0.0,
             stats: StrategyStats {
                 index_budget_blocks: config.index_blocks as u64,
@@ -374,30 +410,41 @@ impl Strategy for CacheAware {
             });
             let held = report.and_then(|(_, _, h)| h);
             all_held &= held.is_some();
-            let (matched_blocks, matched_units, loadable_units) = match report {
-                Some((units, loadable, _)) => (units / block.max(1), units, loadable),
+            let (matched_units, loadable_units) = match report {
+                Some((units, loadable, _)) => (units, loadable),
                 None => {
                     let b = slot.map_or(0, |s| st.matched[s]);
-                    (b, b.saturating_mul(block).min(req.prompt_units), 0)
+                    (b.saturating_mul(block).min(req.prompt_units), 0)
                 }
             };
             let load = slot.map_or(&idle, |s| &st.loads[s]);
-            // A block loaded from CPU memory costs a transfer, not a prefill: it saves
-            // `offload_credit` of its computation.
-            let uncached = f64::from(req.prompt_units - matched_units)
-                - cfg.offload_credit * f64::from(loadable_units);
-            let cost = load.cost(&st.pool, instances);
             let (queued, decoding) = ahead(load, inst, req.now, st.mean_uncached);
             cands.push(Candidate {
                 index,
-                matched_blocks,
+                matched_blocks: matched_units / block.max(1),
                 matched_units,
-                expected_s: cost.ttft(queued as f64 + uncached, f64::from(decoding)),
-                full_prefill_s: cost.per_unit_s * f64::from(req.prompt_units),
+                cached_units: matched_units,
+                reported: report.is_some(),
+                reach_units: matched_units.saturating_add(loadable_units),
+                cost: load.cost(&st.pool, instances),
+                queued_units: queued as f64,
+                decoding: f64::from(decoding),
+                expected_s: 0.0,
+                full_prefill_s: 0.0,
                 footprint: slot.map_or(0, |s| st.slots.footprint(s)),
                 held: held.map(|h| u32::try_from(h).unwrap_or(u32::MAX)),
                 recent: slot.map_or(0.0, |s| st.recent[s]),
             });
+        }
+        shared_opening(&mut cands, &mut st.scratch, req.prompt_units, block);
+        for c in cands.iter_mut() {
+            // A block loaded from CPU memory costs a transfer, not a prefill: it saves
+            // `offload_credit` of its computation.
+            let loadable = c.reach_units.saturating_sub(c.matched_units);
+            let uncached = f64::from(req.prompt_units - c.matched_units)
+                - cfg.offload_credit * f64::from(loadable);
+            c.expected_s = c.cost.ttft(c.queued_units + uncached, c.decoding);
+            c.full_prefill_s = c.cost.per_unit_s * f64::from(req.prompt_units);
         }
         // How full each cache is, for the rule that keeps new content off the fullest: from
         // the engines where every candidate's is reported (the same for every router replica,
@@ -419,7 +466,7 @@ impl Strategy for CacheAware {
         Ok(Decision {
             index: chosen.index,
             reason,
-            predicted_cached_units: chosen.matched_units,
+            predicted_cached_units: chosen.cached_units,
         })
     }
 

@@ -212,6 +212,38 @@ mod tests {
     }
 
     #[test]
+    fn an_opening_most_engines_hold_does_not_keep_new_documents_off_the_others() {
+        // Instances 0-2 report holding the prompt's first `opening` blocks (a system prompt
+        // every request starts with); instance 3 has never been sent one. The queues are empty.
+        let spread = |opening: u32| {
+            let (s, fleet) = setup();
+            let mut per = [0usize; 4];
+            for doc in 0..40u8 {
+                let (at, _, cached) = route(
+                    &s,
+                    &fleet,
+                    &[(0, opening), (1, opening), (2, opening), (3, 0)],
+                    doc,
+                );
+                per[at] += 1;
+                // The prediction stays what the instance holds.
+                let holds = if at == 3 { 0 } else { opening * 64 };
+                assert_eq!(cached, holds, "doc {doc} on {at}");
+            }
+            per
+        };
+        // A short opening (25 of 125 blocks): new documents behind it go to all four, the one
+        // without it too (it then holds it; counted only where held, it would never get any
+        // while the queues are short).
+        let per = spread(25);
+        assert!(per.iter().all(|&n| n >= 5), "{per:?}");
+        // Most of the prompt (100 of 125 blocks): recomputing it is real work, so its holders
+        // keep it.
+        let per = spread(100);
+        assert_eq!(per[3], 0, "{per:?}");
+    }
+
+    #[test]
     fn an_offloaded_copy_draws_new_requests_and_a_gpu_hit_beats_it() {
         for doc in 0..6u8 {
             // Where the prefix would go with nobody holding it.

@@ -454,3 +454,39 @@ fn an_evicted_prompt_is_placed_by_load_and_only_a_new_one_by_the_wide_tie() {
         assert_ne!(again, home, "doc {doc}");
     }
 }
+
+#[test]
+fn documents_are_placed_where_the_share_bound_leaves_them_room() {
+    // Half the requests for one hot document, the rest for 60 others, each three times: the
+    // hot one fills its homes up to the share bound. A document placed on one of them would
+    // see its later requests turned away (and computed again elsewhere); placed on an instance
+    // with room, they all hit.
+    let mut r = Router::new(7, &[]);
+    let mut home = std::collections::HashMap::<u64, usize>::new();
+    let (mut moved, mut repeats) = (0, 0);
+    for q in 0..1_080u64 {
+        let doc = if q % 2 == 0 {
+            0
+        } else {
+            1 + (q / 2) % 60 + 60 * (q / 360)
+        };
+        let (i, _) = r.serve(&prompt("", doc, q), None);
+        if doc == 0 {
+            continue;
+        }
+        match home.get(&doc) {
+            Some(&h) => {
+                repeats += 1;
+                moved += usize::from(h != i);
+            }
+            None => {
+                home.insert(doc, i);
+            }
+        }
+    }
+    // 119 of the 360 repeats moved before candidates with room came first; 93 since.
+    assert!(
+        moved <= 100,
+        "{moved} of {repeats} repeats left their document's home"
+    );
+}
