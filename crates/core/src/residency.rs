@@ -14,9 +14,6 @@ pub struct Report {
     /// Blocks after those that it can load from an offloaded copy (CPU memory or further)
     /// instead of computing them: cheaper than a miss, dearer than a hit.
     pub offloaded_blocks: u32,
-    /// Blocks it holds on its GPU in all, where known: how full its cache is, the same for
-    /// every router replica that reads the same engine.
-    pub held_blocks: Option<u64>,
 }
 
 /// How many leading token blocks of a request an instance holds.

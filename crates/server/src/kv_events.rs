@@ -243,7 +243,6 @@ impl Residency for KvFeeds {
             Report {
                 matched_blocks: count(gpu),
                 offloaded_blocks: count(offloaded),
-                held_blocks: Some(f.view.gpu_blocks() as u64),
             }
         })
     }

@@ -141,7 +141,6 @@ impl Residency for SimViews {
             matched_blocks: u32::try_from(n).unwrap_or(u32::MAX),
             // The engine model keeps no offloaded tier.
             offloaded_blocks: 0,
-            held_blocks: Some(view.held.len() as u64),
         })
     }
 }

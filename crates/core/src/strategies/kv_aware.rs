@@ -90,7 +90,6 @@ mod tests {
                 crate::Report {
                     matched_blocks,
                     offloaded_blocks: off.min(chain.len() as u32 - matched_blocks),
-                    held_blocks: None,
                 }
             })
         }

@@ -38,8 +38,6 @@ pub(super) struct Candidate {
     pub(super) full_prefill_s: f64,
     /// Blocks it probably holds (cache pressure).
     pub(super) footprint: u32,
-    /// Blocks its engine reports holding, where it does.
-    pub(super) held: Option<u32>,
     /// Requests sent there recently.
     pub(super) recent: f64,
 }
