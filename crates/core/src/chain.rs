@@ -101,6 +101,8 @@ fn chars_into(seed: u64, text: &str, spec: ChainSpec, out: &mut Vec<u64>) -> u32
     let mut read = 0usize;
     let max = spec.max_units as usize;
     let mut rest = text;
+    // At most one block per `block` bytes: reserved once, not grown push by push.
+    out.reserve(text.len().min(max) / block);
     if text.is_ascii() {
         // Fast path: one byte per character.
         let cut = &text.as_bytes()[..text.len().min(max)];

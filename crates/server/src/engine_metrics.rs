@@ -98,7 +98,7 @@ pub async fn scrape_once(state: &AppState, path: &str, previous: &Previous) {
         let Some(samples) = page else { continue };
         let id = inst.id().to_string();
         let labels = InstanceLabels {
-            instance: id.clone(),
+            instance: crate::metrics::IdLabel(Arc::clone(&inst.id().0)),
         };
         let counters = first(&samples, HITS).zip(first(&samples, QUERIES));
         let ratio = match (counters, prev.get(&id)) {

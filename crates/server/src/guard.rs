@@ -8,7 +8,7 @@ use std::time::Instant;
 use prefix_router_core::{Instance, Ticket, Usage};
 
 use crate::access_log::Entry;
-use crate::metrics::{ApiLabels, InstanceLabels, RequestLabels};
+use crate::metrics::{ApiLabels, IdLabel, InstanceLabels, RequestLabels};
 use crate::outcome::Outcome;
 use crate::state::AppState;
 
@@ -124,7 +124,7 @@ impl InFlightGuard {
             .metrics
             .ttft
             .get_or_create(&InstanceLabels {
-                instance: self.instance.id().to_string(),
+                instance: IdLabel(std::sync::Arc::clone(&self.instance.id().0)),
             })
             .observe(ttft);
         if self.outcome == Outcome::Ok {
@@ -150,7 +150,7 @@ impl Drop for InFlightGuard {
         let m = &self.state.metrics;
         m.requests
             .get_or_create(&RequestLabels {
-                instance: self.instance.id().to_string(),
+                instance: IdLabel(std::sync::Arc::clone(&self.instance.id().0)),
                 api: self.api,
                 outcome: outcome.label(),
             })

@@ -140,7 +140,7 @@ impl KvEventMetrics {
 
     fn forget(&self, instance: &str) {
         let i = InstanceLabels {
-            instance: instance.to_string(),
+            instance: instance.into(),
         };
         let k = |kind| ResultLabels {
             instance: instance.to_string(),
@@ -499,7 +499,9 @@ async fn subscribe(state: Arc<AppState>, id: String, endpoints: Endpoints, feed:
     };
     let mut sub = Subscriber {
         feeds,
-        labels: InstanceLabels { instance: id },
+        labels: InstanceLabels {
+            instance: id.into(),
+        },
         endpoints,
         feed,
         seq: Sequence::new(),
@@ -537,7 +539,7 @@ struct Subscriber<'a> {
 
 fn kind(s: &Subscriber<'_>, kind: &'static str) -> ResultLabels {
     ResultLabels {
-        instance: s.labels.instance.clone(),
+        instance: s.labels.instance.0.to_string(),
         kind,
     }
 }

@@ -3,23 +3,54 @@
 pub mod learned;
 
 use prefix_router_core::{FleetSnapshot, InstanceState, Strategy};
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 /// `instance, api, outcome`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    /// Instance id, or `none` when the router answered itself.
-    pub instance: String,
+    /// Instance id, or `none` when the router answered itself (shared with the instance's
+    /// own id: a label built per request allocates nothing).
+    pub instance: IdLabel,
     /// `chat`, `completions`, `invocations`, `other`.
     pub api: &'static str,
     /// `ok`, `upstream_4xx`, `upstream_5xx`, `client_error`, `cancelled`, `stream_error`, ...
     pub outcome: &'static str,
+}
+
+/// An instance id as a label value, sharing the id's own string: the labels built for every
+/// request allocate nothing.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct IdLabel(pub Arc<str>);
+
+impl EncodeLabelValue for IdLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&&*self.0, encoder)
+    }
+}
+
+impl std::fmt::Display for IdLabel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for IdLabel {
+    fn from(s: &str) -> Self {
+        Self(s.into())
+    }
+}
+
+impl From<String> for IdLabel {
+    fn from(s: String) -> Self {
+        Self(s.into())
+    }
 }
 
 /// `strategy, reason`.
@@ -34,8 +65,8 @@ pub struct DecisionLabels {
 /// `instance`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InstanceLabels {
-    /// Instance id.
-    pub instance: String,
+    /// Instance id (shared, as above).
+    pub instance: IdLabel,
 }
 
 /// `instance, kind`.
@@ -296,7 +327,7 @@ impl Metrics {
         self.healthy.clear();
         for inst in fleet.instances() {
             let labels = InstanceLabels {
-                instance: inst.id().to_string(),
+                instance: IdLabel(Arc::clone(&inst.id().0)),
             };
             self.in_flight
                 .get_or_create(&labels)

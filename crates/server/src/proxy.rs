@@ -244,9 +244,15 @@ fn candidates(
 /// One dispatched attempt: the instance chosen, why, and the guard holding its slot.
 struct Routed {
     instance: Arc<Instance>,
-    id: String,
     reason: &'static str,
     guard: InFlightGuard,
+}
+
+impl Routed {
+    /// The instance's id (borrowed: no string built per request).
+    fn id(&self) -> &str {
+        self.instance.id().as_str()
+    }
 }
 
 /// Chooses an instance in `fleet` for `route_req`, counting the decision, and takes a slot on
@@ -283,7 +289,6 @@ fn route(
         InstanceStats::bump(&stats.overflow);
     }
     Ok(Routed {
-        id: instance.id().to_string(),
         instance,
         reason: reason.label(),
         guard: InFlightGuard::new(Arc::clone(state), ticket, api.label(), received),
@@ -308,7 +313,7 @@ async fn attempt(
     let failure = match sent {
         Ok(Ok(resp)) => {
             if resp.status().is_server_error() {
-                state.metrics.upstream_error(&routed.id, "status_5xx");
+                state.metrics.upstream_error(routed.id(), "status_5xx");
                 routed.guard.count_error();
                 health::passive_failure(state, &routed.instance);
             } else {
@@ -319,7 +324,7 @@ async fn attempt(
         Ok(Err(e)) => Failure::of(&e),
         Err(_) => Failure::Timeout,
     };
-    state.metrics.upstream_error(&routed.id, failure.label());
+    state.metrics.upstream_error(routed.id(), failure.label());
     routed.guard.count_error();
     routed.guard.fail(failure.outcome());
     if failure.ejects() {
@@ -411,7 +416,7 @@ async fn forward(
         let retry_reason = match attempt(state, &parts, &body, &mut routed).await? {
             Err(failure) => {
                 if !(failure.retryable() && can_retry(&tried, &routed.instance)) {
-                    return Err(failure.answer(&routed.id, settings.timeouts.first_byte));
+                    return Err(failure.answer(routed.id(), settings.timeouts.first_byte));
                 }
                 failure.label()
             }
@@ -429,7 +434,7 @@ async fn forward(
                     routed.guard.set_status(status.as_u16());
                     tracing::debug!(
                         api = api.label(),
-                        instance = %routed.id,
+                        instance = %routed.id(),
                         decision = routed.reason,
                         status = status.as_u16(),
                         attempt = attempt_no,
@@ -449,7 +454,7 @@ async fn forward(
                 reason: retry_reason,
             })
             .inc();
-        tracing::debug!(instance = %routed.id, reason = retry_reason, "retrying on another instance");
+        tracing::debug!(instance = %routed.id(), reason = retry_reason, "retrying on another instance");
         let Routed {
             instance, guard, ..
         } = routed;
@@ -473,7 +478,7 @@ fn relay(
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.version = Version::default();
-    if let Ok(v) = HeaderValue::from_str(&routed.id) {
+    if let Ok(v) = HeaderValue::from_str(routed.id()) {
         parts.headers.insert(INSTANCE_HEADER, v);
     }
     parts

@@ -87,8 +87,11 @@ pub fn build_request(
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    let uri: Uri = format!("{base}{path}")
-        .parse()
+    // Built once into a buffer the URI then shares (`str::parse` would copy it again).
+    let mut text = String::with_capacity(base.len() + path.len());
+    text.push_str(base);
+    text.push_str(path);
+    let uri = Uri::from_maybe_shared(Bytes::from(text))
         .map_err(|e| ApiError::internal(format!("cannot build upstream URI: {e}")))?;
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = parts.method.clone();
