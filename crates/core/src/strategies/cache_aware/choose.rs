@@ -124,9 +124,9 @@ pub(super) fn choose(
     // Among those, ones with room under the share bound first: a prefix whose home is near
     // its bound soon spills (its next request finds the home full and goes elsewhere, a miss
     // and a second copy), while an equally good instance with room keeps it. In the simulator
-    // this raised hit rates on every workload with a hot or shared prefix (agent 92.5 -> 92.9%,
-    // hot-prefix 64.9 -> 65.2% for cache-aware) and evened the load (busiest 1.13 -> 1.06x the
-    // mean on agent); see BENCHMARKS.md.
+    // (seed 1) agent went 92.5 -> 92.9% for cache-aware and 92.1 -> 93.1% for kv-aware, its
+    // busiest instance 1.13 -> 1.06x the mean; hot-prefix 64.1 -> 65.5% for kv-aware (64.9 ->
+    // 64.8% for cache-aware); see BENCHMARKS.md.
     let room = |c: &&Candidate| cfg.max_share <= 0.0 || c.recent + 1.0 <= HEADROOM * bound;
     let pick = |with_room: bool| {
         competing()
