@@ -32,6 +32,9 @@ use prefix_router_server::settings::Settings;
 use prefix_router_server::Router;
 use tokio::net::{TcpListener, TcpStream};
 
+#[path = "../tests/support/chat_body.rs"]
+mod chat_body;
+
 const ANSWER: &[u8] = br#"{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
 
 fn env(name: &str, default: u64) -> u64 {
@@ -43,29 +46,7 @@ fn env(name: &str, default: u64) -> u64 {
 
 /// 16 KiB chat bodies, each with its own document (distinct routing keys).
 fn bodies(n: usize) -> Vec<Bytes> {
-    (0..n)
-        .map(|i| {
-            let mut doc = format!("Document {i}. ");
-            let mut x = i as u64 + 1;
-            while doc.len() < 16 * 1024 - 200 {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                doc.push_str(
-                    ["policy ", "clause ", "section ", "rate ", "term ", "limit "]
-                        [(x >> 60) as usize % 6],
-                );
-            }
-            let body = serde_json::json!({
-                "model": "m",
-                "messages": [
-                    {"role": "system", "content": doc},
-                    {"role": "user", "content": "Summarise."}
-                ]
-            });
-            Bytes::from(body.to_string())
-        })
-        .collect()
+    (0..n).map(chat_body::chat_body).collect()
 }
 
 async fn upstream() -> SocketAddr {

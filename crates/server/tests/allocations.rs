@@ -80,26 +80,6 @@ fn runtime(name: &str, router: bool) -> tokio::runtime::Runtime {
     b.build().expect("runtime")
 }
 
-/// A chat body of about 16 KiB with its own document `i` (its own routing key and prefix).
-fn body(i: usize) -> Bytes {
-    let mut doc = format!("Document {i}. ");
-    let mut x = i as u64 + 1;
-    while doc.len() < 16 * 1024 - 200 {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        doc.push_str(["policy ", "clause ", "rate ", "term "][(x >> 61) as usize % 4]);
-    }
-    let body = serde_json::json!({
-        "model": "m",
-        "messages": [
-            {"role": "system", "content": doc},
-            {"role": "user", "content": "Summarise."}
-        ]
-    });
-    Bytes::from(body.to_string())
-}
-
 /// Allocations and bytes per request on the router's threads, under `strategy`.
 fn per_request(strategy: &str) -> (f64, f64) {
     let rest = runtime("rest", false);
@@ -126,7 +106,7 @@ fn per_request(strategy: &str) -> (f64, f64) {
         .block_on(Router::start(settings, None))
         .expect("router starts");
     let addr = router.local_addr();
-    let bodies: Vec<Bytes> = (0..64).map(body).collect();
+    let bodies: Vec<Bytes> = (0..64).map(support::chat_body::chat_body).collect();
     let send = |n: usize, from: usize| {
         rest.block_on(async {
             let mut sender = support::connect(addr).await;

@@ -265,7 +265,7 @@ fn ahead(load: &InstanceLoad, inst: &Instance, now: f64, mean_uncached: f64) -> 
 /// same for an opening sent to more instances than it lists (crowded blocks), so only the
 /// engines' reports (kv-aware) count here. The decision's prediction stays what each instance
 /// really holds.
-fn shared_opening(cands: &mut [Candidate], units: &mut Vec<u32>, prompt_units: u32, block: u32) {
+fn shared_opening(cands: &mut [Candidate], units: &mut Vec<u32>, prompt_units: u32) {
     let n = cands.len();
     if n < 3 {
         return;
@@ -283,7 +283,6 @@ fn shared_opening(cands: &mut [Candidate], units: &mut Vec<u32>, prompt_units: u
     }
     for c in cands.iter_mut().filter(|c| c.matched_units < shared) {
         c.matched_units = shared;
-        c.matched_blocks = shared / block.max(1);
     }
 }
 
@@ -418,7 +417,6 @@ impl Strategy for CacheAware {
             let (queued, decoding) = ahead(load, inst, req.now, st.mean_uncached);
             cands.push(Candidate {
                 index,
-                matched_blocks: matched_units / block.max(1),
                 matched_units,
                 cached_units: matched_units,
                 reported: report.is_some(),
@@ -432,7 +430,7 @@ impl Strategy for CacheAware {
                 recent: slot.map_or(0.0, |s| st.recent[s]),
             });
         }
-        shared_opening(&mut cands, &mut st.scratch, req.prompt_units, block);
+        shared_opening(&mut cands, &mut st.scratch, req.prompt_units);
         for c in cands.iter_mut() {
             // A block loaded from CPU memory costs a transfer, not a prefill: it saves
             // `offload_credit` of its computation.
@@ -451,7 +449,7 @@ impl Strategy for CacheAware {
         // with the wide tie so that replicas agree. One it sent before and that nobody holds
         // any more was evicted: placed by load, as any other.
         // (Looked up only when no candidate matched anything: the only case it decides.)
-        let unseen = cands.iter().all(|c| c.matched_blocks == 0)
+        let unseen = cands.iter().all(|c| c.blocks(block) == 0)
             && !req.chain.first().is_some_and(|h| st.index.contains(*h));
         let chosen = choose::choose(&mut cands, cfg, req, fleet, unseen);
         st.cands = cands;

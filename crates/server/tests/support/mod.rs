@@ -2,6 +2,7 @@
 //! and a small HTTP client. Loopback only.
 #![allow(dead_code)]
 
+pub mod chat_body;
 pub mod dns;
 
 use std::convert::Infallible;

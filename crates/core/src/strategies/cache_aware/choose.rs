@@ -18,9 +18,8 @@ const HEADROOM: f64 = 0.8;
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Candidate {
     pub(super) index: usize,
-    /// The match the choice counts (a shared opening counted for every candidate, see
-    /// `super::shared_opening`).
-    pub(super) matched_blocks: u32,
+    /// The match the choice counts, in units (a shared opening counted for every candidate,
+    /// see `super::shared_opening`); [`Candidate::blocks`] in whole blocks.
     pub(super) matched_units: u32,
     /// The prefix it really holds (the prediction the engine's `cached_tokens` is checked on).
     pub(super) cached_units: u32,
@@ -42,6 +41,13 @@ pub(super) struct Candidate {
     pub(super) recent: f64,
 }
 
+impl Candidate {
+    /// Its match in whole blocks of `block` units.
+    pub(super) fn blocks(&self, block: u32) -> u32 {
+        self.matched_units / block.max(1)
+    }
+}
+
 /// Picks among `cands` (every eligible instance, scored) and says why; `unseen`: the router
 /// never sent this prompt's first block anywhere.
 pub(super) fn choose(
@@ -53,7 +59,7 @@ pub(super) fn choose(
 ) -> Result<(Candidate, Reason), RouteError> {
     let block = cfg.chain.block_units;
     // The longest match among all, for the reasons, before the bound takes any out.
-    let longest = cands.iter().max_by_key(|c| c.matched_blocks).copied();
+    let longest = cands.iter().max_by_key(|c| c.blocks(block)).copied();
     // Bounded load: an instance that would take more than `max_share` times the mean of the
     // recent requests is out of this decision (its holders' prefix then gains a home
     // elsewhere). At least `SHARE_SLACK` requests above the mean are always allowed, so that
@@ -71,7 +77,7 @@ pub(super) fn choose(
     else {
         return Err(no_instance(fleet, req.model));
     };
-    let max_blocks = longest.map_or(0, |c| c.matched_blocks);
+    let max_blocks = longest.map_or(0, |c| c.blocks(block));
     // Tied: within `tie_tolerance` of the whole prompt's prefill of the best. Measured
     // against that rather than against the best's own (maybe tiny) cost, so that noise in
     // the learned costs of two instances that both hold a prefix does not flip it between
@@ -95,7 +101,7 @@ pub(super) fn choose(
     // Among the tied, a match counts by what it saves: those within the same tolerance of
     // the longest match compete (a shared opening that is a small part of the prompt does
     // not make its holders the only candidates for every new document behind it).
-    let held = tied().map(|c| c.matched_blocks).max().unwrap_or(0);
+    let held = tied().map(|c| c.blocks(block)).max().unwrap_or(0);
     let held_units = held.saturating_mul(block).min(req.prompt_units);
     let slack = (cfg.tie_tolerance * f64::from(req.prompt_units)) as u32;
     let floor = held_units.saturating_sub(slack);
@@ -148,7 +154,7 @@ pub(super) fn choose(
         Reason::Cold
     } else if chosen.matched_units + slack >= max_units {
         Reason::CacheHit
-    } else if chosen.matched_blocks > 0 {
+    } else if chosen.blocks(block) > 0 {
         Reason::HotReplica { from: from() }
     } else {
         Reason::Load { from: from() }
