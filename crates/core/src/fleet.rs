@@ -188,7 +188,7 @@ impl Instance {
     }
     /// Stores the engine's latest report (see [`EngineQueue::others`]), trusted until
     /// `valid_until` on the caller's clock.
-    pub fn report_others(&self, queue: EngineQueue, valid_until: f64) {
+    pub(crate) fn report_others(&self, queue: EngineQueue, valid_until: f64) {
         self.reported.set(queue, valid_until)
     }
     /// Stores what an engine that reports `running` and `waiting` requests holds beyond this

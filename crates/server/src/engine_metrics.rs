@@ -3,7 +3,7 @@
 //! names). The router's in-flight counts only see its own traffic; an engine's queue holds
 //! everyone's. With `route_on_queues`, what an engine holds beyond this router's own in flight
 //! (other router replicas' requests, or direct clients') is stored on the instance for routing
-//! ([`Instance::report_others`]), trusted for `stale_after` from when the scrape was sent.
+//! ([`Instance::report_engine_queue`]), trusted for `stale_after` from when the scrape was sent.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
