@@ -92,6 +92,12 @@ pub struct MockEngineArgs {
     /// Share (0..1) of KV-event batches not sent (still replayable): lost messages on purpose.
     #[arg(long, value_name = "F", default_value_t = 0.0, requires = "kv_events")]
     pub kv_events_drop: f64,
+
+    /// Answer at once, without the engine model (no cache, no queue; prompt tokens estimated
+    /// from the body's size): an upstream that costs next to nothing, for measuring what a
+    /// proxy in front of it adds (bench/peers.sh).
+    #[arg(long, conflicts_with_all = ["kv_events", "tokenizer"])]
+    pub instant: bool,
 }
 
 /// Runs one mock engine until Ctrl-C.
@@ -103,6 +109,7 @@ pub fn run(args: MockEngineArgs) -> Result<()> {
     config.model = args.model;
     config.loras = args.loras;
     config.seed = args.seed;
+    config.instant = args.instant;
     config.faults = Faults {
         fail_rate: args.fail_rate,
         fail_status: args.fail_status,
@@ -151,12 +158,19 @@ pub fn run(args: MockEngineArgs) -> Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let engine = MockEngine::bind(args.listen, config).await?;
-        eprintln!(
-            "mock engine (preset {}, time scale {}) listening on {}",
-            args.preset,
-            args.time_scale,
-            engine.url()
-        );
+        if args.instant {
+            eprintln!(
+                "mock engine (instant answers) listening on {}",
+                engine.url()
+            );
+        } else {
+            eprintln!(
+                "mock engine (preset {}, time scale {}) listening on {}",
+                args.preset,
+                args.time_scale,
+                engine.url()
+            );
+        }
         if let (Some(e), Some(r)) = (
             engine.kv_events_endpoint(),
             engine.kv_events_replay_endpoint(),

@@ -70,6 +70,10 @@ pub struct MockEngineConfig {
     /// The model's tokenizer and chat template; `None`: one token per word (the workload's
     /// text model, roles adding none).
     pub tokenizer: Option<std::sync::Arc<prefix_router_tokenize::ChatTokenizer>>,
+    /// Answer every inference request at once, without the engine model (no cache, no queue,
+    /// `prompt_tokens` estimated from the body's size): an upstream whose own cost is close to
+    /// nothing, for measuring what a proxy in front of it adds (`bench/peers.sh`).
+    pub instant: bool,
 }
 
 impl MockEngineConfig {
@@ -84,6 +88,7 @@ impl MockEngineConfig {
             seed: 0,
             kv_events: None,
             tokenizer: None,
+            instant: false,
         }
     }
 

@@ -15,6 +15,7 @@ use crate::api_error::ApiError;
 use crate::body::ResponseBody;
 use crate::driver::{Progress, Submission};
 use crate::faults::{FaultState, Verdict};
+use crate::instant;
 use crate::metrics::Metrics;
 use crate::request::{self, ApiKind};
 use crate::response::Meta;
@@ -96,6 +97,20 @@ where
     };
     let config = &state.config;
     let default_model = kind.is_none().then_some(config.model.as_str());
+    if config.instant {
+        let i = instant::skim(kind, &body, default_model)?;
+        let head = Head {
+            kind: i.kind,
+            model: i.model,
+            prompt_tokens: i.prompt_tokens,
+            digest: 0,
+            stream: i.stream,
+            include_usage: i.include_usage,
+            max_tokens: i.max_tokens,
+        };
+        let (pending, _) = admit(state, head).await?;
+        return answer(state, pending, instant::progress(i.max_tokens)).await;
+    }
     let parsed = request::parse(
         kind,
         &body,
@@ -103,23 +118,23 @@ where
         config.engine.block_tokens,
         config.tokenizer.as_deref(),
     )?;
-    if !config.serves(&parsed.model) {
-        return Err(ApiError::unknown_model(&parsed.model));
-    }
-    match state.faults.draw() {
-        Verdict::Fail(status) => return Err(ApiError::injected(status, "injected failure")),
-        Verdict::Serve(Some(delay)) => tokio::time::sleep(delay).await,
-        Verdict::Serve(None) => {}
-    }
-    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
-    let prompt_tokens = parsed.prompt.tokens.max(1);
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let head = Head {
+        kind: parsed.kind,
+        model: parsed.model,
+        prompt_tokens: parsed.prompt.tokens.max(1),
+        digest: parsed.prompt.digest,
+        stream: parsed.stream,
+        include_usage: parsed.include_usage,
+        max_tokens: parsed.max_tokens,
+    };
+    let (pending, id) = admit(state, head).await?;
+    let (tx, rx) = mpsc::unbounded_channel();
     let submission = Submission {
         request: EngineRequest {
             id,
             block_hashes: parsed.prompt.block_hashes,
-            prompt_tokens,
-            output_tokens: parsed.max_tokens,
+            prompt_tokens: pending.meta.prompt_tokens,
+            output_tokens: pending.max_tokens,
         },
         progress: tx,
         block_tokens: parsed.prompt.block_token_ids,
@@ -130,25 +145,77 @@ where
             "the engine has stopped",
         ));
     }
+    answer(state, pending, rx).await
+}
+
+/// What the answer's shape needs from a request, however it was read.
+struct Head {
+    kind: ApiKind,
+    model: String,
+    prompt_tokens: u32,
+    /// Seeds the generated text.
+    digest: u64,
+    stream: bool,
+    include_usage: bool,
+    max_tokens: u32,
+}
+
+/// A request's answer, before the engine has produced it.
+struct Pending {
+    meta: Meta,
+    stream: bool,
+    max_tokens: u32,
+}
+
+/// Checks the model, draws the injected faults, and names the request.
+async fn admit(state: &AppState, head: Head) -> Result<(Pending, u64), ApiError> {
+    if !state.config.serves(&head.model) {
+        return Err(ApiError::unknown_model(&head.model));
+    }
+    match state.faults.draw() {
+        Verdict::Fail(status) => return Err(ApiError::injected(status, "injected failure")),
+        Verdict::Serve(Some(delay)) => tokio::time::sleep(delay).await,
+        Verdict::Serve(None) => {}
+    }
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let meta = Meta {
-        kind: parsed.kind,
-        id: match parsed.kind {
+        kind: head.kind,
+        id: match head.kind {
             ApiKind::Chat => format!("chatcmpl-{id:016x}"),
             ApiKind::Completion => format!("cmpl-{id:016x}"),
         },
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        model: parsed.model,
-        prompt_tokens,
-        seed: parsed.prompt.digest,
-        include_usage: parsed.stream && parsed.include_usage,
+        model: head.model,
+        prompt_tokens: head.prompt_tokens,
+        seed: head.digest,
+        include_usage: head.stream && head.include_usage,
     };
-    if parsed.stream {
+    let pending = Pending {
+        meta,
+        stream: head.stream,
+        max_tokens: head.max_tokens,
+    };
+    Ok((pending, id))
+}
+
+/// The response: a stream of the engine's progress, or the whole completion once it finished.
+async fn answer(
+    state: &AppState,
+    p: Pending,
+    mut rx: mpsc::UnboundedReceiver<Progress>,
+) -> Result<Reply, ApiError> {
+    let Pending {
+        meta,
+        stream,
+        max_tokens,
+    } = p;
+    if stream {
         let stream = SseStream::new(
             meta,
             rx,
-            parsed.max_tokens,
+            max_tokens,
             state.faults.close_stream_after_tokens(),
         );
         let mut r = plain(StatusCode::OK, ResponseBody::Sse(Box::new(stream)));
@@ -177,10 +244,7 @@ where
             }
         }
     }
-    Ok(json(
-        StatusCode::OK,
-        meta.full(parsed.max_tokens, cached_tokens),
-    ))
+    Ok(json(StatusCode::OK, meta.full(max_tokens, cached_tokens)))
 }
 
 /// `GET /v1/models`: the base model, then the adapters (with the base model as parent).

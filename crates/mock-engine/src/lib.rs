@@ -32,6 +32,7 @@ mod driver;
 mod error;
 mod faults;
 mod handlers;
+mod instant;
 pub mod kv_events;
 mod metrics;
 mod request;

@@ -233,3 +233,64 @@ async fn invocations_take_chat_or_completion_bodies_without_model() {
     .await
     .expect("timed out");
 }
+
+#[tokio::test]
+async fn instant_mode_answers_at_once_in_the_same_shapes() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // Real time (scale 1): the engine model would take well over a second for 4,000 words
+        // with 200 output tokens on the small preset; instant mode answers in milliseconds.
+        let mut config = MockEngineConfig::default();
+        config.instant = true;
+        let e = start(config).await;
+        let text = words(4000, "i");
+        let started = std::time::Instant::now();
+        let s = post_stream(
+            e.local_addr(),
+            "/v1/chat/completions",
+            chat_body(DEFAULT_MODEL, &text, 200, true),
+        )
+        .await;
+        assert_eq!(s.status, 200);
+        assert!(s.clean_end);
+        assert_eq!(s.events.last().map(|(_, d)| d.as_str()), Some("[DONE]"));
+        let chunks: Vec<Value> = s.events[..s.events.len() - 1]
+            .iter()
+            .map(|(_, d)| serde_json::from_str(d).expect("chunk JSON"))
+            .collect();
+        // One chunk per token, then the usage chunk.
+        assert_eq!(chunks.len(), 201);
+        chunks[..200]
+            .iter()
+            .for_each(|c| check_chunk(c, "chat.completion.chunk"));
+        let usage = &chunks[200]["usage"];
+        assert_eq!(usage["completion_tokens"], 200);
+        assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0);
+        assert!(usage["prompt_tokens"].as_u64().is_some_and(|n| n > 1000));
+        let (status, whole) = post_json(
+            e.local_addr(),
+            "/v1/chat/completions",
+            chat_body(DEFAULT_MODEL, &text, 200, false),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert_eq!(whole["object"], "chat.completion");
+        assert_eq!(whole["usage"]["completion_tokens"], 200);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "instant answers took {:?}",
+            started.elapsed()
+        );
+        // What the engine would refuse, instant mode refuses too.
+        let (status, err) = post_json(
+            e.local_addr(),
+            "/v1/chat/completions",
+            chat_body("other-model", &text, 5, false),
+        )
+        .await;
+        assert_eq!(status, 404, "{err}");
+        let (status, err) = post_json(e.local_addr(), "/v1/chat/completions", "{nope".into()).await;
+        assert_eq!(status, 400, "{err}");
+    })
+    .await
+    .expect("timed out");
+}
