@@ -239,9 +239,11 @@ async fn instant_mode_answers_at_once_in_the_same_shapes() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         // Real time (scale 1): the engine model would take well over a second for 4,000 words
         // with 200 output tokens on the small preset; instant mode answers in milliseconds.
-        let mut config = MockEngineConfig::default();
-        config.instant = true;
-        let e = start(config).await;
+        let e = start(MockEngineConfig {
+            instant: true,
+            ..MockEngineConfig::default()
+        })
+        .await;
         let text = words(4000, "i");
         let started = std::time::Instant::now();
         let s = post_stream(
