@@ -11,6 +11,7 @@ use crate::access_log::Entry;
 use crate::metrics::{ApiLabels, IdLabel, InstanceLabels, RequestLabels};
 use crate::outcome::Outcome;
 use crate::state::AppState;
+use crate::stats::InstanceStats;
 
 /// Holds one dispatched request's ticket. Moved into the response body stream once the answer
 /// starts, so the slot is held until the last byte went out or the client went away.
@@ -20,6 +21,8 @@ pub struct InFlightGuard {
     /// `None` only once finished (in `drop`).
     ticket: Option<Ticket>,
     instance: Arc<Instance>,
+    /// The instance's counters and health record, looked up once per request.
+    stats: Arc<InstanceStats>,
     api: &'static str,
     received: Instant,
     outcome: Outcome,
@@ -34,10 +37,12 @@ impl InFlightGuard {
     /// Takes over the ticket [`prefix_router_core::dispatch`] returned.
     pub fn new(state: Arc<AppState>, ticket: Ticket, api: &'static str, received: Instant) -> Self {
         let instance = Arc::clone(ticket.instance());
+        let stats = state.stats.get(instance.id().as_str());
         Self {
             state,
             ticket: Some(ticket),
             instance,
+            stats,
             api,
             received,
             // Until told otherwise, a guard dropped early was cancelled.
@@ -81,9 +86,12 @@ impl InFlightGuard {
 
     /// Counts an upstream error against the instance (admin API's `errors`).
     pub fn count_error(&self) {
-        crate::stats::InstanceStats::bump(
-            &self.state.stats.get(self.instance.id().as_str()).errors,
-        );
+        InstanceStats::bump(&self.stats.errors);
+    }
+
+    /// The instance's counters and health record.
+    pub fn stats(&self) -> &InstanceStats {
+        &self.stats
     }
 
     /// The instance it holds a slot on.

@@ -15,12 +15,12 @@ use crate::membership;
 /// connection).
 const MAX_PROBE_BODY: usize = 64 * 1024;
 use crate::state::AppState;
+use crate::stats::InstanceStats;
 
 /// A request to `inst` failed (connect error or 5xx): ejects it after
 /// `health.passive_failures` in a row, for the current backoff, which then doubles.
-pub fn passive_failure(state: &AppState, inst: &Instance) {
+pub fn passive_failure(state: &AppState, inst: &Instance, stats: &InstanceStats) {
     let h = &state.settings.health;
-    let stats = state.stats.get(inst.id().as_str());
     let failures = stats.passive_failures.fetch_add(1, Ordering::Relaxed) + 1;
     if failures < h.passive_failures || inst.state() != InstanceState::Healthy {
         return;
@@ -42,9 +42,9 @@ pub fn passive_failure(state: &AppState, inst: &Instance) {
     tracing::warn!(instance = %inst.id(), failures, ?backoff, "instance ejected after failed requests");
 }
 
-/// A request to `inst` got an answer below 500: resets its passive failure count.
-pub fn passive_success(state: &AppState, inst: &Instance) {
-    let stats = state.stats.get(inst.id().as_str());
+/// A request got an answer below 500 from the instance of `stats`: resets its passive failure
+/// count.
+pub fn passive_success(stats: &InstanceStats) {
     // Read first: the common case (already zero) writes nothing shared.
     if stats.passive_failures.load(Ordering::Relaxed) != 0 {
         stats.passive_failures.store(0, Ordering::Relaxed);

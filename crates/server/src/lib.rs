@@ -24,6 +24,7 @@ pub mod membership;
 pub mod metrics;
 pub mod models;
 pub mod outcome;
+pub mod pool;
 pub mod prom;
 pub mod proxy;
 pub mod reload;

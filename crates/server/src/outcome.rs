@@ -94,11 +94,14 @@ pub enum Failure {
 
 impl Failure {
     /// Classifies an error of the upstream client.
-    pub fn of(e: &hyper_util::client::legacy::Error) -> Self {
-        if e.is_connect() {
-            return Failure::Connect(chain(e));
-        }
-        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    pub fn of(e: &crate::pool::SendError) -> Self {
+        use crate::pool::SendError;
+        let http = match e {
+            SendError::Connect(_) => return Failure::Connect(chain(e)),
+            SendError::Request(_) => return Failure::Other(chain(e)),
+            SendError::Http(h) => h,
+        };
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(http);
         while let Some(s) = source {
             if let Some(h) = s.downcast_ref::<hyper::Error>() {
                 if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {

@@ -24,6 +24,7 @@ use crate::guard::InFlightGuard;
 use crate::health;
 use crate::metrics::{DecisionLabels, ReasonLabels, RequestLabels};
 use crate::outcome::{retryable_status, Failure, Outcome};
+use crate::pool::Leased;
 use crate::routing::with_rng;
 use crate::state::AppState;
 use crate::stats::InstanceStats;
@@ -283,15 +284,15 @@ fn route(
             reason: reason.label(),
         })
         .inc();
-    let stats = state.stats.get(instance.id().as_str());
-    InstanceStats::bump(&stats.requests);
+    let guard = InFlightGuard::new(Arc::clone(state), ticket, api.label(), received);
+    InstanceStats::bump(&guard.stats().requests);
     if reason.is_overflow() {
-        InstanceStats::bump(&stats.overflow);
+        InstanceStats::bump(&guard.stats().overflow);
     }
     Ok(Routed {
         instance,
         reason: reason.label(),
-        guard: InFlightGuard::new(Arc::clone(state), ticket, api.label(), received),
+        guard,
     })
 }
 
@@ -302,12 +303,12 @@ async fn attempt(
     parts: &http::request::Parts,
     body: &Bytes,
     routed: &mut Routed,
-) -> Result<Result<Response<Incoming>, Failure>, ApiError> {
+) -> Result<Result<Response<Leased>, Failure>, ApiError> {
     let settings = &state.settings;
-    let upstream_req = build_request(parts, &routed.instance.spec().url, body.clone())?;
+    let upstream_req = build_request(parts, body.clone());
     let sent = tokio::time::timeout(
         settings.timeouts.first_byte,
-        state.client.request(upstream_req),
+        state.client.send(&routed.instance.spec().url, upstream_req),
     )
     .await;
     let failure = match sent {
@@ -315,9 +316,9 @@ async fn attempt(
             if resp.status().is_server_error() {
                 state.metrics.upstream_error(routed.id(), "status_5xx");
                 routed.guard.count_error();
-                health::passive_failure(state, &routed.instance);
+                health::passive_failure(state, &routed.instance, routed.guard.stats());
             } else {
-                health::passive_success(state, &routed.instance);
+                health::passive_success(routed.guard.stats());
             }
             return Ok(Ok(resp));
         }
@@ -328,7 +329,7 @@ async fn attempt(
     routed.guard.count_error();
     routed.guard.fail(failure.outcome());
     if failure.ejects() {
-        health::passive_failure(state, &routed.instance);
+        health::passive_failure(state, &routed.instance, routed.guard.stats());
     }
     Ok(Err(failure))
 }
@@ -470,7 +471,7 @@ async fn forward(
 /// The client's response: the instance's head (less hop-by-hop headers, plus the routing
 /// headers) and its body streamed through.
 fn relay(
-    resp: Response<Incoming>,
+    resp: Response<Leased>,
     routed: Routed,
     settings: &crate::settings::Settings,
     scan_usage: bool,

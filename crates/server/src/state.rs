@@ -9,11 +9,12 @@ use prefix_router_core::{Fleet, Strategy};
 
 use crate::membership::Membership;
 use crate::metrics::Metrics;
+use crate::pool::Upstreams;
 use crate::routing::Routing;
 use crate::settings::{ConfigSource, Settings, SettingsError};
 use crate::stats::StatsTable;
 use crate::tls;
-use crate::upstream::{self, UpstreamClient};
+use crate::upstream;
 
 /// Shared by the data plane, the health checker and the admin API.
 #[derive(Debug)]
@@ -25,8 +26,8 @@ pub struct AppState {
     /// Strategy for requests without a key (other `/v1/*` routes): least-outstanding, built
     /// once so its tickets share one strategy for the life of the process.
     pub fallback: Arc<dyn Strategy>,
-    /// Pooled keep-alive client to the instances.
-    pub client: UpstreamClient,
+    /// Keep-alive connections to the instances.
+    pub client: Arc<Upstreams>,
     /// The listener's TLS, when configured.
     pub tls: Option<tls::Listener>,
     /// Metrics.

@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::body::BoxError;
 use crate::error::ApiError;
 use crate::guard::InFlightGuard;
 use crate::outcome::Outcome;
+use crate::pool::Leased;
 use crate::usage::UsageScanner;
 
 /// The instance sent nothing for longer than the idle-stream timeout.
@@ -33,7 +33,7 @@ pub struct IdleTimeout(pub Duration);
 /// which closes that upstream connection: the engine sees the disconnect and stops generating.
 #[derive(Debug)]
 pub struct RelayBody {
-    inner: Incoming,
+    inner: Leased,
     guard: InFlightGuard,
     idle: Duration,
     /// When the instance last sent something (or the relay started).
@@ -55,7 +55,7 @@ impl RelayBody {
     /// usage report on the way.
     /// `sse` says the answer is a server-sent-events stream.
     pub fn new(
-        inner: Incoming,
+        inner: Leased,
         guard: InFlightGuard,
         idle: Duration,
         scan_usage: bool,

@@ -1,6 +1,7 @@
-//! The client side: a pooled keep-alive HTTP/1.1 client, and how a client's request is turned
-//! into an instance's request (and an instance's response head into the client's).
+//! The client side: connections to the instances ([`crate::pool`]), and how a client's request
+//! is turned into an instance's request (and an instance's response head into the client's).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -8,20 +9,12 @@ use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Uri, Version};
 use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
-use crate::error::ApiError;
+use crate::pool::Upstreams;
 
-/// The client every upstream request goes through (`http://` and `https://` instances).
-pub type UpstreamClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// How long an unused pooled connection is kept.
-const POOL_IDLE: Duration = Duration::from_secs(90);
-
-/// Builds the pooled client: connect timeout, TCP_NODELAY, HTTP/1.1 keep-alive, and `tls` for
-/// `https://` instances.
-pub fn client(connect: Duration, tls: rustls::ClientConfig) -> UpstreamClient {
+/// Every connection to the instances (`http://` and `https://`): connect timeout,
+/// TCP_NODELAY, HTTP/1.1 keep-alive, and `tls` for `https://` instances.
+pub fn client(connect: Duration, tls: rustls::ClientConfig) -> Arc<Upstreams> {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(connect));
     connector.set_nodelay(true);
@@ -32,19 +25,8 @@ pub fn client(connect: Duration, tls: rustls::ClientConfig) -> UpstreamClient {
         .https_or_http()
         .enable_http1()
         .wrap_connector(connector);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE)
-        // Each pooled connection keeps the largest read buffer it ever grew (hyper's default
-        // cap is 408 KiB): over a long run the pool's connections creep towards it, which a
-        // heap profile of a soak showed as the router's only growth (and 64 KiB still as most
-        // of it). Engine answers are SSE events and JSON of a few KiB: 16 KiB reads them in
-        // one go, and a longer answer simply takes more reads.
-        .http1_max_buf_size(UPSTREAM_READ_BUF)
-        .build(connector)
+    Arc::new(Upstreams::new(connector))
 }
-
-/// Largest read buffer of one upstream connection.
-const UPSTREAM_READ_BUF: usize = 16 * 1024;
 
 /// Headers that belong to one connection, never forwarded (RFC 9110 section 7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -76,23 +58,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// The instance's request: same method, path, query, headers (less hop-by-hop) and body, sent
-/// over HTTP/1.1 to `base` (`http://host:port`).
-pub fn build_request(
-    parts: &http::request::Parts,
-    base: &str,
-    body: Bytes,
-) -> Result<Request<Full<Bytes>>, ApiError> {
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    // Built once into a buffer the URI then shares (`str::parse` would copy it again).
-    let mut text = String::with_capacity(base.len() + path.len());
-    text.push_str(base);
-    text.push_str(path);
-    let uri = Uri::from_maybe_shared(Bytes::from(text))
-        .map_err(|e| ApiError::internal(format!("cannot build upstream URI: {e}")))?;
+/// over HTTP/1.1 (the connection sets `Host` to the instance's).
+pub fn build_request(parts: &http::request::Parts, body: Bytes) -> Request<Full<Bytes>> {
+    // Origin form (path and query): the connection is already the instance's. The path is
+    // shared with the client's request, not copied.
+    let uri = match parts.uri.path_and_query() {
+        Some(p) => Uri::from(p.clone()),
+        None => Uri::from_static("/"),
+    };
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
@@ -104,25 +77,23 @@ pub fn build_request(
     headers.remove(header::CONTENT_LENGTH);
     // The router already holds the whole body: the instance has nothing to confirm.
     headers.remove(header::EXPECT);
-    Ok(req)
+    req
 }
 
 /// `GET {instance}{path}` for the router's own checks (health probes, model lists, engine
 /// metrics): the status and at most `max_bytes` of the body, within `timeout`. None when the
 /// instance does not answer in time, the body is larger, or the connection fails.
 pub async fn get(
-    client: &UpstreamClient,
+    client: &Arc<Upstreams>,
     base: &str,
     path: &str,
     max_bytes: usize,
     timeout: Duration,
 ) -> Option<(http::StatusCode, Bytes)> {
     use http_body_util::BodyExt;
-    let req = Request::get(format!("{base}{path}"))
-        .body(Full::new(Bytes::new()))
-        .ok()?;
+    let req = Request::get(path).body(Full::new(Bytes::new())).ok()?;
     let answer = async {
-        let resp = client.request(req).await.ok()?;
+        let resp = client.send(base, req).await.ok()?;
         let status = resp.status();
         // Read whole, so the pooled connection is reused.
         let body = http_body_util::Limited::new(resp.into_body(), max_bytes)

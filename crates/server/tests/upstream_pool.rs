@@ -1,0 +1,148 @@
+//! Upstream connections (crates/server/src/pool.rs): kept alive and reused, driven by the
+//! request that uses them, and a connection the instance closed while idle is replaced without
+//! an error, a retry or a failure counted against the instance.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const BODY: &str = r#"{"id":"x","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+
+/// A minimal HTTP/1.1 engine on a raw socket, so that what it does with its connections is
+/// exactly what the test says: it counts the connections it accepts, answers every request
+/// with [`BODY`] (keep-alive, no `Connection: close`), and with `close_after_one` closes each
+/// connection 20 ms after its first answer, as an engine's idle timeout would.
+async fn engine(close_after_one: bool) -> (String, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let (accepted, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (a, n) = (Arc::clone(&accepted), Arc::clone(&answered));
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            a.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(serve(s, close_after_one, Arc::clone(&n)));
+        }
+    });
+    (format!("http://{addr}"), accepted, answered)
+}
+
+async fn serve(mut s: TcpStream, close_after_one: bool, answered: Arc<AtomicUsize>) {
+    let mut buf = Vec::new();
+    loop {
+        // A request: the head, then Content-Length bytes of body.
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 8192];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + len {
+            let mut chunk = [0u8; 8192];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            }
+        }
+        buf.drain(..head_end + len);
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{BODY}",
+            BODY.len()
+        );
+        if s.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+        answered.fetch_add(1, Ordering::SeqCst);
+        if close_after_one {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = s.shutdown().await;
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_kept_alive_connection_carries_sequential_requests() {
+    let (url, accepted, answered) = engine(false).await;
+    let r = router(settings(std::slice::from_ref(&url))).await;
+    let addr = r.local_addr();
+    for i in 0..20 {
+        let a = complete(addr, &format!("prompt {i}")).await;
+        assert_eq!(a.status, 200, "{:?}", a.body);
+        assert_eq!(a.json()["choices"][0]["text"], "ok");
+    }
+    assert_eq!(answered.load(Ordering::SeqCst), 20);
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "every request after the first reuses the connection"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_connection_the_instance_closed_while_idle_is_replaced_without_an_error() {
+    let (url, accepted, answered) = engine(true).await;
+    let mut s = settings(std::slice::from_ref(&url));
+    // One failure would eject: a closed idle connection must not count as one.
+    s.health.passive_failures = 1;
+    let r = router(s).await;
+    let addr = r.local_addr();
+    for i in 0..8 {
+        let a = complete(addr, &format!("prompt {i}")).await;
+        assert_eq!(a.status, 200, "request {i}: {:?}", a.body);
+        // Longer than the engine keeps a connection: the router's idle one is closed by now.
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    assert_eq!(answered.load(Ordering::SeqCst), 8);
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        8,
+        "a new connection each time"
+    );
+    let page = metrics_text(addr).await;
+    for name in [
+        "prefix_router_upstream_errors_total",
+        "prefix_router_retries_total",
+    ] {
+        assert_eq!(metric(&page, name, &[]), 0.0, "{name}\n{page}");
+    }
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_requests_open_connections_that_are_then_reused() {
+    let (url, accepted, answered) = engine(false).await;
+    let r = router(settings(std::slice::from_ref(&url))).await;
+    let addr = r.local_addr();
+    for round in 0..3 {
+        let batch: Vec<_> = (0..4)
+            .map(|i| tokio::spawn(async move { complete(addr, &format!("p {round} {i}")).await }))
+            .collect();
+        for b in batch {
+            assert_eq!(b.await.expect("request task").status, 200);
+        }
+    }
+    assert_eq!(answered.load(Ordering::SeqCst), 12);
+    let opened = accepted.load(Ordering::SeqCst);
+    assert!(
+        (1..=4).contains(&opened),
+        "at most one connection per concurrent request, reused across rounds: {opened}"
+    );
+    r.shutdown().await;
+}
