@@ -21,6 +21,8 @@
 #   PEERS_CONNS="1 8 64" PEERS_SIZES="1 16 256"    PEERS_STREAMS="false true"
 #   PEERS_TARGETS="direct prefix-router haproxy-rr haproxy-hash nginx envoy sglang-router vllm-router"
 #   PEERS_PORT=18600     first port (upstreams, then one per target)
+#   PEERS_BASELINE_BIN=path/to/prefix-router   adds the target `baseline`: that binary's `serve`
+#                        (an older build, say) beside this tree's, for a before/after in one run
 # Everything listens on 127.0.0.1 and is stopped on exit. The raw lines are in target/peers/raw.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +32,9 @@ CONNS="${PEERS_CONNS:-1 8 64}"
 SIZES="${PEERS_SIZES:-1 16 256}"
 STREAMS="${PEERS_STREAMS:-false true}"
 TARGETS="${PEERS_TARGETS:-direct prefix-router haproxy-rr haproxy-hash nginx envoy sglang-router vllm-router}"
+if [[ -n "${PEERS_BASELINE_BIN:-}" && " $TARGETS " != *" baseline "* ]]; then
+    TARGETS="$TARGETS baseline"
+fi
 PORT="${PEERS_PORT:-18600}"
 OUT=target/peers
 VENV="$OUT/venv"
@@ -75,7 +80,7 @@ echo "peers: $(haproxy -v | head -n 1 | cut -d' ' -f1-3), $(nginx -v 2>&1 | cut 
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    [[ -f "$OUT/nginx.pid" ]] && kill "$(cat "$OUT/nginx.pid")" 2>/dev/null || true
+    if [[ -f "$OUT/nginx.pid" ]]; then kill "$(cat "$OUT/nginx.pid")" 2>/dev/null || true; fi
     wait 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -111,10 +116,13 @@ start() { # target
     local t=$1 p=${port_of[$1]} log="$OUT/$1.log"
     case "$t" in
     direct) return 0 ;;
-    prefix-router)
-        local inst=()
+    prefix-router | baseline)
+        local inst=() bin=$BIN
         for u in "${ups[@]}"; do inst+=(--instance "http://$u"); done
-        "$BIN" serve --listen "127.0.0.1:$p" "${inst[@]}" >"$log" 2>&1 &
+        if [[ "$t" == baseline ]]; then
+            bin=${PEERS_BASELINE_BIN:?the target baseline needs PEERS_BASELINE_BIN}
+        fi
+        "$bin" serve --listen "127.0.0.1:$p" "${inst[@]}" >"$log" 2>&1 &
         pid_of[$t]=$!
         wait_ready "http://127.0.0.1:$p/ready" "$t" "$log"
         ;;

@@ -200,9 +200,14 @@ impl Upstreams {
         })
     }
 
-    /// Keeps `link` for the next request to its instance, when it is still open.
+    /// Keeps `link` for the next request to its instance, when it is still open. (Whether it
+    /// is ready for that request is asked at checkout: the connection may need another turn
+    /// to settle after the answer it just carried.)
     fn put(&self, mut link: Link) {
-        if !link.usable() {
+        link.drive(&mut Context::from_waker(
+            futures_util::task::noop_waker_ref(),
+        ));
+        if link.conn.is_none() || link.sender.is_closed() {
             return;
         }
         let now = Instant::now();
