@@ -114,10 +114,18 @@ for c in "${CASES[@]}"; do
     read -r workload seed warm measured params <<<"$c"
     # shellcheck disable=SC2086 # params is a space-separated list on purpose
     send "$workload" "$seed" "$warm" $params
-    callgrind_control --zero "$vg" >/dev/null
+    callgrind_control --zero "$vg" >"$OUT/control.log" 2>&1 || {
+        echo "instructions: callgrind_control --zero failed:" >&2
+        cat "$OUT/control.log" >&2
+        exit 1
+    }
     # shellcheck disable=SC2086
     send "$workload" "$((seed + 100))" "$measured" $params
-    callgrind_control --dump "$vg" >/dev/null
+    callgrind_control --dump "$vg" >"$OUT/control.log" 2>&1 || {
+        echo "instructions: callgrind_control --dump failed:" >&2
+        cat "$OUT/control.log" >&2
+        exit 1
+    }
     total=$(counted)
     per=$((total / measured))
     printf "%-14s %-12s %9d %22d\n" "$workload" "$STRATEGY" "$measured" "$per"

@@ -361,7 +361,7 @@ total = buckets[-1][1] if buckets else 0
 def q(p):
     for le, n in buckets:
         if n >= p * total:
-            return "over 205 µs" if le == float("inf") else f"≤ {le * 1e6:.1f} µs"
+            return "over the top bucket" if le == float("inf") else f"≤ {le * 1e6:.1f} µs"
     return "-"
 print()
 print(f"prefix-router routing decisions over the whole run ({int(total)}, cache-aware): "

@@ -99,8 +99,13 @@ fn latency_histogram() -> Histogram {
 }
 
 fn decision_histogram() -> Histogram {
-    // 100 ns .. ~0.4 ms: routing decisions are microseconds.
-    Histogram::new(exponential_buckets(1e-7, 2.0, 12))
+    // 0.5 µs .. 1 ms: routing decisions are microseconds. Closer bounds than doubling around
+    // 10 µs, the decision budget (issue 12), so that its quantiles can be read against it.
+    const MICROS: [f64; 16] = [
+        0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 50.0, 100.0, 200.0, 500.0,
+        1000.0,
+    ];
+    Histogram::new(MICROS.iter().map(|us| us * 1e-6))
 }
 
 /// Every metric the router exports.
