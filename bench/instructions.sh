@@ -17,13 +17,15 @@
 #                                         by more than 10% (CI runs this)
 #        bench/instructions.sh --write    rewrite bench/instructions.expected from this run
 #   INSTR_STRATEGY=cache-aware   INSTR_PORT=18400 (router; engines on the next 4)
+#   INSTR_BIN=path/to/prefix-router   count another build (say, one with another allocator)
+#                                     instead of this tree's release binary
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-}"
 STRATEGY="${INSTR_STRATEGY:-cache-aware}"
 PORT="${INSTR_PORT:-18400}"
 EXPECTED=bench/instructions.expected
-BIN=target/release/prefix-router
+BIN="${INSTR_BIN:-target/release/prefix-router}"
 OUT="${INSTR_OUT:-target/instructions}"
 TOLERANCE=1.10
 # workload  seed  warm-up  measured  params
@@ -41,7 +43,9 @@ done
 mkdir -p "$OUT"
 rm -f "$OUT"/callgrind.*
 echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)  $(valgrind --version)"
-cargo build --release --locked -q -p prefix-router
+if [[ -z "${INSTR_BIN:-}" ]]; then
+    cargo build --release --locked -q -p prefix-router
+fi
 
 pids=()
 cleanup() {

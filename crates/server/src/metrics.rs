@@ -101,11 +101,12 @@ fn latency_histogram() -> Histogram {
 fn decision_histogram() -> Histogram {
     // 0.5 µs .. 1 ms: routing decisions are microseconds. Closer bounds than doubling around
     // 10 µs, the decision budget (issue 12), so that its quantiles can be read against it.
-    const MICROS: [f64; 16] = [
-        0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 50.0, 100.0, 200.0, 500.0,
-        1000.0,
+    // Written in seconds: bounds computed as µs × 1e-6 print as 0.0000049999999999999999.
+    const BOUNDS: [f64; 16] = [
+        5e-7, 1e-6, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 1e-5, 1.5e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4,
+        1e-3,
     ];
-    Histogram::new(MICROS.iter().map(|us| us * 1e-6))
+    Histogram::new(BOUNDS.into_iter())
 }
 
 /// Every metric the router exports.
