@@ -106,7 +106,7 @@ fn decision_histogram() -> Histogram {
         5e-7, 1e-6, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6, 1e-5, 1.5e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4,
         1e-3,
     ];
-    Histogram::new(BOUNDS.into_iter())
+    Histogram::new(BOUNDS)
 }
 
 /// Every metric the router exports.
