@@ -78,6 +78,19 @@ impl UsageScanner {
         if chunk.is_empty() {
             return;
         }
+        if chunk.len() <= SMALL_CHUNK {
+            // A token's SSE event is a couple of hundred bytes: the tail and the whole chunk
+            // are searched in one pass (one search instead of two per token). Matches that
+            // start in the tail and were complete there are found again with the same value,
+            // in the same order, which changes nothing.
+            let mut joined = [0u8; TAIL + SMALL_CHUNK];
+            let len = self.tail_len + chunk.len();
+            joined[..self.tail_len].copy_from_slice(&self.tail[..self.tail_len]);
+            joined[self.tail_len..len].copy_from_slice(chunk);
+            self.scan(&joined[..len], len, false);
+            self.keep_tail(chunk);
+            return;
+        }
         // The seam: matches that start in the tail and end in this chunk. Those that start in
         // the chunk are found in the chunk itself; a match that only starts in the tail and was
         // complete there is found again with the same value, which changes nothing.
@@ -149,6 +162,9 @@ impl UsageScanner {
         self.tail_len = keep + chunk.len();
     }
 }
+
+/// Chunks up to this size are searched together with the tail, in one pass.
+const SMALL_CHUNK: usize = 448;
 
 /// Most whitespace read between a pattern's colon and its value. With the pattern and the
 /// longest `u32` (10 digits) it fits in [`TAIL`], so a value is found however the body is cut.
@@ -271,6 +287,23 @@ mod tests {
         body.push_str("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":300,\"completion_tokens\":5,\"total_tokens\":305,\"prompt_tokens_details\":{\"cached_tokens\":256}}}\n\n");
         body.push_str("data: [DONE]\n\n");
         every_split(&body, usage(300, Some(256)));
+    }
+
+    #[test]
+    fn chunks_above_and_below_the_one_pass_size_read_alike() {
+        // 40 token events (about 2.6 KiB) with a repeated usage: every cut makes one side
+        // longer than SMALL_CHUNK and the other shorter, so both ways of searching are used.
+        let mut body = String::new();
+        for i in 0..40 {
+            body.push_str(&format!(
+                "data: {{\"choices\":[{{\"delta\":{{\"content\":\"token{i}\"}}}}],\"usage\":{{\"prompt_tokens\":{},\"completion_tokens\":{i}}}}}\n\n",
+                1000 + i
+            ));
+        }
+        assert!(body.len() > 2 * SMALL_CHUNK);
+        body.push_str("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4096,\"completion_tokens\":40,\"prompt_tokens_details\":{\"cached_tokens\":4000}}}\n\n");
+        body.push_str("data: [DONE]\n\n");
+        every_split(&body, usage(4096, Some(4000)));
     }
 
     #[test]
