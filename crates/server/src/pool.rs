@@ -125,8 +125,8 @@ impl Upstreams {
         }
     }
 
-    /// Sends `req` (its URI names the instance: `base` plus path) and waits for the response
-    /// head, driving the connection meanwhile. The body that comes back drives it further and
+    /// Sends `req` (origin form: its URI is the path) to the instance at `base` and waits for
+    /// the response head, driving the connection meanwhile. The body that comes back drives it further and
     /// puts it back for the next request when it ends.
     pub async fn send(
         self: &std::sync::Arc<Self>,
@@ -228,12 +228,6 @@ impl Upstreams {
         if links.len() < MAX_IDLE_PER_INSTANCE {
             links.push((link, now));
         }
-    }
-
-    /// Idle connections kept, over all instances (for tests).
-    pub fn idle_count(&self) -> usize {
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.by_base.values().map(Vec::len).sum()
     }
 }
 
