@@ -47,22 +47,9 @@ if [[ -z "${INSTR_BIN:-}" ]]; then
     cargo build --release --locked -q -p prefix-router
 fi
 
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
-wait_ready() { # url what log
-    for _ in $(seq 1 600); do
-        if curl -fsS -o /dev/null "$1" 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    echo "instructions: $2 did not become ready at $1; the end of $3:" >&2
-    tail -n 5 "$3" >&2
-    exit 1
-}
+BENCH_NAME=instructions
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 {
     echo "[health]"
@@ -77,7 +64,7 @@ wait_ready() { # url what log
     done
 } >"$OUT/router.toml"
 for i in 1 2 3 4; do
-    wait_ready "http://127.0.0.1:$((PORT + i))/v1/models" "mock engine $i" "$OUT/engine-$i.log"
+    wait_ready "http://127.0.0.1:$((PORT + i))/v1/models" "mock engine $i" "$OUT/engine-$i.log" 60
 done
 
 valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.%p" \
@@ -85,7 +72,7 @@ valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.%p" \
     >"$OUT/serve.log" 2>&1 &
 vg=$!
 pids+=("$vg")
-wait_ready "http://127.0.0.1:$PORT/ready" "serve under callgrind" "$OUT/serve.log"
+wait_ready "http://127.0.0.1:$PORT/ready" "serve under callgrind" "$OUT/serve.log" 60
 
 send() { # workload seed requests params...
     local workload=$1 seed=$2 n=$3

@@ -77,23 +77,15 @@ echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(nproc) CPUs, $(grep -m1 'mod
 echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)  load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "peers: $(haproxy -v | head -n 1 | cut -d' ' -f1-3), $(nginx -v 2>&1 | cut -d' ' -f3), envoy $ENVOY_VERSION, sglang-router $SGLANG_ROUTER_VERSION, vllm-router $VLLM_ROUTER_VERSION, $(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2)"
 
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+BENCH_NAME=peers
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+# nginx runs its own workers; its master is told to stop by its pid file as well.
+stop_nginx() {
     if [[ -f "$OUT/nginx.pid" ]]; then kill "$(cat "$OUT/nginx.pid")" 2>/dev/null || true; fi
-    wait 2>/dev/null || true
+    bench_cleanup
 }
-trap cleanup EXIT
-
-wait_ready() { # url what log
-    for _ in $(seq 1 300); do
-        if curl -fsS -o /dev/null "$1" 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    echo "peers: $2 did not become ready at $1; the end of $3:" >&2
-    tail -n 5 "$3" >&2
-    exit 1
-}
+trap stop_nginx EXIT
 
 # ---- upstreams and proxies -----------------------------------------------------------------
 ups=()

@@ -32,22 +32,9 @@ mkdir -p "$OUT"
 echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(nproc) CPUs  commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 cargo build --release --locked -q -p prefix-router
 
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
-wait_ready() { # url what log
-    for _ in $(seq 1 200); do
-        if curl -fsS -o /dev/null "$1" 2>/dev/null; then return 0; fi
-        sleep 0.05
-    done
-    echo "serve-rss: $2 did not become ready at $1; the end of $3:" >&2
-    tail -n 5 "$3" >&2
-    exit 1
-}
+BENCH_NAME=serve-rss
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 instances=()
 for i in 1 2 3 4 5 6 7; do
@@ -56,7 +43,7 @@ for i in 1 2 3 4 5 6 7; do
     pids+=($!)
     instances+=(--instance "http://127.0.0.1:$port")
 done
-for i in 1 2 3 4 5 6 7; do wait_ready "http://127.0.0.1:$((PORT + i))/v1/models" "mock engine $i" "$OUT/engine-$i.log"; done
+for i in 1 2 3 4 5 6 7; do wait_ready "http://127.0.0.1:$((PORT + i))/v1/models" "mock engine $i" "$OUT/engine-$i.log" 10; done
 
 params=()
 for p in $PARAMS; do params+=(--strategy-param "$p"); done
@@ -64,7 +51,7 @@ for p in $PARAMS; do params+=(--strategy-param "$p"); done
     --strategy "$STRATEGY" "${params[@]}" "${instances[@]}" >"$OUT/serve.log" 2>&1 &
 serve=$!
 pids+=($serve)
-wait_ready "http://127.0.0.1:$PORT/ready" "serve" "$OUT/serve.log"
+wait_ready "http://127.0.0.1:$PORT/ready" "serve" "$OUT/serve.log" 10
 
 samples="$OUT/samples.csv"
 echo "t_s,rss_kib,fds" >"$samples"

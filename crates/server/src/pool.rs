@@ -200,9 +200,9 @@ impl Upstreams {
         })
     }
 
-    /// Keeps `link` for the next request to its instance, when it is still open. (Whether it
-    /// is ready for that request is asked at checkout: the connection may need another turn
-    /// to settle after the answer it just carried.)
+    /// Keeps `link` for the next request to its instance, when it is still open. One more turn
+    /// lets the connection settle into keep-alive after the answer it just carried; whether it
+    /// is ready for the next request is asked at checkout.
     fn put(&self, mut link: Link) {
         link.drive(&mut Context::from_waker(
             futures_util::task::noop_waker_ref(),
@@ -242,11 +242,7 @@ async fn exchange(
     poll_fn(|cx| {
         // The connection first: it writes the request and reads the answer; the head is then
         // ready in the same poll.
-        if let Some(conn) = link.conn.as_mut() {
-            if conn.as_mut().poll(cx).is_ready() {
-                link.conn = None;
-            }
-        }
+        link.drive(cx);
         sending.as_mut().poll(cx)
     })
     .await
@@ -290,10 +286,7 @@ impl Body for Leased {
         }
         let polled = Pin::new(&mut this.body).poll_frame(cx);
         if let Poll::Ready(None) = polled {
-            // One more turn lets the connection settle into keep-alive before it is judged.
-            if let Some(link) = this.link.as_mut() {
-                link.drive(cx);
-            }
+            // `put` gives the connection the turn it needs to settle into keep-alive.
             this.release();
         }
         polled
