@@ -39,6 +39,10 @@ pub enum Command {
     /// Run the router in front of a fleet of inference servers.
     #[command(after_help = strategies_help())]
     Serve(Box<crate::serve_cmd::ServeArgs>),
+    /// Pick endpoints for Envoy (ext_proc, the Gateway API Inference Extension's protocol),
+    /// routing as `serve` does; Envoy carries the traffic.
+    #[command(after_help = strategies_help())]
+    Epp(Box<crate::epp_cmd::EppArgs>),
     /// Run a fake OpenAI-compatible engine (engine-model timing and prefix cache, in real time).
     MockEngine(Box<crate::mock_engine_cmd::MockEngineArgs>),
     /// Replay a workload over HTTP against an OpenAI-compatible URL and measure it.

@@ -6,6 +6,7 @@ mod analyze_cmd;
 mod args;
 mod bench_cmd;
 mod demo_cmd;
+mod epp_cmd;
 mod mock_engine_cmd;
 mod presets_cmd;
 mod progress;
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate_cmd::run(*args),
         Command::Presets => presets_cmd::run(),
         Command::Serve(args) => serve_cmd::run(*args),
+        Command::Epp(args) => epp_cmd::run(*args),
         Command::MockEngine(args) => mock_engine_cmd::run(*args),
         Command::Bench(args) => bench_cmd::run(*args),
         Command::Demo(args) => demo_cmd::run(*args),

@@ -19,13 +19,21 @@ pub enum LogFormat {
 /// Flags of `serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// TOML configuration file (see router.example.toml); reloaded on SIGHUP.
-    #[arg(long, value_name = "FILE", env = "PREFIX_ROUTER_CONFIG")]
-    pub config: Option<PathBuf>,
-
     /// Data-plane listen address [default: 127.0.0.1:8080].
     #[arg(long, value_name = "ADDR", env = "PREFIX_ROUTER_LISTEN")]
     pub listen: Option<String>,
+
+    /// Everything else, shared with `epp`.
+    #[command(flatten)]
+    pub router: RouterArgs,
+}
+
+/// The flags `serve` and `epp` share: the fleet, the strategy, the admin API, logging.
+#[derive(Debug, Args)]
+pub struct RouterArgs {
+    /// TOML configuration file (see router.example.toml); reloaded on SIGHUP.
+    #[arg(long, value_name = "FILE", env = "PREFIX_ROUTER_CONFIG")]
+    pub config: Option<PathBuf>,
 
     /// Admin API listen address [default: 127.0.0.1:8081]; needs --admin-token.
     #[arg(long, value_name = "ADDR", env = "PREFIX_ROUTER_ADMIN_LISTEN")]
@@ -76,7 +84,28 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
 }
 
-fn init_logging(format: LogFormat) {
+impl RouterArgs {
+    /// Where settings come from: the file, overridden by these flags (and `listen`).
+    pub fn source(self, listen: Option<String>) -> ConfigSource {
+        ConfigSource {
+            path: self.config,
+            overrides: Overrides {
+                listen,
+                admin_listen: self.admin_listen,
+                admin_token: self.admin_token,
+                instances: self.instances,
+                strategy: self.strategy,
+                prefix_length: self.prefix_length,
+                concurrency_threshold: self.concurrency_threshold,
+                strategy_params: self.strategy_params,
+                access_log: self.access_log,
+            },
+        }
+    }
+}
+
+/// Logging as `--log-format` says, the level from RUST_LOG (default info).
+pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
@@ -87,29 +116,21 @@ fn init_logging(format: LogFormat) {
     };
 }
 
-/// Runs `serve` until SIGTERM or SIGINT.
-pub fn run(args: ServeArgs) -> Result<()> {
-    let source = ConfigSource {
-        path: args.config,
-        overrides: Overrides {
-            listen: args.listen,
-            admin_listen: args.admin_listen,
-            admin_token: args.admin_token,
-            instances: args.instances,
-            strategy: args.strategy,
-            prefix_length: args.prefix_length,
-            concurrency_threshold: args.concurrency_threshold,
-            strategy_params: args.strategy_params,
-            access_log: args.access_log,
-        },
-    };
-    // Validate before starting anything, so a bad value is one line and exit code 1.
-    source.load()?;
-    init_logging(args.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// The async runtime the long-running commands use.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(run_until_signal(source))?;
+        .context("cannot start the async runtime")
+}
+
+/// Runs `serve` until SIGTERM or SIGINT.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let log_format = args.router.log_format;
+    let source = args.router.source(args.listen);
+    // Validate before starting anything, so a bad value is one line and exit code 1.
+    source.load()?;
+    init_logging(log_format);
+    runtime()?.block_on(run_until_signal(source))?;
     Ok(())
 }

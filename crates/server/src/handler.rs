@@ -103,6 +103,33 @@ fn bad_path(path: &str, what: &str) -> ApiError {
     )
 }
 
+/// `/health`, `/ready` (and `/ping`) and `/metrics`: what an orchestrator or Prometheus asks
+/// of a router process whatever answers its traffic (`serve`'s proxy, or the endpoint picker's
+/// gRPC, which serves these on its own HTTP listener). `None` for any other path.
+pub fn operational(state: &AppState, method: &Method, path: &str) -> Option<Response<ProxyBody>> {
+    let get = *method == Method::GET || *method == Method::HEAD;
+    Some(match path {
+        "/health" | "/ready" | "/ping" | "/metrics" if !get => {
+            not_allowed(method, path, "GET, HEAD")
+        }
+        "/health" => json_response(StatusCode::OK, json!({"status": "ok"})),
+        "/ready" | "/ping" => ready(state),
+        "/metrics" => {
+            let strategy = Arc::clone(&state.routing.load().strategy);
+            let text = state
+                .metrics
+                .render(&state.fleet.snapshot(), strategy.as_ref());
+            let mut resp = Response::new(full(text));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            resp
+        }
+        _ => return None,
+    })
+}
+
 /// Handles one data-plane request. Never fails: errors are answered in the OpenAI shape.
 pub async fn handle(
     state: Arc<AppState>,
@@ -115,33 +142,19 @@ pub async fn handle(
     if let Err(e) = check_path(&path) {
         return Ok(e.into_response());
     }
+    if let Some(resp) = operational(&state, &method, &path) {
+        return Ok(resp);
+    }
     let resp = match path.as_str() {
-        "/health" if get_only(&method) => json_response(StatusCode::OK, json!({"status": "ok"})),
-        "/ready" | "/ping" if get_only(&method) => ready(&state),
-        "/metrics" if get_only(&method) => {
-            let strategy = Arc::clone(&state.routing.load().strategy);
-            let text = state
-                .metrics
-                .render(&state.fleet.snapshot(), strategy.as_ref());
-            let mut resp = Response::new(full(text));
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            resp
-        }
         "/v1/models" if get_only(&method) => models::list(&state).await,
-        "/health" | "/ready" | "/ping" | "/metrics" | "/v1/models" => {
-            not_allowed(&method, &path, "GET, HEAD")
-        }
+        "/v1/models" => not_allowed(&method, &path, "GET, HEAD"),
         "/v1/chat/completions" | "/v1/completions" | "/invocations" if method != Method::POST => {
             not_allowed(&method, &path, "POST")
         }
-        "/v1/chat/completions" => proxy(state, Api::Chat, req, received).await,
-        "/v1/completions" => proxy(state, Api::Completions, req, received).await,
-        "/invocations" => proxy(state, Api::Invocations, req, received).await,
-        p if p.starts_with("/v1/") => proxy(state, Api::Other, req, received).await,
-        _ => ApiError::unknown_route(&path).into_response(),
+        p => match Api::of_path(p) {
+            Some(api) => proxy(state, api, req, received).await,
+            None => ApiError::unknown_route(&path).into_response(),
+        },
     };
     Ok(resp)
 }

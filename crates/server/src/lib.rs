@@ -24,6 +24,7 @@ pub mod membership;
 pub mod metrics;
 pub mod models;
 pub mod outcome;
+pub mod pick;
 pub mod pool;
 pub mod prom;
 pub mod proxy;
@@ -40,6 +41,6 @@ pub mod upstream;
 pub mod usage;
 
 pub use error::{ApiError, ServerError};
-pub use server::{Router, RunningRouter};
+pub use server::{Front, Router, RunningRouter};
 pub use settings::{ConfigSource, Overrides, Settings, SettingsError};
-pub use signals::run_until_signal;
+pub use signals::{run_front_until_signal, run_until_signal};

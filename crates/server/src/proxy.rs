@@ -1,33 +1,28 @@
 //! Proxying a routed request: read the body once, derive the key (and the block chain when the
-//! strategy reads one), then per attempt [`route`] it to an instance and send it
-//! ([`attempt`]), retrying on another instance while nothing has gone to the client yet, and
-//! [`relay`] the answer.
+//! strategy reads one) with [`Prepared`], then per attempt route it to an instance
+//! ([`Prepared::route`]) and send it ([`attempt`]), retrying on another instance while nothing
+//! has gone to the client yet, and [`relay`] the answer.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderValue};
+use http::header::HeaderValue;
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use prefix_router_core::extract::{chat_route, completion_route, native_route};
-use prefix_router_core::{
-    dispatch, Chain, ChainSpec, Dispatched, ExtractError, FleetSnapshot, Instance, KeyHash,
-    KeyOptions, RouteRequest, Strategy,
-};
+use prefix_router_core::Instance;
 
 use crate::access_log::{unix_now, Entry};
 use crate::body::{read_body, ProxyBody};
 use crate::error::ApiError;
-use crate::guard::InFlightGuard;
 use crate::health;
-use crate::metrics::{DecisionLabels, ReasonLabels, RequestLabels};
+use crate::metrics::{ReasonLabels, RequestLabels};
 use crate::outcome::{retryable_status, Failure, Outcome};
+use crate::pick::{candidates, without, Prepared, Routed};
+pub use crate::pick::{Api, GROUP_HEADER, GROUP_HEADER_COMPAT};
 use crate::pool::Leased;
-use crate::routing::with_rng;
 use crate::state::AppState;
-use crate::stats::InstanceStats;
 use crate::stream::RelayBody;
 use crate::upstream::{build_request, strip_hop_by_hop};
 
@@ -35,36 +30,6 @@ use crate::upstream::{build_request, strip_hop_by_hop};
 pub const INSTANCE_HEADER: &str = "x-prefix-router-instance";
 /// Response header with the routing decision's reason (`preferred`, `overflow`, ...).
 pub const DECISION_HEADER: &str = "x-prefix-router-decision";
-/// Native API group header.
-pub const GROUP_HEADER: &str = "x-prefix-aware-id";
-/// The reference service's name for the group header, also accepted.
-pub const GROUP_HEADER_COMPAT: &str = "x-amzn-sagemaker-prefix-aware-id";
-
-/// Which API a proxied request uses (selects key extraction and the metrics label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    /// `POST /v1/chat/completions`.
-    Chat,
-    /// `POST /v1/completions`.
-    Completions,
-    /// `POST /invocations` (native key).
-    Invocations,
-    /// Any other `/v1/*` route: no key, least-outstanding among the instances serving its
-    /// `model` (when the body names one).
-    Other,
-}
-
-impl Api {
-    /// Metrics label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Api::Chat => "chat",
-            Api::Completions => "completions",
-            Api::Invocations => "invocations",
-            Api::Other => "other",
-        }
-    }
-}
 
 /// Proxies one request; every failure becomes an OpenAI-shaped error response.
 pub async fn proxy(
@@ -98,202 +63,6 @@ pub async fn proxy(
             e.into_response()
         }
     }
-}
-
-/// The native API's group id header, under either name. More than one value (the same header
-/// twice, or both names) is refused: which of them the client meant is a guess, and the one not
-/// taken would go unchecked.
-fn group_header(headers: &HeaderMap) -> Result<Option<(&'static str, &[u8])>, ApiError> {
-    let mut found = None;
-    let mut count = 0;
-    for name in [GROUP_HEADER, GROUP_HEADER_COMPAT] {
-        for v in headers.get_all(name) {
-            count += 1;
-            found.get_or_insert((name, v.as_bytes()));
-        }
-    }
-    if count > 1 {
-        return Err(ApiError::bad_request(
-            "invalid_group_id",
-            format!(
-                "the group id was sent {count} times (headers '{GROUP_HEADER}' and '{GROUP_HEADER_COMPAT}'); send it once"
-            ),
-            Some(GROUP_HEADER),
-        ));
-    }
-    Ok(found)
-}
-
-/// What routing reads from a request body.
-#[derive(Debug, Default)]
-struct Extracted {
-    key: Option<KeyHash>,
-    chain: Chain,
-    model: Option<String>,
-}
-
-/// Key, block chain (when the strategy reads one) and model of a request body, by API.
-fn extract(
-    api: Api,
-    headers: &HeaderMap,
-    body: &[u8],
-    opts: &KeyOptions,
-) -> Result<Extracted, ApiError> {
-    Ok(match api {
-        Api::Chat | Api::Completions => {
-            let info = if api == Api::Chat {
-                chat_route(body, opts)?
-            } else {
-                completion_route(body, opts)?
-            };
-            Extracted {
-                key: Some(info.key),
-                chain: info.chain,
-                model: info.model,
-            }
-        }
-        Api::Invocations => {
-            let group = group_header(headers)?;
-            let (key, chain) =
-                native_route(body, group.map(|g| g.1), opts).map_err(|e| match e {
-                    ExtractError::Group(g) => ApiError::bad_request(
-                        "invalid_group_id",
-                        format!("header '{}': {g}", group.map_or(GROUP_HEADER, |g| g.0)),
-                        Some(group.map_or(GROUP_HEADER, |g| g.0)),
-                    ),
-                    other => ApiError::from(other),
-                })?;
-            Extracted {
-                key: Some(key),
-                chain,
-                model: None,
-            }
-        }
-        Api::Other => Extracted {
-            model: other_model(body),
-            ..Extracted::default()
-        },
-    })
-}
-
-/// The `model` of another `/v1/*` request (embeddings, ...), when its body is a JSON object
-/// naming one: only instances serving it are eligible. Anything else routes as model-less.
-fn other_model(body: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Named {
-        model: Option<String>,
-    }
-    serde_json::from_slice::<Named>(body).ok()?.model
-}
-
-/// The snapshot without the instances already tried.
-fn without(snapshot: &FleetSnapshot, tried: &[Arc<Instance>]) -> FleetSnapshot {
-    FleetSnapshot::new(
-        snapshot
-            .instances()
-            .iter()
-            .filter(|i| !tried.iter().any(|t| Arc::ptr_eq(t, i)))
-            .cloned()
-            .collect(),
-    )
-}
-
-/// The instances an attempt may go to, when not the whole snapshot (None: all of it, the
-/// common case, which allocates nothing): without those already tried and, under admission
-/// control, without those at their in-flight cap. When the cap alone leaves no instance for
-/// the request, it is shed with 429: the fleet is full, not broken, and the client's retry
-/// later costs less than a queue without bound in the engines. The cap is checked, not
-/// reserved, so concurrent requests may pass it by a few.
-fn candidates(
-    state: &AppState,
-    snapshot: &FleetSnapshot,
-    tried: &[Arc<Instance>],
-    model: Option<&str>,
-) -> Result<Option<FleetSnapshot>, ApiError> {
-    let Some(cap) = state.settings.limits.max_in_flight_per_instance else {
-        // No admission control (the default): the first attempt looks at nothing.
-        return Ok((!tried.is_empty()).then(|| without(snapshot, tried)));
-    };
-    let full = |i: &Instance| i.in_flight() >= cap;
-    if tried.is_empty() && !snapshot.instances().iter().any(|i| full(i)) {
-        return Ok(None);
-    }
-    let view = without(snapshot, tried);
-    if !view.instances().iter().any(|i| full(i)) {
-        return Ok(Some(view));
-    }
-    let open = FleetSnapshot::new(
-        view.instances()
-            .iter()
-            .filter(|i| !full(i))
-            .cloned()
-            .collect(),
-    );
-    if open.eligible(model).next().is_none() && view.eligible(model).next().is_some() {
-        state
-            .metrics
-            .shed
-            .get_or_create(&ReasonLabels {
-                reason: "in_flight_cap",
-            })
-            .inc();
-        return Err(ApiError::at_capacity(cap));
-    }
-    Ok(Some(open))
-}
-
-/// One dispatched attempt: the instance chosen, why, and the guard holding its slot.
-struct Routed {
-    instance: Arc<Instance>,
-    reason: &'static str,
-    guard: InFlightGuard,
-}
-
-impl Routed {
-    /// The instance's id (borrowed: no string built per request).
-    fn id(&self) -> &str {
-        self.instance.id().as_str()
-    }
-}
-
-/// Chooses an instance in `fleet` for `route_req`, counting the decision, and takes a slot on
-/// it.
-fn route(
-    state: &Arc<AppState>,
-    strategy: &Arc<dyn Strategy>,
-    route_req: &mut RouteRequest<'_>,
-    fleet: &FleetSnapshot,
-    api: Api,
-    received: Instant,
-) -> Result<Routed, ApiError> {
-    // Each attempt is sent at its own time (the strategy learns time to first token from it).
-    route_req.now = state.now_s();
-    let started = Instant::now();
-    let dispatched = with_rng(|rng| dispatch(strategy, route_req, fleet, rng));
-    state
-        .metrics
-        .decision_latency
-        .observe(started.elapsed().as_secs_f64());
-    let Dispatched { reason, ticket, .. } = dispatched?;
-    let instance = Arc::clone(ticket.instance());
-    state
-        .metrics
-        .decisions
-        .get_or_create(&DecisionLabels {
-            strategy: strategy.name(),
-            reason: reason.label(),
-        })
-        .inc();
-    let guard = InFlightGuard::new(Arc::clone(state), ticket, api.label(), received);
-    InstanceStats::bump(&guard.stats().requests);
-    if reason.is_overflow() {
-        InstanceStats::bump(&guard.stats().overflow);
-    }
-    Ok(Routed {
-        instance,
-        reason: reason.label(),
-        guard,
-    })
 }
 
 /// Sends the request to the routed instance and waits for its response head, recording a
@@ -348,47 +117,27 @@ async fn forward(
         settings.timeouts.client_body,
     )
     .await?;
-    let routing = state.routing.load_full();
-    let strategy: &Arc<dyn Strategy> = match api {
-        Api::Other => &state.fallback,
-        _ => &routing.strategy,
-    };
-    // The access log records every request's chain, whether or not the strategy reads one.
+    let prepared = Prepared::new(state, api, &parts.headers, &body, received)?;
     let logging = state.access_log.is_some();
-    let opts = KeyOptions {
-        prefix_length: routing.prefix_length,
-        chain: strategy
-            .chain_spec()
-            .or_else(|| logging.then(ChainSpec::default)),
-    };
-    let Extracted { key, chain, model } = extract(api, &parts.headers, &body, &opts)?;
-    // kv-aware: the request's token blocks, matched against what the engines report.
-    let feeds = state.kv_events.as_ref().filter(|_| strategy.reads_tokens());
-    let tokenized = feeds.and_then(|f| f.tokenize(&body));
-    let mut route_req = RouteRequest {
-        key,
-        chain: &chain.blocks,
-        prompt_units: chain.units,
-        model: model.as_deref(),
-        now: 0.0,
-        tokens: tokenized.as_ref().zip(feeds).map(|(t, f)| t.route(f)),
-    };
+    let model = prepared.model.as_deref();
+    let chain = &prepared.chain;
+    let strategy = &prepared.strategy;
 
     let snapshot = state.fleet.snapshot();
     let mut tried: Vec<Arc<Instance>> = Vec::new();
     let mut attempt_no = 0u32;
     loop {
-        let view = candidates(state, &snapshot, &tried, model.as_deref())?;
+        let view = candidates(state, &snapshot, &tried, model)?;
         let fleet = view.as_ref().unwrap_or(&snapshot);
-        let mut routed = route(state, strategy, &mut route_req, fleet, api, received)?;
+        let mut routed = prepared.route(state, fleet)?;
         if logging {
             routed.guard.log_as(Entry {
                 t: unix_now() - received.elapsed().as_secs_f64(),
                 api: api.label(),
-                model: model.as_deref().map(Into::into),
+                model: model.map(Into::into),
                 group: chain.group,
                 prompt_units: chain.units,
-                block_units: opts.chain.map_or(0, |c| c.block_units),
+                block_units: prepared.chain_spec.map_or(0, |c| c.block_units),
                 chain: chain.blocks.as_slice().into(),
                 instance: Arc::clone(&routed.instance.id().0),
                 reason: routed.reason,
@@ -408,10 +157,7 @@ async fn forward(
             attempt_no < settings.retries.max_retries && {
                 let mut rest = tried.to_vec();
                 rest.push(Arc::clone(instance));
-                without(&snapshot, &rest)
-                    .eligible(model.as_deref())
-                    .next()
-                    .is_some()
+                without(&snapshot, &rest).eligible(model).next().is_some()
             }
         };
         let retry_reason = match attempt(state, &parts, &body, &mut routed).await? {

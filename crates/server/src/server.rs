@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -26,6 +27,14 @@ use crate::state::AppState;
 /// Starts routers.
 #[derive(Debug)]
 pub struct Router;
+
+/// What answers on the traffic listener, over the router's state, until the stop signal turns
+/// true; it returns once what it had in flight has finished (or the shutdown grace is over).
+/// `serve` answers HTTP ([`Router::start`]); the endpoint picker answers Envoy's ext_proc gRPC
+/// over the very same state, health checks, discovery and admin API.
+pub type Front = Box<
+    dyn FnOnce(TcpListener, Arc<AppState>, watch::Receiver<bool>) -> BoxFuture<'static, ()> + Send,
+>;
 
 /// A started router: its address, its state, and the handle that stops it.
 #[derive(Debug)]
@@ -53,8 +62,21 @@ impl Router {
         settings: Settings,
         source: Option<ConfigSource>,
     ) -> Result<RunningRouter, ServerError> {
+        let listen = settings.listen;
+        let front: Front =
+            Box::new(|listener, state, stop| Box::pin(accept_loop(listener, state, stop)));
+        Self::start_with(settings, source, listen, front).await
+    }
+
+    /// As [`Router::start`], with `front` answering on `listen` instead of the HTTP proxy.
+    pub async fn start_with(
+        settings: Settings,
+        source: Option<ConfigSource>,
+        listen: SocketAddr,
+        front: Front,
+    ) -> Result<RunningRouter, ServerError> {
         let state = AppState::new(settings, source)?;
-        let listener = bind(state.settings.listen).await?;
+        let listener = bind(listen).await?;
         // Resolve DNS targets once before serving, so the first requests find the fleet.
         let mut dns = Vec::with_capacity(state.settings.discovery.dns.len());
         for (i, target) in state.settings.discovery.dns.iter().enumerate() {
@@ -73,7 +95,7 @@ impl Router {
             health::check_once(&state).await;
         }
         let addr = listener.local_addr().map_err(|source| ServerError::Bind {
-            addr: state.settings.listen,
+            addr: listen,
             source,
         })?;
         crate::kv_events::warn_if_blind(&state);
@@ -122,7 +144,7 @@ impl Router {
             admin_addr = Some(local);
         }
         let log_writer = state.access_log.as_ref().and_then(|log| log.spawn_writer());
-        let serve = tokio::spawn(accept_loop(listener, Arc::clone(&state), rx));
+        let serve = tokio::spawn(front(listener, Arc::clone(&state), rx));
         tracing::info!(%addr, instances = state.fleet.snapshot().len(), "router listening");
         Ok(RunningRouter {
             addr,

@@ -5,7 +5,9 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::error::ServerError;
 use crate::reload::reload;
-use crate::server::Router;
+use std::net::SocketAddr;
+
+use crate::server::{Front, Router};
 use crate::settings::ConfigSource;
 
 fn install(
@@ -20,11 +22,23 @@ fn install(
 
 /// Loads the configuration, starts the router and serves until SIGTERM or SIGINT.
 pub async fn run_until_signal(source: ConfigSource) -> Result<(), ServerError> {
+    run_front_until_signal(source, None).await
+}
+
+/// As [`run_until_signal`], with `front` answering on its address instead of the HTTP proxy
+/// on `listen` (the endpoint picker's gRPC).
+pub async fn run_front_until_signal(
+    source: ConfigSource,
+    front: Option<(SocketAddr, Front)>,
+) -> Result<(), ServerError> {
     let settings = source.load()?;
     let mut hangup = install(SignalKind::hangup(), "SIGHUP")?;
     let mut terminate = install(SignalKind::terminate(), "SIGTERM")?;
     let mut interrupt = install(SignalKind::interrupt(), "SIGINT")?;
-    let router = Router::start(settings, Some(source)).await?;
+    let router = match front {
+        None => Router::start(settings, Some(source)).await?,
+        Some((listen, front)) => Router::start_with(settings, Some(source), listen, front).await?,
+    };
     loop {
         tokio::select! {
             _ = hangup.recv() => {

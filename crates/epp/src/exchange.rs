@@ -1,0 +1,359 @@
+//! One HTTP request as Envoy's ext_proc filter shows it to the picker: its headers, then its
+//! whole body (Envoy buffers it), on which the request is routed exactly as `serve` routes it;
+//! then the response's headers and body chunks, which report the request's outcome to the
+//! strategy through the same in-flight guard `serve` uses (first token, usage with
+//! `cached_tokens`, failures, cancellation when the stream ends early).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use envoy_types::pb::envoy::config::core::v3::Metadata;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request::Request as Message, HttpBody, HttpHeaders, ProcessingRequest,
+    ProcessingResponse,
+};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use prefix_router_core::{FleetSnapshot, Instance};
+use prefix_router_server::error::ApiError;
+use prefix_router_server::health;
+use prefix_router_server::outcome::Outcome;
+use prefix_router_server::pick::{candidates, Api, Prepared, Routed};
+use prefix_router_server::proxy::{DECISION_HEADER, INSTANCE_HEADER};
+use prefix_router_server::state::AppState;
+use prefix_router_server::usage::UsageScanner;
+
+use crate::wire::{self, Phase};
+
+/// How the picker answers (from `prefix-router epp`'s flags).
+#[derive(Debug, Clone, Default)]
+pub struct PickerOptions {
+    /// Endpoints named after the primary, in order, for a proxy that tries them on failure
+    /// (Envoy's override-host load balancing policy does; an ORIGINAL_DST cluster reads only
+    /// one address, so the default is none).
+    pub fallbacks: usize,
+}
+
+/// Where the request stands.
+enum Stage {
+    /// Headers seen, body awaited.
+    Head {
+        api: Api,
+        headers: HeaderMap,
+        subset: Option<Vec<String>>,
+        body: BytesMut,
+    },
+    /// Routed; its answer is awaited or streaming.
+    Routed(Box<Answering>),
+    /// Answered directly (an error), or finished.
+    Over,
+}
+
+struct Answering {
+    routed: Routed,
+    /// Where the request was sent, primary first: endpoint and instance.
+    endpoints: Vec<(String, Arc<Instance>)>,
+    prepared: Prepared,
+    usage: Option<UsageScanner>,
+}
+
+/// One request's exchange with Envoy.
+pub struct Exchange {
+    state: Arc<AppState>,
+    options: PickerOptions,
+    received: Instant,
+    stage: Stage,
+}
+
+impl std::fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exchange")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `host:port` of an instance's URL (the default port of its scheme when it names none): what
+/// the proxy connects to.
+pub fn endpoint_of(instance: &Instance) -> String {
+    let url = &instance.spec().url;
+    match url.parse::<http::Uri>() {
+        Ok(uri) => {
+            let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+                Some("https") => 443,
+                _ => 80,
+            });
+            let host = uri.host().unwrap_or_default();
+            format!("{host}:{port}")
+        }
+        Err(_) => url.clone(),
+    }
+}
+
+fn error_answer(e: &ApiError) -> ProcessingResponse {
+    let body = serde_json::to_vec(&e.to_json()).unwrap_or_default();
+    wire::immediate(e.status.as_u16(), body, e.code)
+}
+
+impl Exchange {
+    /// A new request's exchange.
+    pub fn new(state: Arc<AppState>, options: PickerOptions) -> Self {
+        Self {
+            state,
+            options,
+            received: Instant::now(),
+            stage: Stage::Over,
+        }
+    }
+
+    /// Whether nothing more is expected (Envoy may close the stream).
+    pub fn is_over(&self) -> bool {
+        matches!(self.stage, Stage::Over)
+    }
+
+    /// The answer to one message from Envoy (`None` for a message that wants none).
+    pub fn on(&mut self, msg: ProcessingRequest) -> Option<ProcessingResponse> {
+        let meta = msg.metadata_context;
+        let attributes = msg.attributes;
+        match msg.request? {
+            Message::RequestHeaders(h) => Some(self.request_headers(h, meta.as_ref())),
+            Message::RequestBody(b) => Some(self.request_body(b)),
+            Message::RequestTrailers(_) => Some(wire::answer(
+                Phase::RequestTrailers,
+                wire::common(Vec::new()),
+                None,
+            )),
+            Message::ResponseHeaders(h) => {
+                let served =
+                    wire::metadata_strings(meta.as_ref(), wire::LB_NAMESPACE, wire::SERVED)
+                        .or_else(|| {
+                            wire::attribute_strings(
+                                &attributes,
+                                wire::ATTRIBUTES_NAMESPACE,
+                                wire::UPSTREAM_ADDRESS,
+                            )
+                        })
+                        .and_then(|v| v.into_iter().next());
+                Some(self.response_headers(h, served))
+            }
+            Message::ResponseBody(b) => Some(self.response_body(b)),
+            Message::ResponseTrailers(_) => {
+                self.finish();
+                Some(wire::answer(
+                    Phase::ResponseTrailers,
+                    wire::common(Vec::new()),
+                    None,
+                ))
+            }
+        }
+    }
+
+    fn request_headers(&mut self, h: HttpHeaders, meta: Option<&Metadata>) -> ProcessingResponse {
+        self.received = Instant::now();
+        let path = wire::find(h.headers.as_ref(), ":path").unwrap_or(b"/");
+        let path = String::from_utf8_lossy(path);
+        let path = path.split('?').next().unwrap_or("/");
+        // Every request the proxy sends to the pool needs an endpoint: paths serve does not
+        // proxy go where `/v1/*` paths without a prompt go.
+        let api = Api::of_path(path).unwrap_or(Api::Other);
+        let mut headers = HeaderMap::new();
+        if let Some(all) = h.headers.as_ref() {
+            for hv in all.headers.iter().filter(|h| !h.key.starts_with(':')) {
+                if let (Ok(k), Ok(v)) = (
+                    HeaderName::from_bytes(hv.key.as_bytes()),
+                    HeaderValue::from_bytes(wire::header_value(hv)),
+                ) {
+                    headers.append(k, v);
+                }
+            }
+        }
+        let subset =
+            wire::metadata_strings(meta, wire::SUBSET_NAMESPACE, wire::SUBSET).or_else(|| {
+                headers
+                    .get(wire::SUBSET)
+                    .and_then(|v| v.to_str().ok())
+                    .map(wire::split_endpoints)
+            });
+        self.stage = Stage::Head {
+            api,
+            headers,
+            subset,
+            body: BytesMut::new(),
+        };
+        if h.end_of_stream {
+            return self.decide(Phase::RequestHeaders);
+        }
+        // The body comes next, whole (the filter's request_body_mode is BUFFERED); the
+        // decision goes with the answer to it, while Envoy still holds the headers.
+        wire::answer(Phase::RequestHeaders, wire::common(Vec::new()), None)
+    }
+
+    fn request_body(&mut self, b: HttpBody) -> ProcessingResponse {
+        let limit = self.state.settings.limits.max_body_bytes;
+        let Stage::Head { body, .. } = &mut self.stage else {
+            return wire::answer(Phase::RequestBody, wire::common(Vec::new()), None);
+        };
+        body.extend_from_slice(&b.body);
+        if body.len() as u64 > limit {
+            self.stage = Stage::Over;
+            return error_answer(&ApiError::too_large(limit));
+        }
+        if !b.end_of_stream {
+            // STREAMED or BUFFERED_PARTIAL: the headers went upstream already, or the body
+            // is cut. Neither can be routed on the prompt; say how to configure the filter.
+            self.stage = Stage::Over;
+            return error_answer(&ApiError::internal(
+                "the endpoint picker needs the whole request body: set the ext_proc filter's processing_mode.request_body_mode to BUFFERED",
+            ));
+        }
+        self.decide(Phase::RequestBody)
+    }
+
+    /// Routes the request (its whole body is in): the destination header and metadata, or
+    /// an immediate error (400 for a bad body, 503 when no endpoint is eligible, 429 when
+    /// admission control sheds).
+    fn decide(&mut self, phase: Phase) -> ProcessingResponse {
+        let Stage::Head {
+            api,
+            headers,
+            subset,
+            body,
+        } = std::mem::replace(&mut self.stage, Stage::Over)
+        else {
+            return wire::answer(phase, wire::common(Vec::new()), None);
+        };
+        match self.route(api, &headers, subset.as_deref(), &body) {
+            Ok(answering) => {
+                let value = answering
+                    .endpoints
+                    .iter()
+                    .map(|(e, _)| e.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let set = vec![wire::set_header(wire::DESTINATION, &value)];
+                let out = wire::answer(
+                    phase,
+                    wire::common(set),
+                    Some(wire::destination_metadata(&value)),
+                );
+                self.stage = Stage::Routed(Box::new(answering));
+                out
+            }
+            Err(e) => error_answer(&e),
+        }
+    }
+
+    fn route(
+        &self,
+        api: Api,
+        headers: &HeaderMap,
+        subset: Option<&[String]>,
+        body: &[u8],
+    ) -> Result<Answering, ApiError> {
+        let state = &self.state;
+        let prepared = Prepared::new(state, api, headers, body, self.received)?;
+        let snapshot = state.fleet.snapshot();
+        // The proxy's subset: only those endpoints, and 503 when none of them is eligible.
+        let snapshot = match subset {
+            None => snapshot,
+            Some(allowed) => Arc::new(FleetSnapshot::new(
+                snapshot
+                    .instances()
+                    .iter()
+                    .filter(|i| allowed.iter().any(|a| *a == endpoint_of(i)))
+                    .cloned()
+                    .collect(),
+            )),
+        };
+        let view = candidates(state, &snapshot, &[], prepared.model.as_deref())?;
+        let fleet = view.as_ref().unwrap_or(&snapshot);
+        let routed = prepared.route(state, fleet)?;
+        let mut endpoints = vec![(endpoint_of(&routed.instance), Arc::clone(&routed.instance))];
+        if self.options.fallbacks > 0 {
+            for i in prepared.fallbacks(state, fleet, &routed.instance, self.options.fallbacks) {
+                endpoints.push((endpoint_of(&i), i));
+            }
+        }
+        Ok(Answering {
+            routed,
+            endpoints,
+            prepared,
+            usage: None,
+        })
+    }
+
+    fn response_headers(&mut self, h: HttpHeaders, served: Option<String>) -> ProcessingResponse {
+        let Stage::Routed(a) = &mut self.stage else {
+            return wire::answer(Phase::ResponseHeaders, wire::common(Vec::new()), None);
+        };
+        // The proxy went to a fallback: the primary failed this request, and the slot and
+        // the strategy's feedback move to the endpoint that answered.
+        if let Some(served) = served {
+            if served != a.endpoints[0].0 {
+                if let Some((_, inst)) = a.endpoints.iter().find(|(e, _)| *e == served) {
+                    let inst = Arc::clone(inst);
+                    let only = FleetSnapshot::new(vec![inst]);
+                    if let Ok(moved) = a.prepared.route(&self.state, &only) {
+                        let mut old = std::mem::replace(&mut a.routed, moved);
+                        old.guard.fail(Outcome::Retried);
+                        old.guard.count_error();
+                        // The proxy could not get an answer from it: as serve counts a
+                        // connection it could not make.
+                        self.state.metrics.upstream_error(old.id(), "fallback_used");
+                        health::passive_failure(&self.state, &old.instance, old.guard.stats());
+                    }
+                }
+            }
+        }
+        let status = wire::find(h.headers.as_ref(), ":status")
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .and_then(|s| s.parse::<u16>().ok())
+            .and_then(|s| StatusCode::from_u16(s).ok())
+            .unwrap_or(StatusCode::BAD_GATEWAY);
+        let routed = &mut a.routed;
+        routed.guard.set_outcome(Outcome::of_status(status));
+        if status.is_server_error() {
+            self.state.metrics.upstream_error(routed.id(), "status_5xx");
+            routed.guard.count_error();
+            health::passive_failure(&self.state, &routed.instance, routed.guard.stats());
+        } else {
+            health::passive_success(routed.guard.stats());
+        }
+        if status.is_success()
+            && (a.prepared.strategy.reads_usage() || self.state.access_log.is_some())
+        {
+            a.usage = Some(UsageScanner::new());
+        }
+        let set = vec![
+            wire::set_header(INSTANCE_HEADER, routed.id()),
+            wire::set_header(DECISION_HEADER, routed.reason),
+        ];
+        if h.end_of_stream {
+            self.finish();
+        }
+        wire::answer(Phase::ResponseHeaders, wire::common(set), None)
+    }
+
+    fn response_body(&mut self, b: HttpBody) -> ProcessingResponse {
+        if let Stage::Routed(a) = &mut self.stage {
+            if !b.body.is_empty() {
+                a.routed.guard.first_byte();
+                if let Some(s) = a.usage.as_mut() {
+                    s.feed(&b.body);
+                }
+            }
+            if b.end_of_stream {
+                self.finish();
+            }
+        }
+        wire::answer(Phase::ResponseBody, wire::common(Vec::new()), None)
+    }
+
+    /// The response ended: the guard records it (dropping it releases the slot).
+    fn finish(&mut self) {
+        if let Stage::Routed(mut a) = std::mem::replace(&mut self.stage, Stage::Over) {
+            let usage = a.usage.as_mut().and_then(UsageScanner::finish);
+            a.routed.guard.complete(usage);
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! The gRPC side: Envoy's `ExternalProcessor` service (one bidirectional stream per HTTP
+//! request, each driven by an [`Exchange`]) and the gRPC health protocol, with the service
+//! names the Gateway API Inference Extension's endpoint pickers answer.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use futures_util::{Stream, StreamExt};
+use prefix_router_server::state::AppState;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status, Streaming};
+use tonic_health::ServingStatus;
+
+use crate::exchange::{Exchange, PickerOptions};
+
+/// The ext_proc service's full name (also its gRPC health service name).
+pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+
+/// Envoy's external processor, routing with the router's state.
+#[derive(Debug)]
+pub struct Picker {
+    state: Arc<AppState>,
+    options: PickerOptions,
+}
+
+impl Picker {
+    /// A picker over `state`.
+    pub fn new(state: Arc<AppState>, options: PickerOptions) -> Self {
+        Self { state, options }
+    }
+}
+
+type Answers = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Picker {
+    type ProcessStream = Answers;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
+        let inbound = request.into_inner();
+        let exchange = Exchange::new(Arc::clone(&self.state), self.options.clone());
+        // No task per request: the answers are pulled by tonic as it writes them, and the
+        // exchange (with the request's in-flight slot) lives exactly as long as the stream. A
+        // stream Envoy abandons drops it, which counts the request as cancelled.
+        let answers = futures_util::stream::unfold(
+            (inbound, exchange),
+            |(mut inbound, mut exchange)| async move {
+                loop {
+                    match inbound.message().await {
+                        Ok(Some(msg)) => {
+                            if let Some(answer) = exchange.on(msg) {
+                                return Some((Ok(answer), (inbound, exchange)));
+                            }
+                        }
+                        Ok(None) => return None,
+                        Err(status) => {
+                            tracing::debug!(%status, "ext_proc stream ended with an error");
+                            return None;
+                        }
+                    }
+                }
+            },
+        );
+        Ok(Response::new(Box::pin(answers)))
+    }
+}
+
+/// Whether the picker can route: at least one instance takes requests.
+fn ready(state: &AppState) -> ServingStatus {
+    if state.fleet.snapshot().eligible(None).next().is_some() {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    }
+}
+
+/// Serves ext_proc and gRPC health on `listener` until `stop` turns true, then lets open
+/// streams finish for up to the shutdown grace.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    options: PickerOptions,
+    mut stop: watch::Receiver<bool>,
+) {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    // `liveness` is the process; `readiness` and the ext_proc service follow the fleet.
+    reporter
+        .set_service_status("liveness", ServingStatus::Serving)
+        .await;
+    let health_state = Arc::clone(&state);
+    let watcher = tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let now = ready(&health_state);
+            if last != Some(now) {
+                for name in ["", "readiness", EXT_PROC_SERVICE] {
+                    reporter.set_service_status(name, now).await;
+                }
+                last = Some(now);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
+        if let Ok(s) = &s {
+            // Each answer is a small message Envoy waits for: never hold it back.
+            let _ = s.set_nodelay(true);
+        }
+        s
+    });
+    let grace = state.settings.timeouts.shutdown_grace;
+    let mut stopped = stop.clone();
+    let server = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(ExternalProcessorServer::new(Picker::new(state, options)))
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = stopped.changed().await;
+        });
+    tokio::pin!(server);
+    let result = tokio::select! {
+        r = &mut server => r,
+        _ = async {
+            let _ = stop.changed().await;
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!(?grace, "shutdown grace over; closing remaining ext_proc streams");
+            Ok(())
+        }
+    };
+    watcher.abort();
+    if let Err(e) = result {
+        tracing::error!(error = %e, "ext_proc listener failed");
+    }
+}

@@ -1,0 +1,441 @@
+//! The endpoint picker over real gRPC on 127.0.0.1, driven as Envoy's ext_proc filter drives
+//! it, in front of instant mock engines: placement identical to `serve`'s, the header and the
+//! metadata, the response path's feedback, subsets, fallbacks, 503/429/400, cancellation and
+//! gRPC health. (`tests/envoy.rs` runs a real Envoy.)
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request::Request as Msg, processing_response::Response as Ans, HttpBody,
+    HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct};
+use prefix_router_epp::wire;
+use prefix_router_epp::{Listeners, PickerOptions, RunningPicker};
+use prefix_router_server::settings::Settings;
+use prefix_router_server::Router;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::Streaming;
+
+mod support;
+use support::{chat, engines, settings, Serve, WAIT};
+
+async fn picker(settings: Settings, fallbacks: usize) -> RunningPicker {
+    prefix_router_epp::start(
+        settings,
+        None,
+        Listeners {
+            grpc: "127.0.0.1:0".parse().expect("addr"),
+            ops: Some("127.0.0.1:0".parse().expect("addr")),
+        },
+        PickerOptions { fallbacks },
+    )
+    .await
+    .expect("picker starts")
+}
+
+async fn client(p: &RunningPicker) -> ExternalProcessorClient<Channel> {
+    ExternalProcessorClient::connect(format!("http://{}", p.router.local_addr()))
+        .await
+        .expect("connects")
+}
+
+/// One ext_proc stream: what Envoy sends, and what the picker answers.
+struct Stream {
+    tx: mpsc::Sender<ProcessingRequest>,
+    rx: Streaming<ProcessingResponse>,
+}
+
+impl Stream {
+    async fn open(c: &mut ExternalProcessorClient<Channel>) -> Self {
+        let (tx, rx) = mpsc::channel(8);
+        let rx = c
+            .process(ReceiverStream::new(rx))
+            .await
+            .expect("stream opens")
+            .into_inner();
+        Self { tx, rx }
+    }
+
+    async fn send(&mut self, msg: Msg, meta: Option<Metadata>) -> ProcessingResponse {
+        self.tx
+            .send(ProcessingRequest {
+                request: Some(msg),
+                metadata_context: meta,
+                ..ProcessingRequest::default()
+            })
+            .await
+            .expect("sent");
+        tokio::time::timeout(WAIT, self.rx.message())
+            .await
+            .expect("answered in time")
+            .expect("no gRPC error")
+            .expect("an answer")
+    }
+}
+
+fn headers(pairs: &[(&str, &str)], end_of_stream: bool) -> HttpHeaders {
+    HttpHeaders {
+        headers: Some(HeaderMap {
+            headers: pairs
+                .iter()
+                .map(|(k, v)| HeaderValue {
+                    key: (*k).into(),
+                    raw_value: v.as_bytes().to_vec(),
+                    ..HeaderValue::default()
+                })
+                .collect(),
+        }),
+        end_of_stream,
+        ..HttpHeaders::default()
+    }
+}
+
+fn request_head() -> Msg {
+    Msg::RequestHeaders(headers(
+        &[
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-type", "application/json"),
+        ],
+        false,
+    ))
+}
+
+fn body(bytes: &[u8], end_of_stream: bool) -> HttpBody {
+    HttpBody {
+        body: bytes.to_vec(),
+        end_of_stream,
+        ..HttpBody::default()
+    }
+}
+
+/// The header the picker set in a request-phase answer, and the same value's metadata.
+fn destination(a: &ProcessingResponse) -> (String, String) {
+    let common = match a.response.as_ref() {
+        Some(Ans::RequestBody(b)) => b.response.clone(),
+        Some(Ans::RequestHeaders(h)) => h.response.clone(),
+        other => panic!("not a routed answer: {other:?}"),
+    }
+    .expect("common response");
+    let set = common
+        .header_mutation
+        .expect("a header mutation")
+        .set_headers;
+    let h = set
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == wire::DESTINATION)
+        .expect("destination header");
+    let header = String::from_utf8(h.raw_value.clone()).expect("utf8");
+    let meta = a.dynamic_metadata.as_ref().expect("dynamic metadata");
+    let inner = match meta
+        .fields
+        .get(wire::LB_NAMESPACE)
+        .and_then(|v| v.kind.as_ref())
+    {
+        Some(Kind::StructValue(s)) => s.clone(),
+        other => panic!("envoy.lb: {other:?}"),
+    };
+    let value = match inner
+        .fields
+        .get(wire::DESTINATION)
+        .and_then(|v| v.kind.as_ref())
+    {
+        Some(Kind::StringValue(s)) => s.clone(),
+        other => panic!("metadata value: {other:?}"),
+    };
+    (header, value)
+}
+
+fn immediate_status(a: &ProcessingResponse) -> (u16, String) {
+    match a.response.as_ref() {
+        Some(Ans::ImmediateResponse(r)) => (
+            r.status.as_ref().map_or(0, |s| s.code as u16),
+            String::from_utf8_lossy(&r.body).into_owned(),
+        ),
+        other => panic!("not an immediate response: {other:?}"),
+    }
+}
+
+/// Routes `doc` through a fresh stream; returns the destination header value.
+async fn pick(c: &mut ExternalProcessorClient<Channel>, doc: usize) -> (Stream, String) {
+    let mut s = Stream::open(c).await;
+    let a = s.send(request_head(), None).await;
+    assert!(matches!(a.response, Some(Ans::RequestHeaders(_))), "{a:?}");
+    let a = s
+        .send(Msg::RequestBody(body(chat(doc).as_bytes(), true)), None)
+        .await;
+    let (header, meta) = destination(&a);
+    assert_eq!(header, meta, "the header and the metadata must agree");
+    (s, header)
+}
+
+/// Finishes a routed request as Envoy would relay a streamed answer with usage.
+async fn answer(s: &mut Stream, cached: u32) {
+    let a = s
+        .send(
+            Msg::ResponseHeaders(headers(
+                &[(":status", "200"), ("content-type", "text/event-stream")],
+                false,
+            )),
+            None,
+        )
+        .await;
+    let Some(Ans::ResponseHeaders(h)) = a.response else {
+        panic!("{a:?}")
+    };
+    let set = h
+        .response
+        .and_then(|c| c.header_mutation)
+        .expect("routing headers")
+        .set_headers;
+    assert!(set.iter().any(|o| o
+        .header
+        .as_ref()
+        .is_some_and(|h| h.key == "x-prefix-router-instance")));
+    s.send(
+        Msg::ResponseBody(body(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+            false,
+        )),
+        None,
+    )
+    .await;
+    let usage = format!(
+        "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":900,\"completion_tokens\":4,\"prompt_tokens_details\":{{\"cached_tokens\":{cached}}}}}}}\n\ndata: [DONE]\n\n"
+    );
+    s.send(Msg::ResponseBody(body(usage.as_bytes(), true)), None)
+        .await;
+}
+
+async fn metrics(p: &RunningPicker) -> String {
+    let addr = p.ops.expect("ops listener");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut out = String::new();
+    stream.read_to_string(&mut out).await.expect("read");
+    out
+}
+
+fn in_flight(p: &RunningPicker) -> u32 {
+    p.router
+        .state()
+        .fleet
+        .snapshot()
+        .instances()
+        .iter()
+        .map(|i| i.in_flight())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_places_requests_where_serve_would() {
+    let engines = engines(3).await;
+    let p = picker(settings(&engines, "prefix-aware"), 0).await;
+    let serve = Router::start(settings(&engines, "prefix-aware"), None)
+        .await
+        .expect("serve");
+    let http = Serve(serve.local_addr());
+    let mut c = client(&p).await;
+    let mut seen = std::collections::BTreeSet::new();
+    for doc in 0..12 {
+        let (mut s, endpoint) = pick(&mut c, doc).await;
+        let served_by = http.chat(&chat(doc)).await;
+        assert_eq!(
+            format!("http://{endpoint}"),
+            served_by,
+            "doc {doc}: the picker and serve disagree"
+        );
+        seen.insert(endpoint);
+        answer(&mut s, 0).await;
+    }
+    assert!(
+        seen.len() >= 2,
+        "12 documents all on one instance: {seen:?}"
+    );
+    assert_eq!(in_flight(&p), 0, "every finished request released its slot");
+    let m = metrics(&p).await;
+    let ok: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("prefix_router_requests_total{") && l.contains("outcome=\"ok\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(ok, 12.0, "{m}");
+    assert!(
+        m.contains("prefix_router_ttft_seconds"),
+        "TTFT recorded from the response path"
+    );
+    serve.shutdown().await;
+    p.router.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_aware_learns_from_the_response_path_and_a_dropped_stream_is_cancelled() {
+    let engines = engines(3).await;
+    let p = picker(settings(&engines, "cache-aware"), 0).await;
+    let mut c = client(&p).await;
+    // The same document twice: the second goes where the first was answered.
+    let (mut s, first) = pick(&mut c, 7).await;
+    answer(&mut s, 0).await;
+    let (mut s, second) = pick(&mut c, 7).await;
+    assert_eq!(first, second, "a seen prefix goes back to its instance");
+    answer(&mut s, 896).await;
+    let m = metrics(&p).await;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("prefix_router_decisions_total{") && l.contains("cache_hit")),
+        "{m}"
+    );
+    // Envoy abandons a routed request (the client went away): the slot comes back.
+    let (s, _) = pick(&mut c, 8).await;
+    assert_eq!(in_flight(&p), 1);
+    drop(s);
+    let t = std::time::Instant::now();
+    while in_flight(&p) != 0 {
+        assert!(
+            t.elapsed() < WAIT,
+            "the slot of an abandoned stream was not released"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let m = metrics(&p).await;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("prefix_router_requests_total{")
+                && l.contains("outcome=\"cancelled\"")),
+        "{m}"
+    );
+    p.router.shutdown().await;
+}
+
+fn subset_meta(endpoints: &[&str]) -> Metadata {
+    let mut meta = Metadata::default();
+    meta.filter_metadata.insert(
+        wire::SUBSET_NAMESPACE.into(),
+        Struct {
+            fields: [(wire::SUBSET.to_string(), wire::list(endpoints))]
+                .into_iter()
+                .collect(),
+        },
+    );
+    meta
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subsets_fallbacks_and_refusals() {
+    let engines = engines(3).await;
+    let addrs: Vec<String> = engines.iter().map(|e| e.local_addr().to_string()).collect();
+    let p = picker(settings(&engines, "prefix-aware"), 2).await;
+    let mut c = client(&p).await;
+
+    // Fallbacks: three distinct endpoints, the first where the request goes.
+    let (mut s, value) = pick(&mut c, 1).await;
+    let list: Vec<&str> = value.split(',').collect();
+    assert_eq!(list.len(), 3, "{value}");
+    let distinct: std::collections::BTreeSet<&str> = list.iter().copied().collect();
+    assert_eq!(distinct.len(), 3, "{value}");
+    assert!(
+        list.iter().all(|e| addrs.iter().any(|a| a == e)),
+        "{value} vs {addrs:?}"
+    );
+    answer(&mut s, 0).await;
+
+    // The proxy's subset: every pick stays in it.
+    for doc in 0..6 {
+        let mut s = Stream::open(&mut c).await;
+        s.send(request_head(), Some(subset_meta(&[&addrs[2]])))
+            .await;
+        let a = s
+            .send(Msg::RequestBody(body(chat(doc).as_bytes(), true)), None)
+            .await;
+        let (header, _) = destination(&a);
+        assert_eq!(
+            header.split(',').next(),
+            Some(addrs[2].as_str()),
+            "doc {doc}"
+        );
+    }
+    // A subset with no known endpoint: 503.
+    let mut s = Stream::open(&mut c).await;
+    s.send(request_head(), Some(subset_meta(&["10.9.9.9:80"])))
+        .await;
+    let a = s
+        .send(Msg::RequestBody(body(chat(1).as_bytes(), true)), None)
+        .await;
+    let (status, text) = immediate_status(&a);
+    assert_eq!(status, 503, "{text}");
+
+    // A body that is not JSON: 400 in the OpenAI error shape.
+    let mut s = Stream::open(&mut c).await;
+    s.send(request_head(), None).await;
+    let a = s
+        .send(Msg::RequestBody(body(b"{not json", true)), None)
+        .await;
+    let (status, text) = immediate_status(&a);
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("\"error\""), "{text}");
+
+    // A body Envoy streams instead of buffering: refused with the setting to change.
+    let mut s = Stream::open(&mut c).await;
+    s.send(request_head(), None).await;
+    let a = s
+        .send(Msg::RequestBody(body(b"{\"model\":", false)), None)
+        .await;
+    let (status, text) = immediate_status(&a);
+    assert_eq!(status, 500, "{text}");
+    assert!(text.contains("BUFFERED"), "{text}");
+    p.router.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_control_sheds_with_429_and_health_answers() {
+    let engines = engines(1).await;
+    let mut s = settings(&engines, "prefix-aware");
+    s.limits.max_in_flight_per_instance = Some(1);
+    let p = picker(s, 0).await;
+    let mut c = client(&p).await;
+    let (held, _) = pick(&mut c, 1).await;
+    let mut s = Stream::open(&mut c).await;
+    s.send(request_head(), None).await;
+    let a = s
+        .send(Msg::RequestBody(body(chat(2).as_bytes(), true)), None)
+        .await;
+    let (status, text) = immediate_status(&a);
+    assert_eq!(status, 429, "{text}");
+    drop(held);
+
+    // gRPC health, under the names Envoy and Kubernetes probe.
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let channel = Channel::from_shared(format!("http://{}", p.router.local_addr()))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connects");
+    let mut h = HealthClient::new(channel);
+    for service in [
+        "",
+        "liveness",
+        "readiness",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+    ] {
+        let r = h
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{service}: {e}"))
+            .into_inner();
+        assert_eq!(r.status, 1, "{service}: SERVING");
+    }
+    p.router.shutdown().await;
+}

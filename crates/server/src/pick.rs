@@ -1,0 +1,362 @@
+//! Choosing an instance for a request, the one path `serve`'s proxy and the endpoint picker
+//! (`prefix-router epp`) share: read the key, the block chain and the model from the body once
+//! ([`Prepared`]), leave out what admission control or earlier attempts rule out
+//! ([`candidates`]), and dispatch through the strategy, counting the decision and taking the
+//! in-flight slot ([`Prepared::route`]).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::HeaderMap;
+use prefix_router_core::extract::{chat_route, completion_route, native_route};
+use prefix_router_core::{
+    dispatch, Chain, ChainSpec, Dispatched, ExtractError, FleetSnapshot, Instance, KeyHash,
+    KeyOptions, RouteRequest, Strategy,
+};
+
+use crate::error::ApiError;
+use crate::guard::InFlightGuard;
+use crate::kv_events::Tokenized;
+use crate::metrics::{DecisionLabels, ReasonLabels};
+use crate::routing::with_rng;
+use crate::state::AppState;
+use crate::stats::InstanceStats;
+
+/// Native API group header.
+pub const GROUP_HEADER: &str = "x-prefix-aware-id";
+/// The reference service's name for the group header, also accepted.
+pub const GROUP_HEADER_COMPAT: &str = "x-amzn-sagemaker-prefix-aware-id";
+
+/// Which API a proxied request uses (selects key extraction and the metrics label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /invocations` (native key).
+    Invocations,
+    /// Any other `/v1/*` route: no key, least-outstanding among the instances serving its
+    /// `model` (when the body names one).
+    Other,
+}
+
+impl Api {
+    /// The API a data-plane path (without its query) is proxied as; `None` for a path that is
+    /// not proxied.
+    pub fn of_path(path: &str) -> Option<Api> {
+        Some(match path {
+            "/v1/chat/completions" => Api::Chat,
+            "/v1/completions" => Api::Completions,
+            "/invocations" => Api::Invocations,
+            p if p.starts_with("/v1/") => Api::Other,
+            _ => return None,
+        })
+    }
+
+    /// Metrics label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+            Api::Invocations => "invocations",
+            Api::Other => "other",
+        }
+    }
+}
+
+/// The native API's group id header, under either name. More than one value (the same header
+/// twice, or both names) is refused: which of them the client meant is a guess, and the one not
+/// taken would go unchecked.
+fn group_header(headers: &HeaderMap) -> Result<Option<(&'static str, &[u8])>, ApiError> {
+    let mut found = None;
+    let mut count = 0;
+    for name in [GROUP_HEADER, GROUP_HEADER_COMPAT] {
+        for v in headers.get_all(name) {
+            count += 1;
+            found.get_or_insert((name, v.as_bytes()));
+        }
+    }
+    if count > 1 {
+        return Err(ApiError::bad_request(
+            "invalid_group_id",
+            format!(
+                "the group id was sent {count} times (headers '{GROUP_HEADER}' and '{GROUP_HEADER_COMPAT}'); send it once"
+            ),
+            Some(GROUP_HEADER),
+        ));
+    }
+    Ok(found)
+}
+
+/// What routing reads from a request body.
+#[derive(Debug, Default)]
+struct Extracted {
+    key: Option<KeyHash>,
+    chain: Chain,
+    model: Option<String>,
+}
+
+/// Key, block chain (when the strategy reads one) and model of a request body, by API.
+fn extract(
+    api: Api,
+    headers: &HeaderMap,
+    body: &[u8],
+    opts: &KeyOptions,
+) -> Result<Extracted, ApiError> {
+    Ok(match api {
+        Api::Chat | Api::Completions => {
+            let info = if api == Api::Chat {
+                chat_route(body, opts)?
+            } else {
+                completion_route(body, opts)?
+            };
+            Extracted {
+                key: Some(info.key),
+                chain: info.chain,
+                model: info.model,
+            }
+        }
+        Api::Invocations => {
+            let group = group_header(headers)?;
+            let (key, chain) =
+                native_route(body, group.map(|g| g.1), opts).map_err(|e| match e {
+                    ExtractError::Group(g) => ApiError::bad_request(
+                        "invalid_group_id",
+                        format!("header '{}': {g}", group.map_or(GROUP_HEADER, |g| g.0)),
+                        Some(group.map_or(GROUP_HEADER, |g| g.0)),
+                    ),
+                    other => ApiError::from(other),
+                })?;
+            Extracted {
+                key: Some(key),
+                chain,
+                model: None,
+            }
+        }
+        Api::Other => Extracted {
+            model: other_model(body),
+            ..Extracted::default()
+        },
+    })
+}
+
+/// The `model` of another `/v1/*` request (embeddings, ...), when its body is a JSON object
+/// naming one: only instances serving it are eligible. Anything else routes as model-less.
+fn other_model(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        model: Option<String>,
+    }
+    serde_json::from_slice::<Named>(body).ok()?.model
+}
+
+/// The snapshot without the instances already tried.
+pub fn without(snapshot: &FleetSnapshot, tried: &[Arc<Instance>]) -> FleetSnapshot {
+    FleetSnapshot::new(
+        snapshot
+            .instances()
+            .iter()
+            .filter(|i| !tried.iter().any(|t| Arc::ptr_eq(t, i)))
+            .cloned()
+            .collect(),
+    )
+}
+
+/// The instances an attempt may go to, when not the whole snapshot (None: all of it, the
+/// common case, which allocates nothing): without those already tried and, under admission
+/// control, without those at their in-flight cap. When the cap alone leaves no instance for
+/// the request, it is shed with 429: the fleet is full, not broken, and the client's retry
+/// later costs less than a queue without bound in the engines. The cap is checked, not
+/// reserved, so concurrent requests may pass it by a few.
+pub fn candidates(
+    state: &AppState,
+    snapshot: &FleetSnapshot,
+    tried: &[Arc<Instance>],
+    model: Option<&str>,
+) -> Result<Option<FleetSnapshot>, ApiError> {
+    let Some(cap) = state.settings.limits.max_in_flight_per_instance else {
+        // No admission control (the default): the first attempt looks at nothing.
+        return Ok((!tried.is_empty()).then(|| without(snapshot, tried)));
+    };
+    let full = |i: &Instance| i.in_flight() >= cap;
+    if tried.is_empty() && !snapshot.instances().iter().any(|i| full(i)) {
+        return Ok(None);
+    }
+    let view = without(snapshot, tried);
+    if !view.instances().iter().any(|i| full(i)) {
+        return Ok(Some(view));
+    }
+    let open = FleetSnapshot::new(
+        view.instances()
+            .iter()
+            .filter(|i| !full(i))
+            .cloned()
+            .collect(),
+    );
+    if open.eligible(model).next().is_none() && view.eligible(model).next().is_some() {
+        state
+            .metrics
+            .shed
+            .get_or_create(&ReasonLabels {
+                reason: "in_flight_cap",
+            })
+            .inc();
+        return Err(ApiError::at_capacity(cap));
+    }
+    Ok(Some(open))
+}
+
+/// One dispatched attempt: the instance chosen, why, and the guard holding its slot.
+#[derive(Debug)]
+pub struct Routed {
+    /// The instance chosen.
+    pub instance: Arc<Instance>,
+    /// The decision's reason label (`cache_hit`, `overflow`, ...).
+    pub reason: &'static str,
+    /// Holds the in-flight slot and reports the request's end to the strategy and the metrics.
+    pub guard: InFlightGuard,
+}
+
+impl Routed {
+    /// The instance's id (borrowed: no string built per request).
+    pub fn id(&self) -> &str {
+        self.instance.id().as_str()
+    }
+}
+
+/// What routing reads from one request, read once and routed on for every attempt.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The API (extraction and the metrics label).
+    pub api: Api,
+    /// The strategy in force when the request arrived (a reload does not move it mid-way).
+    pub strategy: Arc<dyn Strategy>,
+    /// The block chain's spec, when the strategy or the access log reads one.
+    pub chain_spec: Option<ChainSpec>,
+    /// Key, block chain and model.
+    pub key: Option<KeyHash>,
+    /// The request's block chain (empty when nothing reads it).
+    pub chain: Chain,
+    /// The `model` the body names.
+    pub model: Option<String>,
+    /// kv-aware: the request's token blocks.
+    tokenized: Option<Tokenized>,
+    /// When the request arrived (time to first token counts from here).
+    pub received: Instant,
+}
+
+impl Prepared {
+    /// Reads key, chain, model (and token blocks for a strategy that reads them) from `body`.
+    /// Errors are the client's (4xx).
+    pub fn new(
+        state: &AppState,
+        api: Api,
+        headers: &HeaderMap,
+        body: &[u8],
+        received: Instant,
+    ) -> Result<Self, ApiError> {
+        let routing = state.routing.load();
+        let strategy = match api {
+            Api::Other => Arc::clone(&state.fallback),
+            _ => Arc::clone(&routing.strategy),
+        };
+        // The access log records every request's chain, whether or not the strategy reads one.
+        let logging = state.access_log.is_some();
+        let opts = KeyOptions {
+            prefix_length: routing.prefix_length,
+            chain: strategy
+                .chain_spec()
+                .or_else(|| logging.then(ChainSpec::default)),
+        };
+        let Extracted { key, chain, model } = extract(api, headers, body, &opts)?;
+        // kv-aware: the request's token blocks, matched against what the engines report.
+        let tokenized = state
+            .kv_events
+            .as_ref()
+            .filter(|_| strategy.reads_tokens())
+            .and_then(|f| f.tokenize(body));
+        Ok(Self {
+            api,
+            strategy,
+            chain_spec: opts.chain,
+            key,
+            chain,
+            model,
+            tokenized,
+            received,
+        })
+    }
+
+    /// The strategy's view of the request, at `now`.
+    pub fn request<'a>(&'a self, state: &'a AppState, now: f64) -> RouteRequest<'a> {
+        let feeds = state.kv_events.as_ref();
+        RouteRequest {
+            key: self.key,
+            chain: &self.chain.blocks,
+            prompt_units: self.chain.units,
+            model: self.model.as_deref(),
+            now,
+            tokens: self.tokenized.as_ref().zip(feeds).map(|(t, f)| t.route(f)),
+        }
+    }
+
+    /// Chooses an instance in `fleet`, counting the decision, and takes a slot on it.
+    pub fn route(&self, state: &Arc<AppState>, fleet: &FleetSnapshot) -> Result<Routed, ApiError> {
+        // Each attempt is sent at its own time (the strategy learns time to first token from it).
+        let req = self.request(state, state.now_s());
+        let started = Instant::now();
+        let dispatched = with_rng(|rng| dispatch(&self.strategy, &req, fleet, rng));
+        state
+            .metrics
+            .decision_latency
+            .observe(started.elapsed().as_secs_f64());
+        let Dispatched { reason, ticket, .. } = dispatched?;
+        let instance = Arc::clone(ticket.instance());
+        state
+            .metrics
+            .decisions
+            .get_or_create(&DecisionLabels {
+                strategy: self.strategy.name(),
+                reason: reason.label(),
+            })
+            .inc();
+        let guard = InFlightGuard::new(Arc::clone(state), ticket, self.api.label(), self.received);
+        InstanceStats::bump(&guard.stats().requests);
+        if reason.is_overflow() {
+            InstanceStats::bump(&guard.stats().overflow);
+        }
+        Ok(Routed {
+            instance,
+            reason: reason.label(),
+            guard,
+        })
+    }
+
+    /// Where the request would go next if `taken` failed, in order, at most `n` instances: the
+    /// strategy's choice on what is left, asked again without each choice. Nothing is counted
+    /// and no slot is taken (a fallback the proxy does not use costs nothing).
+    pub fn fallbacks(
+        &self,
+        state: &AppState,
+        fleet: &FleetSnapshot,
+        taken: &Arc<Instance>,
+        n: usize,
+    ) -> Vec<Arc<Instance>> {
+        let req = self.request(state, state.now_s());
+        let mut out: Vec<Arc<Instance>> = Vec::with_capacity(n);
+        let mut tried = vec![Arc::clone(taken)];
+        while out.len() < n {
+            let rest = without(fleet, &tried);
+            let Ok(d) = with_rng(|rng| self.strategy.select(&req, &rest, rng)) else {
+                break;
+            };
+            let Some(next) = rest.instances().get(d.index).cloned() else {
+                break;
+            };
+            tried.push(Arc::clone(&next));
+            out.push(next);
+        }
+        out
+    }
+}
