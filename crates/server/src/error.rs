@@ -262,6 +262,9 @@ pub enum ServerError {
         /// The cause.
         source: std::io::Error,
     },
+    /// Kubernetes discovery is configured and its API cannot be reached at all.
+    #[error(transparent)]
+    Kubernetes(#[from] crate::kubernetes::KubernetesError),
     /// A signal handler could not be installed.
     #[error("cannot install the {signal} handler: {source}")]
     Signal {

@@ -19,6 +19,7 @@ pub mod error;
 pub mod guard;
 pub mod handler;
 pub mod health;
+pub mod kubernetes;
 pub mod kv_events;
 pub mod membership;
 pub mod metrics;

@@ -54,16 +54,19 @@ pub struct Membership {
     pub static_specs: Vec<InstanceSpec>,
     /// Instances found by each DNS target (keyed by `name:port`).
     pub dns: BTreeMap<String, Vec<InstanceSpec>>,
+    /// The endpoints of the Kubernetes Service (ready and terminating ones).
+    pub kubernetes: Vec<InstanceSpec>,
     /// Models each instance listed at `/v1/models` (model discovery), by instance id.
     pub discovered_models: HashMap<String, Vec<String>>,
 }
 
 impl Membership {
-    /// The member list: static instances first, then DNS ones not already listed; each
+    /// The member list: static instances first, then DNS and Kubernetes ones not already listed; each
     /// instance's models are its configured ones plus those it listed.
     pub fn specs(&self) -> Vec<InstanceSpec> {
         let mut out: Vec<InstanceSpec> = Vec::new();
-        for spec in self.static_specs.iter().chain(self.dns.values().flatten()) {
+        let discovered = self.dns.values().flatten().chain(&self.kubernetes);
+        for spec in self.static_specs.iter().chain(discovered) {
             if out.iter().any(|s| s.id == spec.id) {
                 continue;
             }

@@ -89,6 +89,11 @@ impl Router {
             discovery::refresh_dns(&state, &source).await;
             dns.push(source);
         }
+        // The Service's endpoints: the first list is waited for (bounded) like DNS above.
+        let kubernetes = match &state.settings.discovery.kubernetes {
+            Some(target) => Some(crate::kubernetes::start(&state, target).await?),
+            None => None,
+        };
         // And check them once (concurrently, within the probe timeout): the instances already
         // up take requests from the first one, the others once they pass a later check.
         if state.settings.health.active {
@@ -101,6 +106,7 @@ impl Router {
         crate::kv_events::warn_if_blind(&state);
         let (tx, rx) = watch::channel(false);
         let mut background = vec![tokio::spawn(health::run(Arc::clone(&state)))];
+        background.extend(kubernetes);
         for source in dns {
             background.push(tokio::spawn(discovery::run_dns(Arc::clone(&state), source)));
         }

@@ -57,8 +57,8 @@ mod tests;
 
 pub use sections::{
     AccessLogSettings, Admin, AdminSettings, Discovery, DnsRecord, DnsTarget, EngineMetrics,
-    HealthSettings, InstanceEntry, KvEventsEndpoint, KvEventsSettings, KvEventsTokenizer, Limits,
-    Retries, Routing, Timeouts,
+    HealthSettings, InstanceEntry, KubernetesTarget, KvEventsEndpoint, KvEventsSettings,
+    KvEventsTokenizer, Limits, Retries, Routing, Timeouts,
 };
 pub use source::{read_fields, settings_from_text, ConfigSource, Overrides};
 
@@ -243,6 +243,9 @@ impl Settings {
         }
         self.instances = check_instances(std::mem::take(&mut self.instances))?;
         check_dns(&mut self.discovery.dns)?;
+        if let Some(k) = self.discovery.kubernetes.as_mut() {
+            check_kubernetes(k)?;
+        }
         check_kv_endpoints(&mut self.kv_events.endpoints)?;
         check_kv_tokenizers(&self.kv_events.tokenizers)?;
         if self.engine_metrics.stale_after < self.engine_metrics.interval {
@@ -331,6 +334,66 @@ fn check_kv_tokenizers(entries: &[KvEventsTokenizer]) -> Result<(), SettingsErro
         }
         if e.tokenizer.as_os_str().is_empty() {
             return Err(invalid(field("tokenizer"), "must not be empty"));
+        }
+    }
+    Ok(())
+}
+
+/// A DNS-1123 label (names of Services, namespaces, ports): lower-case letters, digits and `-`.
+fn is_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// The Kubernetes target: names Kubernetes would accept, a known scheme, an API server URL.
+fn check_kubernetes(k: &mut KubernetesTarget) -> Result<(), SettingsError> {
+    let field = |f: &str| format!("discovery.kubernetes.{f}");
+    k.service = k.service.trim().to_string();
+    if !is_label(&k.service) {
+        return Err(invalid(
+            field("service"),
+            format!(
+                "'{}' is not a Service name (lower-case letters, digits and '-')",
+                k.service
+            ),
+        ));
+    }
+    if let Some(ns) = &k.namespace {
+        if !is_label(ns) {
+            return Err(invalid(
+                field("namespace"),
+                format!("'{ns}' is not a namespace name"),
+            ));
+        }
+    }
+    if !is_label(&k.port) {
+        return Err(invalid(
+            field("port"),
+            format!(
+                "'{}' is not a port name: give the name of the Service's port (its `name:`), not its number",
+                k.port
+            ),
+        ));
+    }
+    if k.scheme != "http" && k.scheme != "https" {
+        return Err(invalid(
+            field("scheme"),
+            format!("'{}': expected \"http\" or \"https\"", k.scheme),
+        ));
+    }
+    if let Some(url) = &k.api_server {
+        let ok = url.parse::<http::Uri>().ok().is_some_and(|u| {
+            matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
+        });
+        if !ok {
+            return Err(invalid(
+                field("api_server"),
+                format!("'{url}' is not an http(s) URL"),
+            ));
         }
     }
     Ok(())

@@ -183,21 +183,6 @@ async fn a_records_from_a_configured_server() {
     r.shutdown().await;
 }
 
-trait Port {
-    fn url_port(&self) -> u16;
-}
-
-impl Port for std::sync::Arc<prefix_router_core::Instance> {
-    fn url_port(&self) -> u16 {
-        self.spec()
-            .url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0)
-    }
-}
-
 #[tokio::test]
 async fn models_are_learnt_from_the_instances() {
     let a = Upstream::start("a", Mode::Echo, &["base", "lora-x"]).await;

@@ -395,6 +395,51 @@ pub struct Discovery {
     pub models_interval: Duration,
     /// DNS targets.
     pub dns: Vec<DnsTarget>,
+    /// A Service's EndpointSlices, watched through the Kubernetes API.
+    pub kubernetes: Option<KubernetesTarget>,
+}
+
+/// `[discovery.kubernetes]`: the instances are the endpoints of one Service, read from its
+/// EndpointSlices (list, then watch) through the Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesTarget {
+    /// The Service (its EndpointSlices carry `kubernetes.io/service-name: <service>`).
+    pub service: String,
+    /// Its namespace; default: the router's own (from its service account), else `default`.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The name of the Service port the engines serve on (each slice says which number it is).
+    pub port: String,
+    /// `http` or `https` for the instance URLs.
+    #[serde(default = "http_scheme")]
+    pub scheme: String,
+    /// A label of the EndpointSlices (Kubernetes copies the Service's labels onto them) whose
+    /// value names the model the endpoints serve; unset: any model (or `[discovery] models`).
+    #[serde(default)]
+    pub model_label: Option<String>,
+    /// The API server's URL, instead of the in-cluster configuration or `~/.kube/config`
+    /// (`kubectl proxy` at `http://127.0.0.1:8001`, tests).
+    #[serde(default)]
+    pub api_server: Option<String>,
+    /// Weight of each instance.
+    #[serde(default = "one", deserialize_with = "de::at_least_one")]
+    pub weight: u32,
+    /// How long the router waits for the first list before it serves (with what else it has).
+    #[serde(
+        rename = "first_list_timeout_ms",
+        default = "first_list_timeout",
+        deserialize_with = "de::millis"
+    )]
+    pub first_list_timeout: Duration,
+}
+
+fn first_list_timeout() -> Duration {
+    Duration::from_millis(10_000)
+}
+
+fn http_scheme() -> String {
+    "http".into()
 }
 
 impl Default for Discovery {
@@ -403,6 +448,7 @@ impl Default for Discovery {
             models: false,
             models_interval: Duration::from_millis(30_000),
             dns: Vec::new(),
+            kubernetes: None,
         }
     }
 }

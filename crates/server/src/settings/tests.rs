@@ -106,6 +106,34 @@ fn errors_name_the_field() {
     );
     assert!(err("[discovery]\nmodels = true\nmodels_interval_ms = 0")
         .contains("discovery.models_interval_ms"));
+    let k8s = |rest: &str| err(&format!("[discovery.kubernetes]\n{rest}"));
+    assert!(k8s("port = \"http\"").contains("service"));
+    assert!(
+        k8s("service = \"vLLM_pool\"\nport = \"http\"").contains("discovery.kubernetes.service")
+    );
+    assert!(k8s("service = \"vllm\"\nport = 8000").contains("discovery.kubernetes.port"));
+    assert!(k8s("service = \"vllm\"\nport = \"8000 \"").contains("not its number"));
+    assert!(
+        k8s("service = \"vllm\"\nport = \"http\"\nscheme = \"grpc\"")
+            .contains("discovery.kubernetes.scheme")
+    );
+    assert!(
+        k8s("service = \"vllm\"\nport = \"http\"\napi_server = \"localhost\"")
+            .contains("discovery.kubernetes.api_server")
+    );
+    let k = parse(
+        "[discovery.kubernetes]\nservice = \"vllm\"\nport = \"http\"\nfirst_list_timeout_ms = 500",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let k = k.discovery.kubernetes.unwrap_or_else(|| panic!("parsed"));
+    assert_eq!(
+        (
+            k.scheme.as_str(),
+            k.namespace,
+            k.first_list_timeout.as_millis()
+        ),
+        ("http", None, 500)
+    );
     let dup =
         "[[instances]]\nurl = \"http://127.0.0.1:1\"\n[[instances]]\nurl = \"http://127.0.0.1:1/\"";
     let e = err(dup);

@@ -4,6 +4,7 @@
 
 pub mod chat_body;
 pub mod dns;
+pub mod kube_api;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -704,4 +705,21 @@ pub fn raw_json(text: &str) -> serde_json::Value {
         .unwrap_or(body.len());
     let body = body.get(..len.min(body.len())).unwrap_or(body);
     serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
+}
+
+/// The port of an instance's URL.
+pub trait Port {
+    /// The port of the instance's URL (0 when it names none).
+    fn url_port(&self) -> u16;
+}
+
+impl Port for std::sync::Arc<prefix_router_core::Instance> {
+    fn url_port(&self) -> u16 {
+        self.spec()
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0)
+    }
 }

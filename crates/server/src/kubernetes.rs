@@ -1,0 +1,355 @@
+//! Kubernetes discovery: the instances are the endpoints of one Service, read from its
+//! EndpointSlices through the API server. kube-runtime's watcher lists them, then watches from
+//! the list's `resourceVersion`, resumes a watch that breaks from the last version it saw, and
+//! lists again when the API server answers 410 Gone (the version is too old), with backoff.
+//!
+//! What an endpoint's conditions mean here, as Kubernetes defines them:
+//! - ready (and not terminating): a member that takes requests (health checks still apply);
+//! - terminating: a member that drains, finishing what it holds and taking nothing new, until
+//!   it leaves the slice;
+//! - neither: left out until it is ready (a pod starting, or failing its readiness probe).
+//!
+//! A watch that fails keeps the fleet as it was: the API server being away is no reason to
+//! stop routing to engines that still answer.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use prefix_router_core::{InstanceSpec, InstanceState};
+use tokio::sync::watch;
+
+use crate::membership;
+use crate::reload::edit_members;
+use crate::settings::KubernetesTarget;
+use crate::state::AppState;
+
+/// The label Kubernetes puts on a Service's EndpointSlices.
+const SERVICE_LABEL: &str = "kubernetes.io/service-name";
+
+/// Why the Kubernetes API cannot be reached at all.
+#[derive(Debug, thiserror::Error)]
+pub enum KubernetesError {
+    /// No in-cluster configuration and no usable kubeconfig.
+    #[error("no Kubernetes configuration (not in a pod, no usable ~/.kube/config; or set discovery.kubernetes.api_server): {0}")]
+    Config(#[from] kube::config::InferConfigError),
+    /// The client could not be built (TLS, a bad URL).
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+    /// `api_server` is not a URL.
+    #[error("discovery.kubernetes.api_server: '{0}' is not a URL")]
+    Url(String),
+}
+
+/// One endpoint address found in the slices, and what its conditions say.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Found {
+    /// The instance it becomes.
+    pub spec: InstanceSpec,
+    /// It is shutting down: drain it.
+    pub terminating: bool,
+}
+
+/// The client for `target`: its `api_server` (no credentials: `kubectl proxy`, tests), or the
+/// in-cluster configuration, or `~/.kube/config`. Returns it with the namespace to watch.
+pub async fn client(target: &KubernetesTarget) -> Result<(Client, String), KubernetesError> {
+    let config = match &target.api_server {
+        Some(url) => {
+            let uri = url
+                .parse::<http::Uri>()
+                .map_err(|_| KubernetesError::Url(url.clone()))?;
+            kube::Config::new(uri)
+        }
+        None => kube::Config::infer().await?,
+    };
+    let namespace = target
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    Ok((Client::try_from(config)?, namespace))
+}
+
+/// The members the slices list: an instance per address of each endpoint that is ready or
+/// terminating, on the slice's port named `target.port`. Addresses in several slices (an
+/// endpoint moving between slices) count once, terminating if any slice says so.
+pub fn members<'a>(
+    target: &KubernetesTarget,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+) -> Vec<Found> {
+    let mut out: BTreeMap<String, Found> = BTreeMap::new();
+    for slice in slices {
+        let Some(port) = slice.ports.iter().flatten().find_map(|p| {
+            (p.name.as_deref() == Some(target.port.as_str()))
+                .then_some(p.port)
+                .flatten()
+        }) else {
+            continue;
+        };
+        let model = target.model_label.as_ref().and_then(|l| {
+            slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(l))
+                .cloned()
+        });
+        let v6 = slice.address_type == "IPv6";
+        for ep in &slice.endpoints {
+            let (ready, terminating) = conditions(ep);
+            if !ready && !terminating {
+                continue;
+            }
+            for addr in &ep.addresses {
+                let host = if v6 {
+                    format!("[{addr}]")
+                } else {
+                    addr.clone()
+                };
+                let url = format!("{}://{host}:{port}", target.scheme);
+                let entry = out.entry(url.clone()).or_insert_with(|| Found {
+                    spec: InstanceSpec {
+                        id: url.clone(),
+                        url,
+                        weight: target.weight,
+                        models: model.iter().cloned().collect(),
+                    },
+                    terminating,
+                });
+                entry.terminating |= terminating;
+            }
+        }
+    }
+    out.into_values().collect()
+}
+
+/// (ready, terminating), read as Kubernetes documents them: an unknown `ready` counts as ready,
+/// an unknown `terminating` as not terminating.
+fn conditions(ep: &Endpoint) -> (bool, bool) {
+    let c = ep.conditions.as_ref();
+    let ready = c.and_then(|c| c.ready).unwrap_or(true);
+    let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+    (ready && !terminating, terminating)
+}
+
+/// Installs what the slices list: the Kubernetes members replace the previous ones, and the
+/// terminating ones are set to drain.
+async fn apply(
+    state: &AppState,
+    target: &KubernetesTarget,
+    slices: &BTreeMap<String, EndpointSlice>,
+) {
+    let found = members(target, slices.values());
+    let specs: Vec<InstanceSpec> = found.iter().map(|f| f.spec.clone()).collect();
+    let changed = edit_members(state, |m| {
+        if m.kubernetes == specs {
+            return false;
+        }
+        m.kubernetes = specs.clone();
+        true
+    })
+    .await;
+    let snapshot = state.fleet.snapshot();
+    for f in found.iter().filter(|f| f.terminating) {
+        if let Some((_, inst)) = snapshot.get(&f.spec.id) {
+            if membership::transition(
+                state,
+                inst,
+                &[
+                    InstanceState::Healthy,
+                    InstanceState::Unknown,
+                    InstanceState::Ejected,
+                ],
+                InstanceState::Draining,
+            ) {
+                tracing::info!(instance = %f.spec.id, "endpoint terminating: draining");
+            }
+        }
+    }
+    if changed {
+        let urls: Vec<&str> = found.iter().map(|f| f.spec.url.as_str()).collect();
+        tracing::info!(service = %target.service, instances = ?urls, "Kubernetes discovery changed the fleet");
+    }
+}
+
+fn name(s: &EndpointSlice) -> String {
+    s.metadata.name.clone().unwrap_or_default()
+}
+
+/// Watches the Service's slices and keeps the fleet in step until aborted; `synced` turns true
+/// once the first complete list is applied.
+pub async fn run(
+    state: Arc<AppState>,
+    target: KubernetesTarget,
+    client: Client,
+    namespace: String,
+    synced: watch::Sender<bool>,
+) {
+    let api: Api<EndpointSlice> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().labels(&format!("{SERVICE_LABEL}={}", target.service));
+    let events = watcher::watcher(api, config).default_backoff();
+    futures_util::pin_mut!(events);
+    let mut slices: BTreeMap<String, EndpointSlice> = BTreeMap::new();
+    let mut listing: Option<BTreeMap<String, EndpointSlice>> = None;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Init) => listing = Some(BTreeMap::new()),
+            Ok(Event::InitApply(s)) => {
+                if let Some(l) = listing.as_mut() {
+                    l.insert(name(&s), s);
+                }
+            }
+            Ok(Event::InitDone) => {
+                if let Some(l) = listing.take() {
+                    slices = l;
+                }
+                apply(&state, &target, &slices).await;
+                synced.send_replace(true);
+            }
+            Ok(Event::Apply(s)) => {
+                slices.insert(name(&s), s);
+                apply(&state, &target, &slices).await;
+            }
+            Ok(Event::Delete(s)) => {
+                slices.remove(&name(&s));
+                apply(&state, &target, &slices).await;
+            }
+            Err(e) => {
+                tracing::warn!(service = %target.service, %namespace, error = %e,
+                    "EndpointSlice watch failed; retrying with backoff, the fleet stays as it was");
+            }
+        }
+    }
+}
+
+/// Starts watching and waits up to `first_list_timeout` for the first complete list, so that
+/// the first requests find the fleet (as DNS targets are resolved once before serving).
+pub async fn start(
+    state: &Arc<AppState>,
+    target: &KubernetesTarget,
+) -> Result<tokio::task::JoinHandle<()>, KubernetesError> {
+    let wait = target.first_list_timeout;
+    let (client, namespace) = client(target).await?;
+    let (tx, mut rx) = watch::channel(false);
+    tracing::info!(service = %target.service, %namespace, port = %target.port, "watching the Service's EndpointSlices");
+    let task = tokio::spawn(run(
+        Arc::clone(state),
+        target.clone(),
+        client,
+        namespace,
+        tx,
+    ));
+    if tokio::time::timeout(wait, rx.wait_for(|s| *s))
+        .await
+        .is_err()
+    {
+        tracing::warn!(service = %target.service, ?wait, "no EndpointSlice list yet; serving meanwhile, the fleet fills in when it comes");
+    }
+    Ok(task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointPort};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::time::Duration;
+
+    fn target() -> KubernetesTarget {
+        KubernetesTarget {
+            service: "llm".into(),
+            namespace: None,
+            port: "http".into(),
+            scheme: "http".into(),
+            model_label: Some("model".into()),
+            api_server: None,
+            weight: 1,
+            first_list_timeout: Duration::from_secs(1),
+        }
+    }
+
+    fn ep(addr: &str, ready: Option<bool>, terminating: Option<bool>) -> Endpoint {
+        Endpoint {
+            addresses: vec![addr.into()],
+            conditions: Some(EndpointConditions {
+                ready,
+                serving: ready,
+                terminating,
+            }),
+            ..Endpoint::default()
+        }
+    }
+
+    fn slice(name: &str, family: &str, port: i32, endpoints: Vec<Endpoint>) -> EndpointSlice {
+        EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(
+                    [("model".to_string(), "llama".to_string())]
+                        .into_iter()
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            address_type: family.into(),
+            endpoints,
+            ports: Some(vec![
+                EndpointPort {
+                    name: Some("metrics".into()),
+                    port: Some(9000),
+                    ..EndpointPort::default()
+                },
+                EndpointPort {
+                    name: Some("http".into()),
+                    port: Some(port),
+                    ..EndpointPort::default()
+                },
+            ]),
+        }
+    }
+
+    #[test]
+    fn conditions_decide_membership_and_the_named_port_the_url() {
+        let a = slice(
+            "a",
+            "IPv4",
+            8000,
+            vec![
+                ep("10.0.0.1", Some(true), None),
+                ep("10.0.0.2", Some(false), Some(false)),
+                ep("10.0.0.3", Some(false), Some(true)),
+                ep("10.0.0.4", None, None),
+            ],
+        );
+        let b = slice(
+            "b",
+            "IPv6",
+            8001,
+            vec![ep("fd00::5", Some(true), Some(false))],
+        );
+        let found = members(&target(), [&a, &b]);
+        let got: Vec<(&str, bool)> = found
+            .iter()
+            .map(|f| (f.spec.url.as_str(), f.terminating))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("http://10.0.0.1:8000", false),
+                ("http://10.0.0.3:8000", true),
+                ("http://10.0.0.4:8000", false),
+                ("http://[fd00::5]:8001", false),
+            ]
+        );
+        assert!(found
+            .iter()
+            .all(|f| f.spec.models == vec!["llama".to_string()]));
+        // A slice without the named port lists nothing.
+        let mut other = target();
+        other.port = "grpc".into();
+        assert!(members(&other, [&a]).is_empty());
+    }
+}

@@ -1,0 +1,164 @@
+//! Kubernetes discovery against a fake API server over real HTTP on 127.0.0.1
+//! (`support/kube_api.rs`): endpoints joining, ready and not-ready flips, terminating endpoints
+//! draining, a watch that breaks and resumes from its resourceVersion, a 410 Gone that forces a
+//! new list, a deleted slice.
+
+mod support;
+
+use http::StatusCode;
+use prefix_router_core::InstanceState;
+use prefix_router_server::settings::KubernetesTarget;
+use prefix_router_server::RunningRouter;
+use support::kube_api::{slice, FakeApi};
+use support::*;
+
+fn members(r: &RunningRouter) -> Vec<(u16, InstanceState)> {
+    let mut m: Vec<(u16, InstanceState)> = r
+        .state()
+        .fleet
+        .snapshot()
+        .instances()
+        .iter()
+        .map(|i| (i.url_port(), i.state()))
+        .collect();
+    m.sort_by_key(|x| x.0);
+    m
+}
+
+fn ports(r: &RunningRouter) -> Vec<u16> {
+    members(r).into_iter().map(|m| m.0).collect()
+}
+
+fn target(api_server: String) -> KubernetesTarget {
+    KubernetesTarget {
+        service: "llm".into(),
+        namespace: Some("ns".into()),
+        port: "http".into(),
+        scheme: "http".into(),
+        model_label: Some("model".into()),
+        api_server: Some(api_server),
+        weight: 1,
+        first_list_timeout: std::time::Duration::from_millis(300),
+    }
+}
+
+async fn served_by(r: &RunningRouter, i: usize) -> String {
+    let ans = post(
+        r.local_addr(),
+        "/v1/completions",
+        &[],
+        format!(r#"{{"model":"mock-llama","prompt":"request {i}"}}"#),
+    )
+    .await;
+    assert_eq!(ans.status, StatusCode::OK);
+    ans.upstream()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_slices_drive_the_fleet_through_watch_breaks_and_410s() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let c = Upstream::start("c", Mode::Echo, &[]).await;
+    let (pa, pb, pc) = (a.addr.port(), b.addr.port(), c.addr.port());
+    let api = FakeApi::start().await;
+    api.put(slice("llm-a", pa, true, false));
+    api.put(slice("llm-b", pb, false, false));
+
+    let mut s = settings(&[]);
+    s.health.wait_for_first_check = false;
+    let mut t = target(api.url());
+    t.first_list_timeout = std::time::Duration::from_secs(10);
+    s.discovery.kubernetes = Some(t);
+    let r = router(s).await;
+    use InstanceState::*;
+    // The first list is in before the router serves: only the ready endpoint.
+    let first = members(&r);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0].0, pa);
+    assert_eq!(api.lists(), 1);
+    assert!(
+        api.selectors()
+            .iter()
+            .all(|s| s == "kubernetes.io/service-name=llm"),
+        "{:?}",
+        api.selectors()
+    );
+    let snapshot = r.state().fleet.snapshot();
+    let a_inst = &snapshot.instances()[0];
+    assert_eq!(
+        a_inst.spec().models,
+        vec!["mock-llama".to_string()],
+        "the model label"
+    );
+    assert_eq!(served_by(&r, 0).await, "a");
+
+    // b turns ready: it joins.
+    api.put(slice("llm-b", pb, true, false));
+    eventually("b joins", || members(&r).len() == 2).await;
+
+    // a terminates: it drains; requests go to b only.
+    api.put(slice("llm-a", pa, false, true));
+    eventually("a drains", || {
+        members(&r).iter().any(|&(p, st)| p == pa && st == Draining)
+    })
+    .await;
+    for i in 0..4 {
+        assert_eq!(served_by(&r, i).await, "b", "request {i}");
+    }
+
+    // The watch breaks; a change made meanwhile arrives when it resumes from its version,
+    // without a new list.
+    let watches = api.watch_versions().len();
+    api.break_watch();
+    let rv = api.put(slice("llm-c", pc, true, false));
+    eventually("c joins after the watch resumed", || {
+        members(&r).iter().any(|&(p, _)| p == pc)
+    })
+    .await;
+    assert_eq!(
+        api.lists(),
+        1,
+        "a broken watch resumes; it does not list again"
+    );
+    let versions = api.watch_versions();
+    assert!(versions.len() > watches, "{versions:?}");
+    let resumed: u64 = versions[watches].parse().expect("a version");
+    assert!(
+        resumed < rv,
+        "resumed from {resumed}, before the change at {rv}"
+    );
+
+    // 410 Gone: the watcher lists again, and finds what no event told it (a's slice gone).
+    api.forget("llm-a");
+    api.gone_on_next_watch();
+    api.break_watch();
+    eventually("a new list after 410 Gone", || api.lists() >= 2).await;
+    eventually("b and c after the new list", || ports(&r) == vec![pb, pc]).await;
+
+    // b turns not-ready: it leaves. Its slice deleted changes nothing more.
+    api.put(slice("llm-b", pb, false, false));
+    eventually("b leaves when not ready", || {
+        members(&r).iter().all(|&(p, _)| p != pb)
+    })
+    .await;
+    api.delete("llm-b");
+    eventually("c alone", || {
+        members(&r).len() == 1 && members(&r)[0].0 == pc
+    })
+    .await;
+    assert_eq!(served_by(&r, 9).await, "c");
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_api_server_does_not_stop_the_router() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let mut s = settings(&[a.url()]);
+    s.discovery.kubernetes = Some(target(dead_url().await));
+    let started = std::time::Instant::now();
+    let r = router(s).await;
+    // It waited for a first list (first_list_timeout_ms), then serves the static instances.
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(served_by(&r, 0).await, "a");
+    r.shutdown().await;
+}
