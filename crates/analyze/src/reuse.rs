@@ -88,7 +88,7 @@ pub fn sampled_hashes(r: &Request, block_tokens: u32, stride: usize, out: &mut V
         let mut i = 0usize;
         out.retain(|_| {
             i += 1;
-            (i - 1) % stride == 0
+            (i - 1).is_multiple_of(stride)
         });
     }
 }

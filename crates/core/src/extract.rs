@@ -296,7 +296,7 @@ mod tests {
             format!(r#"{{"messages":[{{"role":"user","content":"{content}"}}],"model":"m"}}"#);
         let info = both(CHAT, &body).unwrap_or_else(|e| panic!("{e}"));
         let mut text = String::from("user\u{1F}");
-        text.extend(std::iter::repeat('é').take(1024 - 5));
+        text.extend(std::iter::repeat_n('é', 1024 - 5));
         assert_eq!(info.key, key(None, &text));
         // Characters past the prefix do not matter, but they are still validated.
         let tail_differs = body.replace("\"}],", "x\"}],");

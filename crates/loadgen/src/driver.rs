@@ -85,7 +85,7 @@ where
             let offsets = send_offsets(&requests, rate);
             planned = offsets
                 .iter()
-                .take_while(|&&t| stop_s.map_or(true, |s| t < s))
+                .take_while(|&&t| stop_s.is_none_or(|s| t < s))
                 .count() as u64;
             tokio::spawn(open_loop(client, requests, offsets, stop_s, clock, tx))
         }

@@ -85,7 +85,7 @@ fn record_probe(state: &AppState, inst: &Instance, ok: bool) {
     } else if ok {
         rec.probe_failures = 0;
         rec.probe_successes = rec.probe_successes.saturating_add(1);
-        let backoff_over = rec.ejected_until.map_or(true, |t| Instant::now() >= t);
+        let backoff_over = rec.ejected_until.is_none_or(|t| Instant::now() >= t);
         if inst.state() == InstanceState::Ejected
             && rec.probe_successes >= h.healthy_threshold
             && backoff_over

@@ -194,7 +194,7 @@ async fn every_bad_input_gets_an_openai_error_from_the_router_and_it_keeps_servi
             .to_ascii_lowercase()
             .contains("x-prefix-router-instance");
         let fine =
-            status == c.status && shaped && !proxied && c.code.map_or(true, |want| want == code);
+            status == c.status && shaped && !proxied && c.code.is_none_or(|want| want == code);
         if !fine {
             let head: String = text.chars().take(400).collect();
             failures.push(format!(

@@ -430,7 +430,7 @@ impl Loop<'_> {
                     drained |= self.fleet.instances[instance].in_flight() == 0
                         && self.fleet.instances[instance].life == Life::Draining;
                     self.finished += 1;
-                    if self.finished % PROGRESS_EVERY == 0 {
+                    if self.finished.is_multiple_of(PROGRESS_EVERY) {
                         progress(self.finished);
                     }
                     if let Driver::ClosedLoop { .. } = self.inputs.config.driver {

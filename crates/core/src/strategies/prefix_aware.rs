@@ -190,7 +190,7 @@ fn best_by_score(
             continue;
         }
         let s = Score::of(key, inst, uniform);
-        if best.as_ref().map_or(true, |(_, b)| s.beats(b)) {
+        if best.as_ref().is_none_or(|(_, b)| s.beats(b)) {
             best = Some((i, s));
         }
     }
@@ -240,7 +240,7 @@ impl Strategy for PrefixAware {
             n += 1;
             total += u64::from(load);
             let s = Score::of(key, inst, uniform);
-            if best.as_ref().map_or(true, |(_, b, _)| s.beats(b)) {
+            if best.as_ref().is_none_or(|(_, b, _)| s.beats(b)) {
                 best = Some((i, s, load));
             }
         }

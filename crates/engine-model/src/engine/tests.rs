@@ -46,7 +46,7 @@ fn run(engine: &mut Engine, arrivals: Vec<(f64, EngineRequest)>) -> Vec<EngineEv
         let next_arrival = arrivals.peek().map(|a| a.0);
         match (next_arrival, engine.next_event_at()) {
             (None, None) => return out,
-            (Some(a), e) if e.map_or(true, |e| a < e) => {
+            (Some(a), e) if e.is_none_or(|e| a < e) => {
                 engine.advance(a, &mut out);
                 if let Some((t, req)) = arrivals.next() {
                     engine.submit(t, req);
@@ -428,7 +428,7 @@ fn run_workload(
         let next_arrival = arrivals.peek().map(|a| a.0);
         match (next_arrival, e.next_event_at()) {
             (None, None) => break,
-            (Some(a), ev) if ev.map_or(true, |ev| a < ev) => {
+            (Some(a), ev) if ev.is_none_or(|ev| a < ev) => {
                 e.advance(a, &mut out);
                 if let Some((at, req)) = arrivals.next() {
                     e.submit(at, req);
