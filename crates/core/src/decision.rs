@@ -47,6 +47,39 @@ impl Reason {
             Reason::Load { .. } => "load",
         }
     }
+    /// Every label, in the order of [`Reason::index`] (per-instance counters keep one slot per
+    /// reason, without a lock or a string key).
+    pub const LABELS: [&'static str; 11] = [
+        "preferred",
+        "overflow",
+        "all_busy",
+        "no_key",
+        "random",
+        "round_robin",
+        "least_outstanding",
+        "cache_hit",
+        "cold",
+        "hot_replica",
+        "load",
+    ];
+
+    /// This reason's position in [`Reason::LABELS`].
+    pub fn index(&self) -> usize {
+        match self {
+            Reason::Preferred => 0,
+            Reason::Overflow { .. } => 1,
+            Reason::AllBusy { .. } => 2,
+            Reason::NoKey => 3,
+            Reason::Random => 4,
+            Reason::RoundRobin => 5,
+            Reason::LeastOutstanding => 6,
+            Reason::CacheHit => 7,
+            Reason::Cold => 8,
+            Reason::HotReplica { .. } => 9,
+            Reason::Load { .. } => 10,
+        }
+    }
+
     /// Whether the key's preferred instance was skipped because of load.
     pub fn is_overflow(&self) -> bool {
         matches!(
@@ -98,4 +131,29 @@ pub enum RouteError {
     /// The strategy named a position outside the snapshot (a bug of the strategy).
     #[error("strategy '{0}' chose an instance outside the fleet")]
     OutOfRange(&'static str),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_sits_at_its_label() {
+        let id = InstanceId(std::sync::Arc::from("x"));
+        for r in [
+            Reason::Preferred,
+            Reason::Overflow { from: id.clone() },
+            Reason::AllBusy { from: id.clone() },
+            Reason::NoKey,
+            Reason::Random,
+            Reason::RoundRobin,
+            Reason::LeastOutstanding,
+            Reason::CacheHit,
+            Reason::Cold,
+            Reason::HotReplica { from: id.clone() },
+            Reason::Load { from: id },
+        ] {
+            assert_eq!(Reason::LABELS[r.index()], r.label());
+        }
+    }
 }

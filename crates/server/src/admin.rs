@@ -459,7 +459,18 @@ pub fn router(state: Arc<AppState>, token: &str) -> axum::Router {
         state,
         token: Arc::from(token),
     };
-    axum::Router::new()
+    // The page holds no data and needs no token; what it shows comes from the JSON below it.
+    let page = axum::Router::new().route(
+        "/dashboard",
+        get(|| async {
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                crate::dashboard::PAGE,
+            )
+        }),
+    );
+    let api = axum::Router::new()
+        .route("/admin/dashboard.json", get(dashboard_data))
         .route("/admin/instances", get(list).post(add))
         .route("/admin/instances/drain", post(drain))
         .route("/admin/instances/activate", post(activate))
@@ -472,7 +483,34 @@ pub fn router(state: Arc<AppState>, token: &str) -> axum::Router {
             admin.clone(),
             authenticate,
         ))
-        .with_state(admin)
+        .with_state(admin);
+    page.merge(api)
+}
+
+/// `GET /admin/dashboard.json?window=S`: the live page's data, over the last S seconds
+/// (1..=300, default 300).
+async fn dashboard_data(State(admin): State<Admin>, uri: axum::http::Uri) -> Response {
+    let given = uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("window="));
+    let seconds = match given.map(str::parse::<u64>) {
+        None => 300,
+        Some(Ok(s)) if (1..=300).contains(&s) => s,
+        Some(_) => {
+            return error(ApiError::bad_request(
+                "invalid_window",
+                format!(
+                    "window={}: give whole seconds, 1 to 300",
+                    given.unwrap_or_default()
+                ),
+                Some("window"),
+            ))
+        }
+    };
+    let window = std::time::Duration::from_secs(seconds);
+    reply(StatusCode::OK, crate::dashboard::data(&admin.state, window))
 }
 
 #[cfg(test)]

@@ -128,6 +128,7 @@ impl InFlightGuard {
         if let Some(e) = self.log.as_mut() {
             e.ttft_s = Some(ttft);
         }
+        self.stats.observe_ttft(ttft);
         self.state
             .metrics
             .ttft
@@ -154,6 +155,15 @@ impl Drop for InFlightGuard {
             // Finished explicitly rather than by the ticket's own drop, so that the strategy
             // hears the time the request really ended.
             ticket.finish(outcome.end(self.usage), self.state.now_s());
+        }
+        if let Some(Usage {
+            prompt_tokens,
+            cached_tokens: Some(cached),
+            ..
+        }) = self.usage
+        {
+            InstanceStats::add(&self.stats.usage_prompt_tokens, u64::from(prompt_tokens));
+            InstanceStats::add(&self.stats.usage_cached_tokens, u64::from(cached));
         }
         let m = &self.state.metrics;
         m.requests

@@ -13,6 +13,7 @@ pub mod admin;
 pub mod body;
 pub mod canned;
 pub mod conn;
+pub mod dashboard;
 pub mod discovery;
 pub mod engine_metrics;
 pub mod error;

@@ -321,11 +321,21 @@ impl Prepared {
                 reason: reason.label(),
             })
             .inc();
+        let (units, predicted) = (
+            u64::from(ticket.info().prompt_units),
+            u64::from(ticket.info().predicted_cached_units),
+        );
         let guard = InFlightGuard::new(Arc::clone(state), ticket, self.api.label(), self.received);
-        InstanceStats::bump(&guard.stats().requests);
+        let stats = guard.stats();
+        InstanceStats::bump(&stats.requests);
         if reason.is_overflow() {
-            InstanceStats::bump(&guard.stats().overflow);
+            InstanceStats::bump(&stats.overflow);
         }
+        if let Some(c) = stats.reasons.get(reason.index()) {
+            InstanceStats::bump(c);
+        }
+        InstanceStats::add(&stats.prompt_units, units);
+        InstanceStats::add(&stats.predicted_cached_units, predicted);
         Ok(Routed {
             instance,
             reason: reason.label(),

@@ -135,6 +135,8 @@ impl Router {
                 source,
             })?;
             let app = crate::admin::router(Arc::clone(&state), &admin.token);
+            // The live page's history: only where the page can be asked for.
+            background.push(tokio::spawn(crate::dashboard::run(Arc::clone(&state))));
             let mut stop = rx.clone();
             background.push(tokio::spawn(async move {
                 let served = axum::serve(listener, app)

@@ -45,6 +45,8 @@ pub struct AppState {
     pub access_log: Option<crate::access_log::AccessLog>,
     /// The engines' KV events, when subscribed.
     pub kv_events: Option<crate::kv_events::KvFeeds>,
+    /// Snapshots of the per-instance counters for the live page (`/dashboard`).
+    pub dashboard: crate::dashboard::History,
     /// The origin of [`AppState::now_s`].
     started: Instant,
 }
@@ -105,6 +107,7 @@ impl AppState {
             membership: tokio::sync::Mutex::new(membership),
             access_log,
             kv_events,
+            dashboard: crate::dashboard::History::default(),
             started: Instant::now(),
         }))
     }

@@ -5,6 +5,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+/// Upper bounds, in seconds, of the per-instance TTFT buckets the live page reads (one more,
+/// open bucket follows). Cumulative counts: the page takes differences over its own window.
+pub const TTFT_BOUNDS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0,
+];
+
 /// Counters and health record of one instance (by id); they outlive membership changes.
 #[derive(Debug, Default)]
 pub struct InstanceStats {
@@ -12,6 +18,18 @@ pub struct InstanceStats {
     pub requests: AtomicU64,
     /// Of which overflow decisions.
     pub overflow: AtomicU64,
+    /// Decisions for it, by reason ([`prefix_router_core::Reason::index`]).
+    pub reasons: [AtomicU64; prefix_router_core::Reason::LABELS.len()],
+    /// Prompt length (chain units: characters or bytes) of the requests sent to it.
+    pub prompt_units: AtomicU64,
+    /// Of which the strategy expected it to hold cached.
+    pub predicted_cached_units: AtomicU64,
+    /// Prompt tokens of its answers that reported `cached_tokens`.
+    pub usage_prompt_tokens: AtomicU64,
+    /// The `cached_tokens` those answers reported.
+    pub usage_cached_tokens: AtomicU64,
+    /// Times to first byte, counted in [`TTFT_BOUNDS`] buckets.
+    pub ttft: [AtomicU64; TTFT_BOUNDS.len() + 1],
     /// Upstream errors (connect, timeout, 5xx, broken stream).
     pub errors: AtomicU64,
     /// Connect errors or 5xx answers in a row (passive health; atomic so successes never lock).
@@ -24,6 +42,19 @@ impl InstanceStats {
     /// Adds one to a counter.
     pub fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a time to first byte.
+    pub fn observe_ttft(&self, seconds: f64) {
+        let i = TTFT_BOUNDS.partition_point(|b| *b < seconds);
+        if let Some(c) = self.ttft.get(i) {
+            Self::bump(c);
+        }
     }
 
     /// Locks the health record (a poisoned lock still holds valid counters).
