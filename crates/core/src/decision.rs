@@ -28,6 +28,9 @@ pub enum Reason {
     HotReplica { from: InstanceId },
     /// Cache-aware: the longest match (on `from`) was busy; recomputing here starts sooner.
     Load { from: InstanceId },
+    /// Not routed: a hot prefix replayed to a joining instance before it takes its share
+    /// ([`crate::prewarm`]).
+    Prewarm,
 }
 
 impl Reason {
@@ -45,11 +48,12 @@ impl Reason {
             Reason::Cold => "cold",
             Reason::HotReplica { .. } => "hot_replica",
             Reason::Load { .. } => "load",
+            Reason::Prewarm => "prewarm",
         }
     }
     /// Every label, in the order of [`Reason::index`] (per-instance counters keep one slot per
     /// reason, without a lock or a string key).
-    pub const LABELS: [&'static str; 11] = [
+    pub const LABELS: [&'static str; 12] = [
         "preferred",
         "overflow",
         "all_busy",
@@ -61,6 +65,7 @@ impl Reason {
         "cold",
         "hot_replica",
         "load",
+        "prewarm",
     ];
 
     /// This reason's position in [`Reason::LABELS`].
@@ -77,6 +82,7 @@ impl Reason {
             Reason::Cold => 8,
             Reason::HotReplica { .. } => 9,
             Reason::Load { .. } => 10,
+            Reason::Prewarm => 11,
         }
     }
 
@@ -152,6 +158,7 @@ mod tests {
             Reason::Cold,
             Reason::HotReplica { from: id.clone() },
             Reason::Load { from: id },
+            Reason::Prewarm,
         ] {
             assert_eq!(Reason::LABELS[r.index()], r.label());
         }

@@ -40,6 +40,23 @@ pub fn dispatch(
     Ok(commit(strategy, req, decision, instance))
 }
 
+/// Sends `req` to `instance` without asking the strategy to choose (a prewarm replay, which
+/// goes to the joining instance by definition): it counts in flight and the strategy learns
+/// from its ticket as from any other (cache-aware then knows the instance holds the prefix).
+pub fn dispatch_to(
+    strategy: &Arc<dyn Strategy>,
+    req: &RouteRequest<'_>,
+    instance: Arc<Instance>,
+    reason: Reason,
+) -> Ticket {
+    let decision = Decision {
+        index: 0,
+        reason,
+        predicted_cached_units: 0,
+    };
+    commit(strategy, req, decision, instance).ticket
+}
+
 fn commit(
     strategy: &Arc<dyn Strategy>,
     req: &RouteRequest<'_>,

@@ -47,14 +47,29 @@ pub enum InstanceState {
     /// Not yet checked: a new member gets nothing until its first passed health check, so a
     /// router started before its engines does not route to instances that are not up.
     Unknown = 3,
+    /// Joined, and being sent the hottest prefixes that will move to it before it takes its
+    /// share ([`crate::prewarm`]); gets no routed request meanwhile.
+    Warming = 4,
 }
 
 impl InstanceState {
+    /// Its name in the admin API and on the live page.
+    pub fn label(self) -> &'static str {
+        match self {
+            InstanceState::Healthy => "healthy",
+            InstanceState::Draining => "draining",
+            InstanceState::Ejected => "ejected",
+            InstanceState::Unknown => "unknown",
+            InstanceState::Warming => "warming",
+        }
+    }
+
     fn from_u8(v: u8) -> Self {
         match v {
             0 => InstanceState::Healthy,
             1 => InstanceState::Draining,
             3 => InstanceState::Unknown,
+            4 => InstanceState::Warming,
             _ => InstanceState::Ejected,
         }
     }

@@ -104,15 +104,6 @@ fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
     })
 }
 
-fn state_name(s: InstanceState) -> &'static str {
-    match s {
-        InstanceState::Healthy => "healthy",
-        InstanceState::Draining => "draining",
-        InstanceState::Ejected => "ejected",
-        InstanceState::Unknown => "unknown",
-    }
-}
-
 async fn list(State(admin): State<Admin>) -> Response {
     let snapshot = admin.state.fleet.snapshot();
     let instances: Vec<Value> = snapshot
@@ -124,7 +115,7 @@ async fn list(State(admin): State<Admin>) -> Response {
                 "url": i.spec().url,
                 "weight": i.weight(),
                 "models": i.spec().models,
-                "state": state_name(i.state()),
+                "state": i.state().label(),
                 "in_flight": i.in_flight(),
                 "requests": stats.requests.load(Ordering::Relaxed),
                 "overflow": stats.overflow.load(Ordering::Relaxed),
@@ -248,10 +239,7 @@ async fn activate(State(admin): State<Admin>, body: Bytes) -> Response {
         return error(ApiError {
             status: http::StatusCode::CONFLICT,
             kind: "invalid_request_error",
-            message: format!(
-                "instance '{id}' is {}, not draining",
-                state_name(inst.state())
-            ),
+            message: format!("instance '{id}' is {}, not draining", inst.state().label()),
             param: Some("url".into()),
             code: "not_draining",
             retry_after: None,

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use prefix_router_core::{InstanceState, Reason};
+use prefix_router_core::Reason;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -52,15 +52,6 @@ pub struct History {
     ring: Mutex<VecDeque<(Instant, Vec<Counters>)>>,
 }
 
-fn state_name(s: InstanceState) -> &'static str {
-    match s {
-        InstanceState::Healthy => "healthy",
-        InstanceState::Draining => "draining",
-        InstanceState::Ejected => "ejected",
-        InstanceState::Unknown => "unknown",
-    }
-}
-
 fn counts(c: &[AtomicU64]) -> Vec<u64> {
     c.iter().map(|c| c.load(Ordering::Relaxed)).collect()
 }
@@ -77,7 +68,7 @@ fn snapshot(state: &AppState) -> Vec<Counters> {
             Counters {
                 id: Arc::clone(&i.id().0),
                 url: i.spec().url.clone(),
-                state: state_name(i.state()),
+                state: i.state().label(),
                 in_flight: i.in_flight(),
                 requests: n(&s.requests),
                 overflow: n(&s.overflow),

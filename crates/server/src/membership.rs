@@ -41,7 +41,10 @@ pub fn transition(
         InstanceState::Healthy => MembershipChange::Healthy,
         InstanceState::Draining => MembershipChange::Draining,
         // Back to unchecked: like an ejection, it takes nothing until a check passes.
-        InstanceState::Ejected | InstanceState::Unknown => MembershipChange::Ejected,
+        // Warming (prewarm replays in progress) takes nothing routed either.
+        InstanceState::Ejected | InstanceState::Unknown | InstanceState::Warming => {
+            MembershipChange::Ejected
+        }
     };
     announce(state, inst.id(), change);
     true

@@ -1,0 +1,279 @@
+//! Prewarming an instance that joins: it starts with an empty cache, so every prefix that moves
+//! to it misses until traffic warms it. With prewarming on, the router first replays to it, at
+//! most once each, the hottest recent prefixes that will move to it (answers cut to one token),
+//! and only then lets it take its share; until then those prefixes stay on their old homes.
+//!
+//! This module holds what the server and the simulator share: [`HotPrefixes`], the recent
+//! prefixes by decayed request count with one example request each, and [`plan`], which picks
+//! the ones the strategy would send to the new instance once it takes requests. How a replay is
+//! sent (HTTP with `max_tokens: 1`, or a one-token request to a simulated engine) is theirs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::{
+    FleetSnapshot, Instance, InstanceId, InstanceState, KeyHash, RouteRequest, RouteRng, Strategy,
+};
+
+/// Settings of prewarming.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrewarmConfig {
+    /// Prefixes replayed to one joining instance, at most.
+    pub max_prefixes: usize,
+    /// Replays in flight at once.
+    pub concurrency: usize,
+    /// Seconds the instance may spend warming before it takes its share regardless.
+    pub budget_s: f64,
+    /// Prefixes tracked (the hottest are kept).
+    pub tracked: usize,
+    /// Half-life of a prefix's request count, seconds: what "recent" means.
+    pub half_life_s: f64,
+}
+
+impl Default for PrewarmConfig {
+    fn default() -> Self {
+        Self {
+            max_prefixes: 64,
+            concurrency: 4,
+            budget_s: 30.0,
+            tracked: 1024,
+            half_life_s: 120.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Hot<T> {
+    score: f64,
+    at: f64,
+    example: T,
+}
+
+/// Recent prefixes (by routing key), each with a decayed request count and its latest request
+/// as the example to replay. Bounded: when full, the colder half is dropped in one pass, so a
+/// request costs O(1) amortized.
+#[derive(Debug, Clone)]
+pub struct HotPrefixes<T> {
+    capacity: usize,
+    half_life_s: f64,
+    entries: HashMap<u64, Hot<T>>,
+}
+
+impl<T> HotPrefixes<T> {
+    /// Tracks up to `capacity` prefixes (at least 2) whose counts halve every `half_life_s`.
+    pub fn new(capacity: usize, half_life_s: f64) -> Self {
+        Self {
+            capacity: capacity.max(2),
+            half_life_s: if half_life_s > 0.0 { half_life_s } else { 1.0 },
+            entries: HashMap::new(),
+        }
+    }
+
+    fn decayed(&self, h: &Hot<T>, now: f64) -> f64 {
+        h.score * 0.5f64.powf(((now - h.at) / self.half_life_s).max(0.0))
+    }
+
+    /// Counts a request with routing `key` at `now`; `example` becomes the prefix's example.
+    pub fn record(&mut self, key: KeyHash, now: f64, example: T) {
+        let k = key.0;
+        let half_life = self.half_life_s;
+        if let Some(h) = self.entries.get_mut(&k) {
+            h.score = h.score * 0.5f64.powf(((now - h.at) / half_life).max(0.0)) + 1.0;
+            h.at = now;
+            h.example = example;
+            return;
+        }
+        if self.entries.len() >= self.capacity {
+            self.drop_colder_half(now);
+        }
+        self.entries.insert(
+            k,
+            Hot {
+                score: 1.0,
+                at: now,
+                example,
+            },
+        );
+    }
+
+    fn drop_colder_half(&mut self, now: f64) {
+        let mut scores: Vec<f64> = self
+            .entries
+            .values()
+            .map(|h| self.decayed(h, now))
+            .collect();
+        let mid = scores.len() / 2;
+        scores.select_nth_unstable_by(mid, f64::total_cmp);
+        let cut = scores[mid];
+        let mut kept = 0usize;
+        let keep_at_most = self.capacity - self.capacity / 2;
+        let half_life = self.half_life_s;
+        self.entries.retain(|_, h| {
+            let s = h.score * 0.5f64.powf(((now - h.at) / half_life).max(0.0));
+            let keep = s > cut && kept < keep_at_most;
+            kept += usize::from(keep);
+            keep
+        });
+    }
+
+    /// Prefixes tracked.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether none is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Every tracked prefix's example, hottest first (ties by key, so the order is the same on
+    /// every run).
+    pub fn hottest(&self, now: f64) -> Vec<(f64, &T)> {
+        let mut all: Vec<(f64, u64, &T)> = self
+            .entries
+            .iter()
+            .map(|(k, h)| (self.decayed(h, now), *k, &h.example))
+            .collect();
+        all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        all.into_iter().map(|(s, _, e)| (s, e)).collect()
+    }
+}
+
+/// The fleet as it will be once `joining` takes requests: `fleet` with `joining` in it, healthy.
+/// A fresh instance with the same id stands in for it (rendezvous scores and learned state are
+/// keyed by id), so the real one stays out of routing meanwhile.
+pub fn after_join(fleet: &FleetSnapshot, joining: &InstanceId) -> FleetSnapshot {
+    FleetSnapshot::new(
+        fleet
+            .instances()
+            .iter()
+            .map(|i| {
+                if i.id() == joining {
+                    let stand_in = Instance::new(i.spec().clone());
+                    stand_in.set_state(InstanceState::Healthy);
+                    Arc::new(stand_in)
+                } else {
+                    Arc::clone(i)
+                }
+            })
+            .collect(),
+    )
+}
+
+/// The examples to replay to `joining`: the hottest tracked prefixes (at most `max`) that the
+/// strategy would send there once it takes requests (asked on [`after_join`]'s fleet).
+/// `request` gives the strategy's view of an example.
+pub fn plan<'t, T>(
+    hot: &'t HotPrefixes<T>,
+    now: f64,
+    max: usize,
+    strategy: &Arc<dyn Strategy>,
+    fleet: &FleetSnapshot,
+    joining: &InstanceId,
+    rng: &mut RouteRng,
+    mut request: impl FnMut(&T) -> Option<RouteRequest<'t>>,
+) -> Vec<&'t T> {
+    let after = after_join(fleet, joining);
+    let mut out = Vec::new();
+    for (_, example) in hot.hottest(now) {
+        if out.len() >= max {
+            break;
+        }
+        let Some(req) = request(example) else {
+            continue;
+        };
+        let moves = strategy
+            .select(&req, &after, rng)
+            .ok()
+            .and_then(|d| after.instances().get(d.index))
+            .is_some_and(|i| i.id() == joining);
+        if moves {
+            out.push(example);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{InstanceSpec, StrategyConfig, StrategyKind};
+    use rand::SeedableRng;
+
+    #[test]
+    fn the_hottest_are_kept_and_counts_decay() {
+        let mut hot: HotPrefixes<u32> = HotPrefixes::new(8, 10.0);
+        for i in 0..8u64 {
+            for _ in 0..=i {
+                hot.record(KeyHash(i), 0.0, i as u32);
+            }
+        }
+        // Full: a new key drops the colder half first.
+        hot.record(KeyHash(100), 0.0, 100);
+        let order: Vec<u32> = hot.hottest(0.0).iter().map(|(_, e)| **e).collect();
+        assert_eq!(
+            order,
+            [7, 6, 5, 100],
+            "the colder half (at or below the median) went"
+        );
+        // Twenty seconds later (two half-lives): key 7's 8 are worth 2, key 100's 1 + 1 + 0.25.
+        hot.record(KeyHash(100), 20.0, 101);
+        hot.record(KeyHash(100), 20.0, 102);
+        let (score, top) = hot.hottest(20.0)[0];
+        assert_eq!(*top, 102, "the latest request is the example");
+        assert!((score - 2.25).abs() < 1e-9, "{score}");
+    }
+
+    #[test]
+    fn the_plan_holds_the_prefixes_rendezvous_moves_to_the_new_instance() {
+        let specs: Vec<InstanceSpec> = (0..4)
+            .map(|i| InstanceSpec::from_url(format!("http://10.0.0.{i}:8000")))
+            .collect();
+        let fleet = crate::Fleet::new(specs.clone());
+        let mut joined = specs.clone();
+        joined.push(InstanceSpec::from_url("http://10.0.0.9:8000"));
+        fleet.set_members(joined);
+        let new = InstanceId(Arc::from("http://10.0.0.9:8000"));
+        assert!(fleet.set_state("http://10.0.0.9:8000", InstanceState::Warming));
+        let snap = fleet.snapshot();
+        let strategy =
+            StrategyConfig::new(StrategyKind::named("prefix-aware").expect("registered"))
+                .build()
+                .expect("builds");
+        let mut hot: HotPrefixes<KeyHash> = HotPrefixes::new(1024, 60.0);
+        for k in 0..500u64 {
+            hot.record(
+                KeyHash(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                0.0,
+                KeyHash(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            );
+        }
+        let mut rng = RouteRng::seed_from_u64(1);
+        let picked = plan(&hot, 0.0, 1000, &strategy, &snap, &new, &mut rng, |k| {
+            Some(RouteRequest::keyed(Some(*k), None))
+        });
+        // About one key in five moves to the fifth instance; every one of them is planned.
+        assert!((60..=140).contains(&picked.len()), "{}", picked.len());
+        let after = after_join(&snap, &new);
+        for k in &picked {
+            let d = strategy
+                .select(&RouteRequest::keyed(Some(**k), None), &after, &mut rng)
+                .expect("routes");
+            assert_eq!(after.instances()[d.index].id(), &new);
+        }
+        // The real instance is still warming: nothing is routed to it.
+        let d = strategy
+            .select(
+                &RouteRequest::keyed(Some(*picked[0]), None),
+                &snap,
+                &mut rng,
+            )
+            .expect("routes");
+        assert_ne!(snap.instances()[d.index].id(), &new);
+        // At most `max`.
+        let few = plan(&hot, 0.0, 3, &strategy, &snap, &new, &mut rng, |k| {
+            Some(RouteRequest::keyed(Some(*k), None))
+        });
+        assert_eq!(few.len(), 3);
+    }
+}
