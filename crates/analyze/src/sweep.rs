@@ -279,5 +279,6 @@ fn sim_config(
         hit_rate_buckets: 1,
         kv_events: Default::default(),
         routers: Default::default(),
+        prewarm: None,
     })
 }

@@ -206,6 +206,12 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "EVENTS", value_parser = parse_scale)]
     pub scale: Option<ScaleEvents>,
 
+    /// An instance added by --scale first gets the hottest recent prefixes that will move to it
+    /// (at most 64, 4 at a time, one output token each, within 30 s), then takes its share;
+    /// as `serve` does with `[prewarm] enabled = true`.
+    #[arg(long)]
+    pub prewarm: bool,
+
     /// Load sweep, e.g. `--load 0.5,0.8,0.95`: the generated workload at open-loop (Poisson)
     /// rates that are these fractions of the fleet's capacity, every strategy at each. Capacity
     /// is measured first: the same requests closed loop with 64 clients per instance through

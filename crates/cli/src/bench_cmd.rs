@@ -316,6 +316,7 @@ pub fn strategy_result(outcome: &BenchOutcome, label: &str) -> StrategyResult {
         hit_rate_over_time: hit_rate_series(samples.into_iter(), horizon, HIT_RATE_BUCKETS),
         strategy_stats: None,
         affinity: None,
+        after_scale: Vec::new(),
     }
 }
 

@@ -321,6 +321,7 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
                 stale_after_s: QUEUE_STALE.as_secs_f64() / args.time_scale,
             }),
         },
+        prewarm: None,
     };
     // The simulator's view of the same runs: cheap, and the yardstick the demo should meet.
     let simulated = simulate(&workload, &sim_config, &mut |_| {}).context("simulate")?;

@@ -1,6 +1,7 @@
 //! `prefix-router simulate`: builds the workload and fleet settings from flags, runs the
 //! simulator, prints the table and writes the JSON and SVG files asked for.
 
+use prefix_router_core::prewarm::PrewarmConfig;
 use std::path::Path;
 use std::time::Instant;
 
@@ -156,6 +157,7 @@ fn sim_config(args: &SimulateArgs, workload: &SimWorkload) -> Result<SimConfig> 
                 stale_after_s: args.scrape_stale_ms / 1e3,
             }),
         },
+        prewarm: args.prewarm.then(PrewarmConfig::default),
     })
 }
 

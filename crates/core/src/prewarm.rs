@@ -171,7 +171,7 @@ pub fn plan<'t, T>(
     fleet: &FleetSnapshot,
     joining: &InstanceId,
     rng: &mut RouteRng,
-    mut request: impl FnMut(&T) -> Option<RouteRequest<'t>>,
+    mut request: impl FnMut(&'t T) -> Option<RouteRequest<'t>>,
 ) -> Vec<&'t T> {
     let after = after_join(fleet, joining);
     let mut out = Vec::new();

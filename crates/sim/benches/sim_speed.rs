@@ -36,6 +36,7 @@ fn config(kind: StrategyKind) -> SimConfig {
         hit_rate_buckets: 50,
         kv_events: Default::default(),
         routers: Default::default(),
+        prewarm: None,
     }
 }
 

@@ -42,6 +42,9 @@ pub struct SimConfig {
     pub kv_events: crate::KvEventModel,
     /// The router replicas in front of the fleet, and whether they scrape the engines' queues.
     pub routers: crate::RouterModel,
+    /// Prewarm instances that join (scale events) with the hottest prefixes that will move to
+    /// them; `None`: they take their share at once.
+    pub prewarm: Option<prefix_router_core::prewarm::PrewarmConfig>,
 }
 
 impl SimConfig {

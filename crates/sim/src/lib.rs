@@ -17,6 +17,7 @@ pub mod input;
 pub mod members;
 pub mod metrics;
 pub mod plot;
+pub mod prewarm;
 pub mod queue;
 pub mod report;
 pub mod routers;

@@ -2,10 +2,57 @@
 
 use prefix_router_workload::{Affinity, Request};
 
+use prefix_router_workload::ScaleEvent;
+
 use crate::members::instance_id;
-use crate::report::StrategyResult;
+use crate::report::{AfterScale, StrategyResult};
 use crate::run::RunOutcome;
 use crate::stats::{hit_rate_series, percentile_curve, LatencySummary};
+
+/// Seconds on each side of a scale event that [`AfterScale`] compares.
+pub const SCALE_WINDOW_S: f64 = 60.0;
+
+/// The requests that arrived within [`SCALE_WINDOW_S`] before and after each event.
+fn after_scale(
+    requests: &[Request],
+    outcome: &RunOutcome,
+    scale: &[ScaleEvent],
+) -> Vec<AfterScale> {
+    let window = |from: f64, to: f64| {
+        let mut cached = 0u64;
+        let mut prompt = 0u64;
+        let mut ttft: Vec<f64> = Vec::new();
+        for (r, q) in outcome.records.iter().zip(requests) {
+            if r.start_s >= from && r.start_s < to {
+                cached += u64::from(r.cached_tokens);
+                prompt += u64::from(q.prompt_tokens());
+                ttft.push((r.first_token_s - r.start_s) * 1000.0);
+            }
+        }
+        ttft.sort_by(f64::total_cmp);
+        let hit = if prompt > 0 {
+            cached as f64 / prompt as f64
+        } else {
+            0.0
+        };
+        (hit, LatencySummary::from_sorted(&ttft).p90)
+    };
+    scale
+        .iter()
+        .map(|e| {
+            let (hit_rate_before, ttft_p90_before_ms) = window(e.at_s - SCALE_WINDOW_S, e.at_s);
+            let (hit_rate_after, ttft_p90_after_ms) = window(e.at_s, e.at_s + SCALE_WINDOW_S);
+            AfterScale {
+                at_s: e.at_s,
+                delta: e.delta,
+                hit_rate_before,
+                hit_rate_after,
+                ttft_p90_before_ms,
+                ttft_p90_after_ms,
+            }
+        })
+        .collect()
+}
 
 /// Summarizes one strategy's run of `requests` (every record must be finished).
 pub fn summarize(
@@ -13,6 +60,7 @@ pub fn summarize(
     requests: &[Request],
     outcome: &RunOutcome,
     buckets: usize,
+    scale: &[ScaleEvent],
 ) -> StrategyResult {
     let records = &outcome.records;
     let n = records.len();
@@ -76,6 +124,7 @@ pub fn summarize(
     let affinity = Some(Affinity::of(served, outcome.dispatched.len()));
     StrategyResult {
         affinity,
+        after_scale: after_scale(requests, outcome, scale),
         strategy: strategy.to_string(),
         requests: n as u64,
         ttft_ms: LatencySummary::from_sorted(&ttft),

@@ -35,6 +35,11 @@ pub enum Event {
         /// The scrape's number.
         scrape: u64,
     },
+    /// A warming instance's prewarm budget is spent: it takes its share now.
+    PrewarmBudget {
+        /// Instance index.
+        instance: usize,
+    },
     /// A request reaches the router.
     Arrival {
         /// Position of the request in the workload.
@@ -47,7 +52,7 @@ impl Event {
     fn class(&self) -> u8 {
         match self {
             Event::EngineStep { .. } => 0,
-            Event::Scale { .. } => 1,
+            Event::Scale { .. } | Event::PrewarmBudget { .. } => 1,
             Event::KvEvents { .. } | Event::Scrape | Event::ScrapeArrives { .. } => 2,
             Event::Arrival { .. } => 3,
         }

@@ -127,4 +127,25 @@ pub struct StrategyResult {
     /// are known (the simulator; the demo prints its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<prefix_router_workload::Affinity>,
+    /// What each scale event did to the requests around it (the simulator, with `--scale`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_scale: Vec<AfterScale>,
+}
+
+/// The requests around one scale event: the minute before against the minute after
+/// ([`crate::metrics::SCALE_WINDOW_S`]), by arrival time.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AfterScale {
+    /// When, seconds.
+    pub at_s: f64,
+    /// Instances added (> 0) or removed (< 0).
+    pub delta: i32,
+    /// Hit rate of the requests that arrived in the window before it.
+    pub hit_rate_before: f64,
+    /// Hit rate of the requests that arrived in the window after it.
+    pub hit_rate_after: f64,
+    /// TTFT P90 of the requests that arrived in the window before it, milliseconds.
+    pub ttft_p90_before_ms: f64,
+    /// TTFT P90 of the requests that arrived in the window after it, milliseconds.
+    pub ttft_p90_after_ms: f64,
 }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use prefix_router_core::extract::chat_route;
 use prefix_router_core::{
-    dispatch, Chain, ChainSpec, End, ExtractError, InstanceId, KeyHash, KeyOptions, PrefixLength,
-    RequestInfo, RouteRequest, RouteRng, Strategy, Ticket, TokenRoute, Usage,
+    dispatch, Chain, ChainSpec, End, ExtractError, InstanceId, InstanceState, KeyHash, KeyOptions,
+    MembershipChange, PrefixLength, RequestInfo, RouteRequest, RouteRng, Strategy, Ticket,
+    TokenRoute, Usage,
 };
 use prefix_router_engine_model::{EngineConfig, EngineEvent, EngineRequest};
 use prefix_router_workload::Request;
@@ -15,6 +16,7 @@ use rand::SeedableRng;
 
 use crate::events::SimViews;
 use crate::members::{instance_id, Life, SimFleet};
+use crate::prewarm::{Warmer, REPLAY_IDS};
 use crate::queue::{Event, EventQueue};
 use crate::routers::Scrapes;
 use crate::{Driver, SimConfig, SimError};
@@ -144,6 +146,8 @@ struct Loop<'a> {
     views: Option<SimViews>,
     /// Instances whose views exist (the rest are added as the fleet grows).
     tracked: usize,
+    /// Prewarming of joining instances, when configured.
+    warmer: Option<Warmer>,
 }
 
 /// What routing reads from `req`, by the server's own extraction of its chat body: rendered
@@ -209,6 +213,7 @@ pub fn run_replicas(
             .reads_tokens()
             .then(|| SimViews::new(config.kv_events, config.seed)),
         tracked: 0,
+        warmer: config.prewarm.map(Warmer::new),
     };
     lp.track_new();
     if config.routers.scrape.is_some() {
@@ -241,13 +246,14 @@ pub fn run_replicas(
             Event::EngineStep { engine, generation } => {
                 lp.step(now, engine, generation, progress)?
             }
-            Event::Scale { index } => lp.scale(now, index),
+            Event::Scale { index } => lp.scale(now, index)?,
             Event::KvEvents { batch } => {
                 if let Some(v) = lp.views.as_mut() {
                     v.deliver(batch);
                 }
             }
             Event::Scrape => lp.scrape(now),
+            Event::PrewarmBudget { instance } => lp.warmed(now, instance),
             Event::ScrapeArrives { scrape } => lp.scrape_arrives(scrape),
         }
     }
@@ -304,6 +310,9 @@ impl Loop<'_> {
                     self.chain = info.chain;
                 }
             }
+        }
+        if let Some(w) = self.warmer.as_mut() {
+            w.record(key, now, request, &self.chain);
         }
         let block_hashes = req.block_hashes(inputs.engine.block_tokens);
         let route = RouteRequest {
@@ -402,6 +411,23 @@ impl Loop<'_> {
                     id,
                     at,
                     cached_tokens,
+                } if id >= REPLAY_IDS => {
+                    if let Some(w) = self.warmer.as_mut() {
+                        w.first_token(id, at, cached_tokens);
+                    }
+                }
+                EngineEvent::Finished { id, at } if id >= REPLAY_IDS => {
+                    let done = self.warmer.as_mut().and_then(|w| w.finished(id, at));
+                    match done {
+                        Some((warming, true)) => self.warmed(at.max(now), warming),
+                        Some((warming, false)) => self.send_replays(at.max(now), warming)?,
+                        None => {}
+                    }
+                }
+                EngineEvent::FirstToken {
+                    id,
+                    at,
+                    cached_tokens,
                 } => {
                     if let Some(r) = self.records.get_mut(id as usize) {
                         r.first_token_s = at;
@@ -456,14 +482,102 @@ impl Loop<'_> {
     }
 
     /// Applies scale event `index`.
-    fn scale(&mut self, now: f64, index: usize) {
+    fn scale(&mut self, now: f64, index: usize) -> Result<(), SimError> {
         let delta = self.inputs.config.scale[index].delta;
         if delta > 0 {
+            let first = self.fleet.instances.len();
             self.fleet.add(delta as usize);
             self.track_new();
+            self.tell_membership(now);
+            if self.warmer.is_some() {
+                for instance in first..self.fleet.instances.len() {
+                    self.start_warming(now, instance)?;
+                }
+            }
         } else {
             self.fleet.drain(delta.unsigned_abs() as usize);
+            self.tell_membership(now);
         }
+        Ok(())
+    }
+
+    /// Holds a joining instance out of routing and sends its engine the first replays.
+    fn start_warming(&mut self, now: f64, instance: usize) -> Result<(), SimError> {
+        let Some(warmer) = self.warmer.as_mut() else {
+            return Ok(());
+        };
+        let inputs = self.inputs;
+        let views = self.fleet.instances[instance].views.clone();
+        for v in &views {
+            v.set_state(InstanceState::Warming);
+        }
+        self.fleet
+            .changes
+            .push((instance, MembershipChange::Ejected));
+        let joining = views[0].id().clone();
+        let picked = warmer.start(
+            now,
+            instance,
+            &joining,
+            self.fleet.snapshot(0),
+            &self.replicas[0],
+            inputs.keys,
+            inputs.requests,
+            &mut self.rngs[0],
+        );
+        let budget = warmer.budget_s();
+        self.tell_membership(now);
+        if picked.is_empty() {
+            self.warmed(now, instance);
+            return Ok(());
+        }
+        self.queue
+            .push(now + budget, Event::PrewarmBudget { instance });
+        self.send_replays(now, instance)
+    }
+
+    /// Hands `instance`'s engine the replays it can take now.
+    fn send_replays(&mut self, now: f64, instance: usize) -> Result<(), SimError> {
+        let Some(warmer) = self.warmer.as_mut() else {
+            return Ok(());
+        };
+        let inputs = self.inputs;
+        let target = Arc::clone(&self.fleet.instances[instance].views[0]);
+        let sends = warmer.next_sends(
+            now,
+            instance,
+            &target,
+            &self.replicas[0],
+            inputs.keys,
+            inputs.requests,
+            inputs.engine.block_tokens,
+        );
+        if sends.is_empty() {
+            return Ok(());
+        }
+        for s in sends {
+            self.fleet.instances[s.instance]
+                .engine
+                .submit(now, s.request);
+        }
+        self.reschedule(instance, now, false)
+    }
+
+    /// `instance` is done warming (or out of time): it takes its share from now.
+    fn warmed(&mut self, now: f64, instance: usize) {
+        if !self.warmer.as_mut().is_some_and(|w| w.stop(instance)) {
+            return;
+        }
+        let inst = &self.fleet.instances[instance];
+        if inst.life != Life::Serving {
+            return;
+        }
+        for v in &inst.views {
+            v.set_state(InstanceState::Healthy);
+        }
+        self.fleet
+            .changes
+            .push((instance, MembershipChange::Healthy));
         self.tell_membership(now);
     }
 

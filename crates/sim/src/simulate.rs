@@ -187,7 +187,13 @@ pub fn simulate_keyed(
         };
         report(0);
         let outcome = run_replicas(inputs, replicas, &mut report)?;
-        results.push(summarize(name, requests, &outcome, config.hit_rate_buckets));
+        results.push(summarize(
+            name,
+            requests,
+            &outcome,
+            config.hit_rate_buckets,
+            &config.scale,
+        ));
     }
 
     Ok(Report {

@@ -91,6 +91,19 @@ pub fn render(report: &Report) -> String {
                 a.max_share_over_mean
             );
         }
+        for a in &r.after_scale {
+            let _ = writeln!(
+                out,
+                "{} around {:+}@{}s: hit rate {} in the minute before, {} in the minute after; TTFT P90 {:.1} ms before, {:.1} ms after",
+                r.strategy,
+                a.delta,
+                a.at_s,
+                pct(a.hit_rate_before),
+                pct(a.hit_rate_after),
+                a.ttft_p90_before_ms,
+                a.ttft_p90_after_ms
+            );
+        }
         if let Some(line) = r
             .strategy_stats
             .as_ref()

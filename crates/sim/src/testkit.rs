@@ -64,5 +64,6 @@ pub fn config(instances: u32, strategies: &[StrategyKind]) -> SimConfig {
         hit_rate_buckets: 10,
         kv_events: Default::default(),
         routers: Default::default(),
+        prewarm: None,
     }
 }

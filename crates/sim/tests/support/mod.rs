@@ -41,5 +41,6 @@ pub fn config(preset: &str, strategy: &str, clients: u32, seed: u64) -> SimConfi
         hit_rate_buckets: 1,
         kv_events: Default::default(),
         routers: Default::default(),
+        prewarm: None,
     }
 }
