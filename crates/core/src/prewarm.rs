@@ -160,12 +160,12 @@ pub fn after_join(fleet: &FleetSnapshot, joining: &InstanceId) -> FleetSnapshot 
     )
 }
 
-/// The examples to replay to `joining`: the hottest tracked prefixes (at most `max`) that the
-/// strategy would send there once it takes requests (asked on [`after_join`]'s fleet).
-/// `request` gives the strategy's view of an example.
-pub fn plan<'t, T>(
-    hot: &'t HotPrefixes<T>,
-    now: f64,
+/// The examples to replay to `joining`: of `hottest` (hottest first, as
+/// [`HotPrefixes::hottest`] lists them), the first `max` that the strategy would send there once
+/// it takes requests (asked on [`after_join`]'s fleet). `request` gives the strategy's view of
+/// an example.
+pub fn plan<'t, T: 't>(
+    hottest: impl IntoIterator<Item = &'t T>,
     max: usize,
     strategy: &Arc<dyn Strategy>,
     fleet: &FleetSnapshot,
@@ -175,7 +175,7 @@ pub fn plan<'t, T>(
 ) -> Vec<&'t T> {
     let after = after_join(fleet, joining);
     let mut out = Vec::new();
-    for (_, example) in hot.hottest(now) {
+    for example in hottest {
         if out.len() >= max {
             break;
         }
@@ -249,9 +249,16 @@ mod tests {
             );
         }
         let mut rng = RouteRng::seed_from_u64(1);
-        let picked = plan(&hot, 0.0, 1000, &strategy, &snap, &new, &mut rng, |k| {
-            Some(RouteRequest::keyed(Some(*k), None))
-        });
+        let hottest: Vec<&KeyHash> = hot.hottest(0.0).into_iter().map(|(_, k)| k).collect();
+        let picked = plan(
+            hottest.iter().copied(),
+            1000,
+            &strategy,
+            &snap,
+            &new,
+            &mut rng,
+            |k| Some(RouteRequest::keyed(Some(*k), None)),
+        );
         // About one key in five moves to the fifth instance; every one of them is planned.
         assert!((60..=140).contains(&picked.len()), "{}", picked.len());
         let after = after_join(&snap, &new);
@@ -271,9 +278,15 @@ mod tests {
             .expect("routes");
         assert_ne!(snap.instances()[d.index].id(), &new);
         // At most `max`.
-        let few = plan(&hot, 0.0, 3, &strategy, &snap, &new, &mut rng, |k| {
-            Some(RouteRequest::keyed(Some(*k), None))
-        });
+        let few = plan(
+            hottest.iter().copied(),
+            3,
+            &strategy,
+            &snap,
+            &new,
+            &mut rng,
+            |k| Some(RouteRequest::keyed(Some(*k), None)),
+        );
         assert_eq!(few.len(), 3);
     }
 }

@@ -28,6 +28,7 @@ pub mod models;
 pub mod outcome;
 pub mod pick;
 pub mod pool;
+pub mod prewarm;
 pub mod prom;
 pub mod proxy;
 pub mod reload;

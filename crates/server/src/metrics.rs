@@ -113,6 +113,8 @@ fn decision_histogram() -> Histogram {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// Prompts replayed to joining instances (`[prewarm]`), by result.
+    pub prewarm_replays: Family<ReasonLabels, Counter>,
     /// Requests finished, by instance, API and outcome.
     pub requests: Family<RequestLabels, Counter>,
     /// Routing decisions, by strategy and reason.
@@ -199,6 +201,7 @@ impl Metrics {
         let stream_error_events = Counter::default();
         let connections_closed = Family::<ReasonLabels, Counter>::default();
         let shed = Family::<ReasonLabels, Counter>::default();
+        let prewarm_replays = Family::<ReasonLabels, Counter>::default();
         let engine_hit_ratio = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
         let engine_running = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
         let engine_waiting = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
@@ -265,6 +268,11 @@ impl Metrics {
             shed.clone(),
         );
         registry.register(
+            "prewarm_replays",
+            "Prompts replayed to joining instances before they took requests, by result (ok, failed)",
+            prewarm_replays.clone(),
+        );
+        registry.register(
             "engine_prefix_cache_hit_ratio",
             "Engine prefix-cache hit ratio over the last scrape interval (engine metrics)",
             engine_hit_ratio.clone(),
@@ -311,6 +319,7 @@ impl Metrics {
             stream_error_events,
             connections_closed,
             shed,
+            prewarm_replays,
         }
     }
 

@@ -118,6 +118,9 @@ async fn forward(
     )
     .await?;
     let prepared = Prepared::new(state, api, &parts.headers, &body, received)?;
+    if let Some(p) = &state.prewarm {
+        p.record(api, prepared.key, state.now_s(), &body);
+    }
     let logging = state.access_log.is_some();
     let model = prepared.model.as_deref();
     let chain = &prepared.chain;

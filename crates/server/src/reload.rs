@@ -34,6 +34,9 @@ pub async fn edit_members<R>(state: &AppState, edit: impl FnOnce(&mut Membership
     for inst in after.instances() {
         if before.get(inst.id().as_str()).is_none() {
             membership::announce(state, inst.id(), MembershipChange::Added);
+            if let Some(p) = &state.prewarm {
+                p.joined(state, inst);
+            }
         }
     }
     for inst in before.instances() {

@@ -106,6 +106,9 @@ impl Router {
         crate::kv_events::warn_if_blind(&state);
         let (tx, rx) = watch::channel(false);
         let mut background = vec![tokio::spawn(health::run(Arc::clone(&state)))];
+        if state.prewarm.is_some() {
+            background.push(tokio::spawn(crate::prewarm::run(Arc::clone(&state))));
+        }
         background.extend(kubernetes);
         for source in dns {
             background.push(tokio::spawn(discovery::run_dns(Arc::clone(&state), source)));

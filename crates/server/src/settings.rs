@@ -58,7 +58,7 @@ mod tests;
 pub use sections::{
     AccessLogSettings, Admin, AdminSettings, Discovery, DnsRecord, DnsTarget, EngineMetrics,
     HealthSettings, InstanceEntry, KubernetesTarget, KvEventsEndpoint, KvEventsSettings,
-    KvEventsTokenizer, Limits, Retries, Routing, Timeouts,
+    KvEventsTokenizer, Limits, PrewarmSettings, Retries, Routing, Timeouts,
 };
 pub use source::{read_fields, settings_from_text, ConfigSource, Overrides};
 
@@ -117,6 +117,8 @@ pub struct Settings {
     pub access_log: AccessLogSettings,
     /// Subscribing to the engines' KV-cache events.
     pub kv_events: KvEventsSettings,
+    /// Prewarming instances that join.
+    pub prewarm: PrewarmSettings,
     /// TLS on the data-plane listener, when configured.
     #[serde(deserialize_with = "de::listener_tls")]
     pub tls: Option<crate::tls::TlsFiles>,
@@ -142,6 +144,7 @@ impl Default for Settings {
             engine_metrics: EngineMetrics::default(),
             access_log: AccessLogSettings::default(),
             kv_events: KvEventsSettings::default(),
+            prewarm: PrewarmSettings::default(),
             tls: None,
             upstream_tls: Default::default(),
             instances: Vec::new(),

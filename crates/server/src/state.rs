@@ -45,6 +45,8 @@ pub struct AppState {
     pub access_log: Option<crate::access_log::AccessLog>,
     /// The engines' KV events, when subscribed.
     pub kv_events: Option<crate::kv_events::KvFeeds>,
+    /// Prewarming of instances that join, when `[prewarm] enabled`.
+    pub prewarm: Option<crate::prewarm::Prewarm>,
     /// Snapshots of the per-instance counters for the live page (`/dashboard`).
     pub dashboard: crate::dashboard::History,
     /// The origin of [`AppState::now_s`].
@@ -94,6 +96,10 @@ impl AppState {
             static_specs: settings.instances.clone(),
             ..Membership::default()
         };
+        let prewarm = settings
+            .prewarm
+            .enabled
+            .then(|| crate::prewarm::Prewarm::new(settings.prewarm.config()));
         Ok(Arc::new(Self {
             fleet: Fleet::joining_as(settings.instances.clone(), settings.health.joins_as()),
             routing: ArcSwap::from_pointee(routing),
@@ -107,6 +113,7 @@ impl AppState {
             membership: tokio::sync::Mutex::new(membership),
             access_log,
             kv_events,
+            prewarm,
             dashboard: crate::dashboard::History::default(),
             started: Instant::now(),
         }))

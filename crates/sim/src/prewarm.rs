@@ -99,9 +99,9 @@ impl Warmer {
         requests: &[Request],
         rng: &mut RouteRng,
     ) -> Vec<usize> {
+        let hottest = self.hot.hottest(now).into_iter().map(|(_, e)| e);
         let picked: Vec<usize> = plan(
-            &self.hot,
-            now,
+            hottest,
             self.config.max_prefixes,
             strategy,
             fleet,

@@ -571,3 +571,55 @@ pub struct KvEventsEndpoint {
     #[serde(default)]
     pub replay: Option<String>,
 }
+
+/// `[prewarm]`: an instance that joins (admin API, DNS, Kubernetes) first gets, at most once
+/// each, the hottest recent prompts that will move to it, with `max_tokens: 1`, and takes its
+/// share only then ([`prefix_router_core::prewarm`]).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrewarmSettings {
+    /// Off by default: it keeps recent prompt bodies in memory (`tracked` of them).
+    pub enabled: bool,
+    /// Prompts replayed to one joining instance, at most.
+    #[serde(deserialize_with = "de::within::<1, 4096, _, _>")]
+    pub max_prefixes: usize,
+    /// Replays in flight at once.
+    #[serde(deserialize_with = "de::within::<1, 256, _, _>")]
+    pub concurrency: usize,
+    /// How long a joining instance may warm before it takes its share regardless.
+    #[serde(rename = "budget_ms", deserialize_with = "de::millis")]
+    pub budget: Duration,
+    /// Prompts tracked (the hottest are kept, with their bodies).
+    #[serde(deserialize_with = "de::within::<2, 65536, _, _>")]
+    pub tracked: usize,
+    /// Half-life of a prompt's request count: what "recent" means.
+    #[serde(rename = "half_life_ms", deserialize_with = "de::millis")]
+    pub half_life: Duration,
+}
+
+impl Default for PrewarmSettings {
+    fn default() -> Self {
+        let d = prefix_router_core::prewarm::PrewarmConfig::default();
+        Self {
+            enabled: false,
+            max_prefixes: d.max_prefixes,
+            concurrency: d.concurrency,
+            budget: Duration::from_secs_f64(d.budget_s),
+            tracked: d.tracked,
+            half_life: Duration::from_secs_f64(d.half_life_s),
+        }
+    }
+}
+
+impl PrewarmSettings {
+    /// What the shared planner reads.
+    pub fn config(&self) -> prefix_router_core::prewarm::PrewarmConfig {
+        prefix_router_core::prewarm::PrewarmConfig {
+            max_prefixes: self.max_prefixes,
+            concurrency: self.concurrency,
+            budget_s: self.budget.as_secs_f64(),
+            tracked: self.tracked,
+            half_life_s: self.half_life.as_secs_f64(),
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! Prewarming instances that join (`[prewarm] enabled = true`).
+//!
+//! The proxy counts each keyed request's prompt in [`HotPrefixes`] (its body kept as the example
+//! to replay; `Bytes`, so no copy). When an instance joins (admin API, DNS, Kubernetes), it is
+//! set to warming before anything is routed to it, and a task plans with the strategy in force
+//! which of the hottest prompts would move to it ([`prefix_router_core::prewarm::plan`]),
+//! replays each once with `max_tokens: 1` (a few at a time, within the time budget, each through
+//! a ticket so that `cache-aware` learns what the instance now holds), and then lets it take its
+//! share: healthy when a replay succeeded (the engine answers), else back to where a new member
+//! starts (health checks decide). Until then the prompts that will move stay on their old homes.
+//!
+//! Only OpenAI chat and completion requests are replayed: their answer can be cut to one token.
+//! The native API's body is opaque to the router.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use http_body_util::BodyExt;
+use prefix_router_core::prewarm::{plan, HotPrefixes, PrewarmConfig};
+use prefix_router_core::{dispatch_to, End, Instance, InstanceId, InstanceState, KeyHash, Reason};
+use tokio::sync::mpsc;
+
+use crate::membership;
+use crate::metrics::ReasonLabels;
+use crate::pick::{Api, Prepared};
+use crate::routing::with_rng;
+use crate::state::AppState;
+use crate::usage::UsageScanner;
+
+/// A request to replay.
+#[derive(Debug, Clone)]
+pub struct Example {
+    api: Api,
+    body: Bytes,
+}
+
+/// The proxy's hot prompts and the queue of instances to warm.
+#[derive(Debug)]
+pub struct Prewarm {
+    config: PrewarmConfig,
+    hot: Mutex<HotPrefixes<Example>>,
+    joins: mpsc::UnboundedSender<InstanceId>,
+    queue: Mutex<Option<mpsc::UnboundedReceiver<InstanceId>>>,
+}
+
+impl Prewarm {
+    /// Prewarming with `config`.
+    pub fn new(config: PrewarmConfig) -> Self {
+        let (joins, rx) = mpsc::unbounded_channel();
+        Self {
+            config,
+            hot: Mutex::new(HotPrefixes::new(config.tracked, config.half_life_s)),
+            joins,
+            queue: Mutex::new(Some(rx)),
+        }
+    }
+
+    /// Counts a proxied request (chat and completions only: those can be replayed).
+    pub fn record(&self, api: Api, key: Option<KeyHash>, now: f64, body: &Bytes) {
+        let (Some(key), Api::Chat | Api::Completions) = (key, api) else {
+            return;
+        };
+        let example = Example {
+            api,
+            body: body.clone(),
+        };
+        self.hot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(key, now, example);
+    }
+
+    /// `inst` just joined: it warms before it takes anything.
+    pub fn joined(&self, state: &AppState, inst: &Instance) {
+        if membership::transition(
+            state,
+            inst,
+            &[InstanceState::Unknown, InstanceState::Healthy],
+            InstanceState::Warming,
+        ) {
+            let _ = self.joins.send(inst.id().clone());
+        }
+    }
+}
+
+/// Warms the instances that join, one after another, until aborted.
+pub async fn run(state: Arc<AppState>) {
+    let Some(p) = state.prewarm.as_ref() else {
+        return;
+    };
+    let Some(mut joins) = p.queue.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        return;
+    };
+    while let Some(id) = joins.recv().await {
+        warm(&state, &id).await;
+    }
+}
+
+/// `body` with `max_tokens: 1` and no streaming: the prefill is what warms the cache.
+fn one_token(body: &[u8]) -> Option<Bytes> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let o = v.as_object_mut()?;
+    o.insert("max_tokens".into(), 1.into());
+    o.remove("max_completion_tokens");
+    o.insert("stream".into(), false.into());
+    o.remove("stream_options");
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+/// Replays one example to `inst`; true when the engine answered 2xx. Owns what it uses: the
+/// replays run as tasks.
+async fn replay(
+    state: Arc<AppState>,
+    inst: Arc<Instance>,
+    prepared: Prepared,
+    body: Bytes,
+) -> bool {
+    let path = match prepared.api {
+        Api::Chat => "/v1/chat/completions",
+        _ => "/v1/completions",
+    };
+    let mut req = http::Request::new(http_body_util::Full::new(body));
+    *req.method_mut() = http::Method::POST;
+    *req.uri_mut() = http::Uri::from_static(path);
+    req.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let mut ticket = {
+        let route = prepared.request(&state, state.now_s());
+        dispatch_to(
+            &prepared.strategy,
+            &route,
+            Arc::clone(&inst),
+            Reason::Prewarm,
+        )
+    };
+    let sent = tokio::time::timeout(
+        state.settings.timeouts.first_byte,
+        state.client.send(&inst.spec().url, req),
+    )
+    .await;
+    let Ok(Ok(resp)) = sent else {
+        ticket.finish(End::Failed, state.now_s());
+        return false;
+    };
+    ticket.first_token(state.now_s());
+    let ok = resp.status().is_success();
+    let mut scanner = UsageScanner::new();
+    let mut body = resp.into_body();
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Some(data) = frame.data_ref() {
+            scanner.feed(data);
+        }
+    }
+    let end = if ok {
+        End::Finished {
+            usage: scanner.finish(),
+        }
+    } else {
+        End::Failed
+    };
+    ticket.finish(end, state.now_s());
+    ok
+}
+
+/// Plans and replays for instance `id`, then lets it take its share.
+async fn warm(state: &Arc<AppState>, id: &InstanceId) {
+    let Some(p) = state.prewarm.as_ref() else {
+        return;
+    };
+    let started = Instant::now();
+    let snapshot = state.fleet.snapshot();
+    let Some((_, inst)) = snapshot.get(id.as_str()) else {
+        return;
+    };
+    let inst = Arc::clone(inst);
+    // The examples, hottest first, read as the proxy reads a request.
+    let now = state.now_s();
+    let examples: Vec<Example> = p
+        .hot
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .hottest(now)
+        .into_iter()
+        .map(|(_, e)| e.clone())
+        .collect();
+    let prepared: Vec<(usize, Prepared, &Example)> = examples
+        .iter()
+        .filter_map(|e| {
+            Prepared::new(state, e.api, &HeaderMap::new(), &e.body, Instant::now())
+                .ok()
+                .map(|p| (p, e))
+        })
+        .enumerate()
+        .map(|(i, (pr, e))| (i, pr, e))
+        .collect();
+    let strategy = Arc::clone(&state.routing.load().strategy);
+    let picked: Vec<usize> = with_rng(|rng| {
+        plan(
+            prepared.iter(),
+            p.config.max_prefixes,
+            &strategy,
+            &snapshot,
+            id,
+            rng,
+            |(_, pr, _)| Some(pr.request(state, now)),
+        )
+        .into_iter()
+        .map(|(i, _, _)| *i)
+        .collect()
+    });
+    let planned = picked.len();
+    let mut slots: Vec<Option<(Prepared, Bytes)>> = prepared
+        .into_iter()
+        .map(|(_, pr, e)| one_token(&e.body).map(|b| (pr, b)))
+        .collect();
+    let mut queue: VecDeque<(Prepared, Bytes)> = picked
+        .into_iter()
+        .filter_map(|i| slots.get_mut(i).and_then(Option::take))
+        .collect();
+    let deadline =
+        tokio::time::Instant::now() + std::time::Duration::from_secs_f64(p.config.budget_s);
+    let mut tasks = tokio::task::JoinSet::new();
+    let (mut ok, mut done) = (0u64, 0u64);
+    loop {
+        while tasks.len() < p.config.concurrency.max(1) {
+            let Some((pr, body)) = queue.pop_front() else {
+                break;
+            };
+            tasks.spawn(replay(Arc::clone(state), Arc::clone(&inst), pr, body));
+        }
+        match tokio::time::timeout_at(deadline, tasks.join_next()).await {
+            Ok(Some(r)) => {
+                done += 1;
+                ok += u64::from(r.unwrap_or(false));
+            }
+            Ok(None) => break,
+            Err(_) => {
+                // Out of time: it takes its share now; replays in flight are given up.
+                tasks.abort_all();
+                break;
+            }
+        }
+    }
+    let m = &state.metrics.prewarm_replays;
+    m.get_or_create(&ReasonLabels { reason: "ok" }).inc_by(ok);
+    m.get_or_create(&ReasonLabels { reason: "failed" })
+        .inc_by(done - ok);
+    // Healthy when the engine answered; else where any new member starts.
+    let to = if ok > 0 {
+        InstanceState::Healthy
+    } else {
+        state.settings.health.joins_as()
+    };
+    membership::transition(state, &inst, &[InstanceState::Warming], to);
+    let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    tracing::info!(instance = %id, planned, replayed = ok, ms, "prewarmed; taking requests");
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_replay_asks_for_one_token_without_streaming() {
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":500}"#;
+        let out = super::one_token(body).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
+        assert_eq!(v["max_tokens"], 1);
+        assert_eq!(v["stream"], false);
+        assert!(v.get("stream_options").is_none());
+        assert!(v.get("max_completion_tokens").is_none());
+        assert_eq!(v["messages"][0]["content"], "hi");
+        assert!(super::one_token(b"not json").is_none());
+    }
+}

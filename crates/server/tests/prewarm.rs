@@ -1,0 +1,134 @@
+//! Prewarming over real HTTP on 127.0.0.1: three mock engines warmed by two rounds of 24
+//! documents, then a fourth instance joins (as the admin API, DNS or Kubernetes would add it)
+//! and a third round follows. Without prewarming the documents rendezvous moves to the new
+//! instance miss there; with `[prewarm] enabled` the instance first gets those prompts (one
+//! token each) and the hit rate's dip is at least halved.
+
+mod support;
+
+use http::StatusCode;
+use prefix_router_core::{InstanceSpec, InstanceState, StrategyConfig, StrategyKind};
+use prefix_router_mock_engine::{MockEngine, MockEngineConfig, DEFAULT_MODEL};
+use prefix_router_server::RunningRouter;
+use support::*;
+
+const DOCS: usize = 24;
+
+fn chat_about(doc: usize, round: usize) -> String {
+    let context = format!("document {doc}: ")
+        + &format!("section {doc} of the policy says this. ").repeat(160);
+    serde_json::json!({
+        "model": DEFAULT_MODEL,
+        "messages": [{"role": "user", "content": format!("{context}\nQuestion {round}?")}],
+        "max_tokens": 2
+    })
+    .to_string()
+}
+
+/// Engine-reported cached over prompt tokens of one round, and the instance of each document.
+async fn round(r: &RunningRouter, n: usize) -> (f64, Vec<String>) {
+    let (mut cached, mut prompt) = (0u64, 0u64);
+    let mut homes = Vec::new();
+    for doc in 0..DOCS {
+        let ans = post(
+            r.local_addr(),
+            "/v1/chat/completions",
+            &[],
+            chat_about(doc, n),
+        )
+        .await;
+        assert_eq!(ans.status, StatusCode::OK, "{:?}", ans.body);
+        let v = ans.json();
+        prompt += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+        cached += v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        homes.push(ans.header("x-prefix-router-instance"));
+    }
+    (cached as f64 / prompt.max(1) as f64, homes)
+}
+
+/// The hit rate's dip after the fourth instance joins, the documents that moved, and the
+/// prewarm replays that succeeded.
+async fn scale_out(prewarm: bool) -> (f64, usize, f64) {
+    let mut engines = Vec::new();
+    for _ in 0..4 {
+        let mut c = MockEngineConfig::from_preset("small").expect("preset");
+        c.time_scale = 0.05;
+        engines.push(
+            MockEngine::bind("127.0.0.1:0".parse().expect("addr"), c)
+                .await
+                .expect("engine"),
+        );
+    }
+    // Named, not keyed by their ports: both fleets place every document alike.
+    let specs: Vec<InstanceSpec> = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| InstanceSpec {
+            id: format!("engine-{i}"),
+            ..InstanceSpec::from_url(format!("http://{}", e.local_addr()))
+        })
+        .collect();
+    let mut s = settings(&[]);
+    s.instances = specs[..3].to_vec();
+    s.routing.strategy =
+        StrategyConfig::new(StrategyKind::named("prefix-aware").expect("registered"));
+    s.prewarm.enabled = prewarm;
+    let r = router(s).await;
+    round(&r, 1).await;
+    let (warm, before) = round(&r, 2).await;
+    // The fourth instance joins.
+    prefix_router_server::reload::set_members(r.state(), specs.clone()).await;
+    let joined = specs[3].id.clone();
+    let state_of = |r: &RunningRouter| {
+        r.state()
+            .fleet
+            .snapshot()
+            .get(&joined)
+            .map(|(_, i)| i.state())
+    };
+    eventually("the new instance takes requests", || {
+        state_of(&r) == Some(InstanceState::Healthy)
+    })
+    .await;
+    let (after_hit, after) = round(&r, 3).await;
+    let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
+    assert!(
+        after.iter().all(|h| before.contains(h) || *h == joined),
+        "{after:?}"
+    );
+    let replays = metric(
+        &metrics_text(r.local_addr()).await,
+        "prefix_router_prewarm_replays_total",
+        &[("reason", "ok")],
+    );
+    r.shutdown().await;
+    (warm - after_hit, moved, replays)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prewarming_halves_the_dip_when_an_instance_joins() {
+    let (cold, moved_cold, none) = scale_out(false).await;
+    let (warm, moved_warm, replays) = scale_out(true).await;
+    eprintln!(
+        "hit-rate dip after the join: {:.1} points without prewarming ({moved_cold} documents moved), {:.1} with ({moved_warm} moved, {replays} replays)",
+        100.0 * cold,
+        100.0 * warm
+    );
+    // Instances are named alike in both fleets: rendezvous moves the same documents.
+    assert!(
+        moved_cold >= 2 && moved_warm == moved_cold,
+        "{moved_cold} / {moved_warm}"
+    );
+    assert_eq!(none, 0.0);
+    assert!(
+        replays >= moved_warm as f64,
+        "every moved document was replayed: {replays}"
+    );
+    assert!(cold > 0.05, "a join without prewarming dips: {cold}");
+    assert!(
+        warm <= cold / 2.0,
+        "dip {warm} with prewarming against {cold} without"
+    );
+}
