@@ -254,11 +254,35 @@ async fn envoy_routes_where_serve_would_streams_pass_and_fails_closed() {
     assert!(events >= 4, "{events} events: {body}");
     assert!(body.contains("[DONE]"), "{body}");
 
+    // `bench`'s driver through Envoy: a closed loop of 4 clients, 60 long-context requests,
+    // streamed, every one answered and placed by the picker.
+    let mut spec = prefix_router_workload::WorkloadSpec::default_for(
+        prefix_router_workload::WorkloadKind::LongContext,
+    );
+    spec.requests = 60;
+    spec.params
+        .apply_override("documents=8")
+        .expect("a parameter");
+    let requests: Vec<_> = prefix_router_workload::generators::generate(&spec).collect();
+    let mut config = prefix_router_loadgen::BenchConfig::new(
+        format!("http://{}", envoy.listen),
+        prefix_router_loadgen::LoadMode::ClosedLoop { concurrency: 4 },
+    );
+    config.model = Some(prefix_router_mock_engine::DEFAULT_MODEL.into());
+    let outcome = prefix_router_loadgen::run(&config, requests)
+        .await
+        .expect("bench runs");
+    assert_eq!(outcome.completed(), 60, "{:?}", outcome.failures());
+    assert!(outcome
+        .records
+        .iter()
+        .all(|r| r.instance.is_some() && r.decision.is_some()));
+
     let t = Instant::now();
-    while counter(&p, "ok").await < 11.0 {
+    while counter(&p, "ok").await < 71.0 {
         assert!(
             t.elapsed() < WAIT,
-            "the picker heard {} of 11 requests end",
+            "the picker heard {} of 71 requests end",
             counter(&p, "ok").await
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
