@@ -76,7 +76,12 @@ impl Prewarm {
     /// `inst` just joined: it warms before it takes anything. Not before any traffic was seen
     /// (the instances found at start), when there is nothing to replay.
     pub fn joined(&self, state: &AppState, inst: &Instance) {
-        if self.hot.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+        if self
+            .hot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+        {
             return;
         }
         if membership::transition(

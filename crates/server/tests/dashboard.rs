@@ -130,46 +130,14 @@ async fn the_page_is_open_and_its_data_needs_the_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chromium_renders_a_row_per_instance_with_numbers() {
-    let Some(bin) = chromium() else {
-        assert!(
-            std::env::var("PREFIX_ROUTER_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
-            "PREFIX_ROUTER_REQUIRE_CHROMIUM=1 but no Chromium (apt-get install chromium)"
-        );
-        eprintln!("SKIPPED: no Chromium (apt-get install chromium runs this test; .ci/run does)");
+    let Some(bin) = skip_without_chromium() else {
         return;
     };
     let (engines, r) = fleet_under_load().await;
     let admin = r.admin_addr().expect("admin listener");
-    let url = format!("http://{admin}/dashboard#token={TOKEN}");
     let profile =
         std::env::temp_dir().join(format!("prefix-router-chromium-{}", std::process::id()));
-    let run = |extra: &[String]| {
-        let bin = bin.clone();
-        let mut args: Vec<String> = [
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--virtual-time-budget=3000",
-            "--window-size=1400,600",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.push(format!("--user-data-dir={}", profile.display()));
-        args.extend(extra.iter().cloned());
-        args.push(url.clone());
-        tokio::task::spawn_blocking(move || Command::new(bin).args(args).output())
-    };
-    let dom = tokio::time::timeout(Duration::from_secs(60), run(&["--dump-dom".to_string()]))
-        .await
-        .expect("chromium finished in time")
-        .expect("joined")
-        .expect("chromium runs");
+    let dom = render(&bin, &profile, admin, &["--dump-dom".to_string()]).await;
     let html = String::from_utf8_lossy(&dom.stdout).into_owned();
     assert!(
         dom.status.success(),
@@ -220,20 +188,107 @@ async fn chromium_renders_a_row_per_instance_with_numbers() {
     );
 
     let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/dashboard.png");
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        run(&[format!("--screenshot={}", shot.display())]),
+    let out = render(
+        &bin,
+        &profile,
+        admin,
+        &[format!("--screenshot={}", shot.display())],
     )
-    .await
-    .expect("in time")
-    .expect("joined")
-    .expect("chromium runs");
+    .await;
     assert!(out.status.success());
     let size = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);
     assert!(
         size > 10_000,
         "a screenshot with something in it ({size} bytes)"
     );
+    let _ = std::fs::remove_dir_all(&profile);
+    r.shutdown().await;
+}
+
+/// Runs headless Chromium on the live page of the admin listener at `admin` (its token in the
+/// URL's fragment), with `extra` flags (`--dump-dom`, `--screenshot=...`).
+async fn render(
+    bin: &Path,
+    profile: &Path,
+    admin: std::net::SocketAddr,
+    extra: &[String],
+) -> std::process::Output {
+    let mut args: Vec<String> = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--virtual-time-budget=3000",
+        "--window-size=1400,600",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(format!("--user-data-dir={}", profile.display()));
+    args.extend(extra.iter().cloned());
+    args.push(format!("http://{admin}/dashboard#token={TOKEN}"));
+    let bin = bin.to_path_buf();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::task::spawn_blocking(move || Command::new(bin).args(args).output()),
+    )
+    .await
+    .expect("chromium finished in time")
+    .expect("joined")
+    .expect("chromium runs")
+}
+
+fn skip_without_chromium() -> Option<PathBuf> {
+    let found = chromium();
+    if found.is_none() {
+        assert!(
+            std::env::var("PREFIX_ROUTER_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
+            "PREFIX_ROUTER_REQUIRE_CHROMIUM=1 but no Chromium (apt-get install chromium)"
+        );
+        eprintln!("SKIPPED: no Chromium (apt-get install chromium runs this test; .ci/run does)");
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_holds_64_instances() {
+    let Some(bin) = skip_without_chromium() else {
+        return;
+    };
+    let mut ups = Vec::new();
+    for i in 0..64 {
+        ups.push(Upstream::start(&format!("u{i}"), Mode::Echo, &[]).await);
+    }
+    let urls: Vec<String> = ups.iter().map(Upstream::url).collect();
+    let mut s = settings(&urls);
+    s.admin = Admin::on("127.0.0.1:0".parse().expect("addr"), TOKEN);
+    let r = router(s).await;
+    for i in 0..256 {
+        // Distinct openings: cold placement spreads them over the fleet.
+        let ans = complete(r.local_addr(), &format!("prompt {i}: {}", "x".repeat(1100))).await;
+        assert_eq!(ans.status, StatusCode::OK);
+    }
+    let admin = r.admin_addr().expect("admin listener");
+    let profile =
+        std::env::temp_dir().join(format!("prefix-router-chromium64-{}", std::process::id()));
+    let dom = render(&bin, &profile, admin, &["--dump-dom".to_string()]).await;
+    let html = String::from_utf8_lossy(&dom.stdout).into_owned();
+    let rows = html.matches("<tr data-instance=").count();
+    assert_eq!(rows, 64, "a row per instance");
+    let served = urls
+        .iter()
+        .filter(|u| {
+            let start = html.find(&format!("data-instance=\"{u}\"")).unwrap_or(0);
+            let row = &html[start..];
+            !cell(row, "share").ends_with(">0.0%")
+        })
+        .count();
+    // 256 requests over 64 instances: a few may get none.
+    assert!(served >= 56, "{served} of 64 rows show a share");
     let _ = std::fs::remove_dir_all(&profile);
     r.shutdown().await;
 }
