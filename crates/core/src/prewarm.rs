@@ -42,6 +42,11 @@ impl Default for PrewarmConfig {
     }
 }
 
+/// `score` counted at `at`, as it stands at `now`: halved every `half_life` seconds.
+fn decay(score: f64, at: f64, now: f64, half_life: f64) -> f64 {
+    score * 0.5f64.powf(((now - at) / half_life).max(0.0))
+}
+
 #[derive(Debug, Clone)]
 struct Hot<T> {
     score: f64,
@@ -70,7 +75,7 @@ impl<T> HotPrefixes<T> {
     }
 
     fn decayed(&self, h: &Hot<T>, now: f64) -> f64 {
-        h.score * 0.5f64.powf(((now - h.at) / self.half_life_s).max(0.0))
+        decay(h.score, h.at, now, self.half_life_s)
     }
 
     /// Counts a request with routing `key` at `now`; `example` becomes the prefix's example.
@@ -78,7 +83,7 @@ impl<T> HotPrefixes<T> {
         let k = key.0;
         let half_life = self.half_life_s;
         if let Some(h) = self.entries.get_mut(&k) {
-            h.score = h.score * 0.5f64.powf(((now - h.at) / half_life).max(0.0)) + 1.0;
+            h.score = decay(h.score, h.at, now, half_life) + 1.0;
             h.at = now;
             h.example = example;
             return;
@@ -109,8 +114,10 @@ impl<T> HotPrefixes<T> {
         let keep_at_most = self.capacity - self.capacity / 2;
         let half_life = self.half_life_s;
         self.entries.retain(|_, h| {
-            let s = h.score * 0.5f64.powf(((now - h.at) / half_life).max(0.0));
-            let keep = s > cut && kept < keep_at_most;
+            let s = decay(h.score, h.at, now, half_life);
+            // Ties with the median are kept while there is room: with all scores equal (prompts
+            // seen once, at once), a strict cut would empty the table.
+            let keep = s >= cut && kept < keep_at_most;
             kept += usize::from(keep);
             keep
         });
@@ -161,9 +168,11 @@ pub fn after_join(fleet: &FleetSnapshot, joining: &InstanceId) -> FleetSnapshot 
 }
 
 /// The examples to replay to `joining`: of `hottest` (hottest first, as
-/// [`HotPrefixes::hottest`] lists them), the first `max` that the strategy would send there once
-/// it takes requests (asked on [`after_join`]'s fleet). `request` gives the strategy's view of
-/// an example.
+/// [`HotPrefixes::hottest`] lists them), the first `max` that will go there once it takes
+/// requests. For a strategy that places by hashing (prefix-aware), those its `select` sends there
+/// on [`after_join`]'s fleet; for one that places by residency (it reads block chains), the
+/// hottest, which gain the new instance as a home as their load spreads. `request` gives the
+/// strategy's view of an example.
 pub fn plan<'t, T: 't>(
     hottest: impl IntoIterator<Item = &'t T>,
     max: usize,
@@ -174,6 +183,11 @@ pub fn plan<'t, T: 't>(
     mut request: impl FnMut(&'t T) -> Option<RouteRequest<'t>>,
 ) -> Vec<&'t T> {
     let after = after_join(fleet, joining);
+    // A strategy that places by what the instances hold (it reads block chains: cache-aware,
+    // kv-aware) moves no cached prefix to an empty instance; its new instance's traffic is the
+    // hot prefixes gaining homes as load spreads, and new prefixes. The hottest are what will
+    // be sent there, so they are replayed whatever `select` says today.
+    let by_residency = strategy.chain_spec().is_some();
     let mut out = Vec::new();
     for example in hottest {
         if out.len() >= max {
@@ -187,7 +201,7 @@ pub fn plan<'t, T: 't>(
             .ok()
             .and_then(|d| after.instances().get(d.index))
             .is_some_and(|i| i.id() == joining);
-        if moves {
+        if moves || by_residency {
             out.push(example);
         }
     }
@@ -211,11 +225,7 @@ mod tests {
         // Full: a new key drops the colder half first.
         hot.record(KeyHash(100), 0.0, 100);
         let order: Vec<u32> = hot.hottest(0.0).iter().map(|(_, e)| **e).collect();
-        assert_eq!(
-            order,
-            [7, 6, 5, 100],
-            "the colder half (at or below the median) went"
-        );
+        assert_eq!(order, [7, 6, 5, 4, 100], "the colder half went");
         // Twenty seconds later (two half-lives): key 7's 8 are worth 2, key 100's 1 + 1 + 0.25.
         hot.record(KeyHash(100), 20.0, 101);
         hot.record(KeyHash(100), 20.0, 102);
@@ -288,5 +298,19 @@ mod tests {
             |k| Some(RouteRequest::keyed(Some(*k), None)),
         );
         assert_eq!(few.len(), 3);
+    }
+}
+
+#[cfg(test)]
+mod ties {
+    use super::*;
+
+    #[test]
+    fn equal_scores_keep_half_the_table() {
+        let mut hot: HotPrefixes<u64> = HotPrefixes::new(64, 10.0);
+        for k in 0..65u64 {
+            hot.record(KeyHash(k), 0.0, k);
+        }
+        assert_eq!(hot.len(), 33, "32 kept of the first 64, then the new one");
     }
 }

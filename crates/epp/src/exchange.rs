@@ -55,6 +55,11 @@ struct Answering {
     endpoints: Vec<(String, Arc<Instance>)>,
     prepared: Prepared,
     usage: Option<UsageScanner>,
+    /// The response's head came back (a stream that ends after it, with no body message, as
+    /// `response_body_mode: NONE` ends, is a finished request).
+    answered: bool,
+    /// A response body message came.
+    body_seen: bool,
 }
 
 /// One request's exchange with Envoy.
@@ -63,6 +68,8 @@ pub struct Exchange {
     options: PickerOptions,
     received: Instant,
     stage: Stage,
+    /// Whether the filter sends the response body, when Envoy said (`protocol_config`).
+    response_body_sent: Option<bool>,
 }
 
 impl std::fmt::Debug for Exchange {
@@ -103,6 +110,7 @@ impl Exchange {
             options,
             received: Instant::now(),
             stage: Stage::Over,
+            response_body_sent: None,
         }
     }
 
@@ -113,6 +121,10 @@ impl Exchange {
 
     /// The answer to one message from Envoy (`None` for a message that wants none).
     pub fn on(&mut self, msg: ProcessingRequest) -> Option<ProcessingResponse> {
+        if let Some(pc) = &msg.protocol_config {
+            // BodySendMode 0 is NONE: the picker will see no response body.
+            self.response_body_sent = Some(pc.response_body_mode != 0);
+        }
         let meta = msg.metadata_context;
         let attributes = msg.attributes;
         match msg.request? {
@@ -167,13 +179,9 @@ impl Exchange {
                 }
             }
         }
-        let subset =
-            wire::metadata_strings(meta, wire::SUBSET_NAMESPACE, wire::SUBSET).or_else(|| {
-                headers
-                    .get(wire::SUBSET)
-                    .and_then(|v| v.to_str().ok())
-                    .map(wire::split_endpoints)
-            });
+        // Only from the proxy's metadata, as the protocol defines it: a client's header of the
+        // same name would let any client pick its endpoint.
+        let subset = wire::metadata_strings(meta, wire::SUBSET_NAMESPACE, wire::SUBSET);
         self.stage = Stage::Head {
             api,
             headers,
@@ -222,6 +230,7 @@ impl Exchange {
         else {
             return wire::answer(phase, wire::common(Vec::new()), None);
         };
+        let body = body.freeze();
         match self.route(api, &headers, subset.as_deref(), &body) {
             Ok(answering) => {
                 let value = answering
@@ -248,10 +257,13 @@ impl Exchange {
         api: Api,
         headers: &HeaderMap,
         subset: Option<&[String]>,
-        body: &[u8],
+        body: &bytes::Bytes,
     ) -> Result<Answering, ApiError> {
         let state = &self.state;
         let prepared = Prepared::new(state, api, headers, body, self.received)?;
+        if let Some(p) = &state.prewarm {
+            p.record(api, prepared.key, state.now_s(), body);
+        }
         let snapshot = state.fleet.snapshot();
         // The proxy's subset: only those endpoints, and 503 when none of them is eligible.
         let snapshot = match subset {
@@ -279,6 +291,8 @@ impl Exchange {
             endpoints,
             prepared,
             usage: None,
+            answered: false,
+            body_seen: false,
         })
     }
 
@@ -310,6 +324,7 @@ impl Exchange {
             .and_then(|s| s.parse::<u16>().ok())
             .and_then(|s| StatusCode::from_u16(s).ok())
             .unwrap_or(StatusCode::BAD_GATEWAY);
+        a.answered = true;
         let routed = &mut a.routed;
         routed.guard.set_outcome(Outcome::of_status(status));
         if status.is_server_error() {
@@ -336,6 +351,7 @@ impl Exchange {
 
     fn response_body(&mut self, b: HttpBody) -> ProcessingResponse {
         if let Stage::Routed(a) = &mut self.stage {
+            a.body_seen = true;
             if !b.body.is_empty() {
                 a.routed.guard.first_byte();
                 if let Some(s) = a.usage.as_mut() {
@@ -347,6 +363,22 @@ impl Exchange {
             }
         }
         wire::answer(Phase::ResponseBody, wire::common(Vec::new()), None)
+    }
+
+    /// Envoy closed the stream. After the response's head (the body not sent to the picker),
+    /// the request is finished; before it, the guard's drop counts it cancelled.
+    pub fn closed(&mut self) {
+        // Where the body is sent to the picker, a stream closed before its end is a client gone.
+        if self.response_body_sent == Some(true) {
+            return;
+        }
+        if let Stage::Routed(a) = &mut self.stage {
+            if !a.answered || a.body_seen {
+                return;
+            }
+            a.routed.guard.first_byte();
+        }
+        self.finish();
     }
 
     /// The response ended: the guard records it (dropping it releases the slot).

@@ -61,7 +61,10 @@ impl ExternalProcessor for Picker {
                                 return Some((Ok(answer), (inbound, exchange)));
                             }
                         }
-                        Ok(None) => return None,
+                        Ok(None) => {
+                            exchange.closed();
+                            return None;
+                        }
                         Err(status) => {
                             tracing::debug!(%status, "ext_proc stream ended with an error");
                             return None;

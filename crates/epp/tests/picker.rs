@@ -270,9 +270,14 @@ async fn the_picker_places_requests_where_serve_would() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(ok, 12.0, "{m}");
-    assert!(
-        m.contains("prefix_router_ttft_seconds"),
-        "TTFT recorded from the response path"
+    let ttft_count: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("prefix_router_ttft_seconds_count{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        ttft_count, 12.0,
+        "TTFT recorded from the response path: {m}"
     );
     serve.shutdown().await;
     p.router.shutdown().await;
@@ -437,5 +442,44 @@ async fn admission_control_sheds_with_429_and_health_answers() {
             .into_inner();
         assert_eq!(r.status, 1, "{service}: SERVING");
     }
+    p.router.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_whose_body_is_not_sent_finishes_when_envoy_closes_the_stream() {
+    // response_body_mode: NONE: the picker sees the response's head, then the stream closes.
+    let engines = engines(1).await;
+    let p = picker(settings(&engines, "cache-aware"), 0).await;
+    let mut c = client(&p).await;
+    let (mut s, _) = pick(&mut c, 4).await;
+    let a = s
+        .send(
+            Msg::ResponseHeaders(headers(&[(":status", "200")], false)),
+            None,
+        )
+        .await;
+    assert!(matches!(a.response, Some(Ans::ResponseHeaders(_))), "{a:?}");
+    let Stream { tx, mut rx } = s;
+    drop(tx);
+    let end = tokio::time::timeout(WAIT, rx.message())
+        .await
+        .expect("the picker ends the stream");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    let t = std::time::Instant::now();
+    while in_flight(&p) != 0 {
+        assert!(t.elapsed() < WAIT, "the slot was not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let m = metrics(&p).await;
+    let count = |outcome: &str| -> f64 {
+        m.lines()
+            .filter(|l| {
+                l.starts_with("prefix_router_requests_total{")
+                    && l.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!((count("ok"), count("cancelled")), (1.0, 0.0), "{m}");
     p.router.shutdown().await;
 }

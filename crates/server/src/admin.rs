@@ -210,6 +210,8 @@ async fn drain(State(admin): State<Admin>, body: Bytes) -> Response {
             InstanceState::Healthy,
             InstanceState::Ejected,
             InstanceState::Unknown,
+            // A drain wins over a warm-up (prewarm only ends one that is still warming).
+            InstanceState::Warming,
         ],
         InstanceState::Draining,
     );

@@ -162,6 +162,8 @@ async fn apply(
                     InstanceState::Healthy,
                     InstanceState::Unknown,
                     InstanceState::Ejected,
+                    // A drain wins over a warm-up (prewarm only ends one that is still warming).
+                    InstanceState::Warming,
                 ],
                 InstanceState::Draining,
             ) {

@@ -45,13 +45,21 @@ impl Api {
     /// The API a data-plane path (without its query) is proxied as; `None` for a path that is
     /// not proxied.
     pub fn of_path(path: &str) -> Option<Api> {
-        Some(match path {
-            "/v1/chat/completions" => Api::Chat,
-            "/v1/completions" => Api::Completions,
-            "/invocations" => Api::Invocations,
-            p if p.starts_with("/v1/") => Api::Other,
-            _ => return None,
-        })
+        let keyed = [Api::Chat, Api::Completions, Api::Invocations];
+        if let Some(api) = keyed.into_iter().find(|a| a.path() == Some(path)) {
+            return Some(api);
+        }
+        path.starts_with("/v1/").then_some(Api::Other)
+    }
+
+    /// The path of a keyed API (what [`Api::of_path`] reads back); `None` for `Other`.
+    pub fn path(self) -> Option<&'static str> {
+        match self {
+            Api::Chat => Some("/v1/chat/completions"),
+            Api::Completions => Some("/v1/completions"),
+            Api::Invocations => Some("/invocations"),
+            Api::Other => None,
+        }
     }
 
     /// Metrics label.

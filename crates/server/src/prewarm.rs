@@ -104,7 +104,9 @@ pub async fn run(state: Arc<AppState>) {
         return;
     };
     while let Some(id) = joins.recv().await {
-        warm(&state, &id).await;
+        // Each joining instance warms on its own: a scale-out of several must not queue them.
+        let state = Arc::clone(&state);
+        tokio::spawn(async move { warm(&state, &id).await });
     }
 }
 
@@ -127,10 +129,7 @@ async fn replay(
     prepared: Prepared,
     body: Bytes,
 ) -> bool {
-    let path = match prepared.api {
-        Api::Chat => "/v1/chat/completions",
-        _ => "/v1/completions",
-    };
+    let path = prepared.api.path().unwrap_or("/v1/completions");
     let mut req = http::Request::new(http_body_util::Full::new(body));
     *req.method_mut() = http::Method::POST;
     *req.uri_mut() = http::Uri::from_static(path);
@@ -193,6 +192,14 @@ async fn warm(state: &Arc<AppState>, id: &InstanceId) {
         .unwrap_or_else(|e| e.into_inner())
         .hottest(now)
         .into_iter()
+        // Enough candidates for the plan (with hashing, about one in N+1 moves), without
+        // parsing every tracked body.
+        .take(
+            p.config
+                .max_prefixes
+                .saturating_mul(snapshot.len() + 1)
+                .saturating_mul(2),
+        )
         .map(|(_, e)| e.clone())
         .collect();
     let prepared: Vec<(usize, Prepared, &Example)> = examples

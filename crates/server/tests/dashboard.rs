@@ -222,6 +222,8 @@ async fn render(
         "--disable-background-networking",
         "--disable-component-update",
         "--disable-sync",
+        // Containers often give /dev/shm 64 MB: Chromium's shared memory goes to /tmp instead.
+        "--disable-dev-shm-usage",
         "--virtual-time-budget=3000",
         "--window-size=1400,600",
     ]
@@ -282,7 +284,9 @@ async fn the_page_holds_64_instances() {
     let served = urls
         .iter()
         .filter(|u| {
-            let start = html.find(&format!("data-instance=\"{u}\"")).unwrap_or(0);
+            let start = html
+                .find(&format!("data-instance=\"{u}\""))
+                .unwrap_or_else(|| panic!("no row for {u}"));
             let row = &html[start..];
             !cell(row, "share").ends_with(">0.0%")
         })

@@ -97,7 +97,7 @@ async fn endpoint_slices_drive_the_fleet_through_watch_breaks_and_410s() {
     eventually("b joins", || members(&r).len() == 2).await;
 
     // a terminates: it drains; requests go to b only.
-    api.put(slice("llm-a", pa, false, true));
+    let before_break = api.put(slice("llm-a", pa, false, true));
     eventually("a drains", || {
         members(&r).iter().any(|&(p, st)| p == pa && st == Draining)
     })
@@ -123,9 +123,9 @@ async fn endpoint_slices_drive_the_fleet_through_watch_breaks_and_410s() {
     let versions = api.watch_versions();
     assert!(versions.len() > watches, "{versions:?}");
     let resumed: u64 = versions[watches].parse().expect("a version");
-    assert!(
-        resumed < rv,
-        "resumed from {resumed}, before the change at {rv}"
+    assert_eq!(
+        resumed, before_break,
+        "resumed from the last version it saw (the change at {rv} came after)"
     );
 
     // 410 Gone: the watcher lists again, and finds what no event told it (a's slice gone).

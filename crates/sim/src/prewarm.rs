@@ -22,8 +22,9 @@ pub const REPLAY_IDS: u64 = 1 << 48;
 /// One instance being warmed.
 #[derive(Debug)]
 struct Warming {
-    /// Replays not yet sent: workload request indices.
-    waiting: VecDeque<usize>,
+    /// Replays not yet sent: workload request indices, with their chains (a learning strategy
+    /// must see what a replay's prefill covered, or it learns that nothing took that long).
+    waiting: VecDeque<(usize, Chain)>,
     /// Replays in flight.
     in_flight: usize,
 }
@@ -100,7 +101,7 @@ impl Warmer {
         rng: &mut RouteRng,
     ) -> Vec<usize> {
         let hottest = self.hot.hottest(now).into_iter().map(|(_, e)| e);
-        let picked: Vec<usize> = plan(
+        let picked: Vec<(usize, Chain)> = plan(
             hottest,
             self.config.max_prefixes,
             strategy,
@@ -120,16 +121,17 @@ impl Warmer {
             },
         )
         .into_iter()
-        .map(|(i, _)| *i)
+        .cloned()
         .collect();
+        let indices = picked.iter().map(|(i, _)| *i).collect();
         self.warming.insert(
             instance,
             Warming {
-                waiting: picked.iter().copied().collect(),
+                waiting: picked.into_iter().collect(),
                 in_flight: 0,
             },
         );
-        picked
+        indices
     }
 
     /// The replays `instance` can take now (up to the concurrency), each with its ticket taken
@@ -150,7 +152,7 @@ impl Warmer {
             return out;
         };
         while w.in_flight < self.config.concurrency.max(1) {
-            let Some(i) = w.waiting.pop_front() else {
+            let Some((i, chain)) = w.waiting.pop_front() else {
                 break;
             };
             let Some(req) = requests.get(i) else {
@@ -158,8 +160,8 @@ impl Warmer {
             };
             let route = RouteRequest {
                 key: keys.get(i).copied(),
-                chain: &[],
-                prompt_units: 0,
+                chain: &chain.blocks,
+                prompt_units: chain.units,
                 model: req.model.as_deref(),
                 now,
                 tokens: None,

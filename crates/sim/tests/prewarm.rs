@@ -1,4 +1,4 @@
-//! Prewarming on scale-out in the simulator: long-context on 7 instances of the default preset,
+//! Prewarming on scale-out in the simulator (prefix-aware and cache-aware): long-context on 7 instances of the default preset,
 //! one instance added at 300 s (of about 450), once the caches hold the documents. Without prewarming, the prefixes rendezvous moves to it miss
 //! there and the hit rate dips in the minute after; with it, the new instance first gets the
 //! hottest of those prefixes (one-token replays) and the dip is at least halved. The replays
@@ -59,4 +59,27 @@ fn prewarming_halves_the_hit_rate_dip_after_scale_out() {
         warm_new * 10 >= cold_new * 8,
         "{warm_new} against {cold_new} requests"
     );
+}
+
+#[test]
+fn cache_aware_gets_its_hottest_prefixes_replicated_and_the_new_instance_used() {
+    // cache-aware moves no cached prefix to an empty instance; what goes there is hot prefixes
+    // gaining a home and new ones, so the hottest are replayed to it.
+    let requests = workload();
+    let (cold, _, cold_hit, cold_new) = dip(&requests, "cache-aware", false);
+    let (warm, _, warm_hit, warm_new) = dip(&requests, "cache-aware", true);
+    eprintln!(
+        "cache-aware: dip {:.1} points without prewarming, {:.1} with; the new instance took {cold_new} / {warm_new} requests; run hit rate {:.1}% / {:.1}%",
+        100.0 * cold,
+        100.0 * warm,
+        100.0 * cold_hit,
+        100.0 * warm_hit
+    );
+    assert!(cold > 0.005, "{cold}");
+    assert!(
+        warm <= cold / 2.0,
+        "dip {warm} with prewarming against {cold} without"
+    );
+    assert!(warm_new > cold_new, "{warm_new} against {cold_new}");
+    assert!(warm_hit >= cold_hit);
 }

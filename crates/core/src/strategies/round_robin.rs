@@ -34,9 +34,22 @@ impl Strategy for RoundRobin {
         if n == 0 {
             return Err(no_instance(fleet, req.model));
         }
-        let k = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        // The rotation moves on when a request is sent (`dispatched`), not here: `select` is
+        // also asked where a request would go next (the endpoint picker's fallbacks), which
+        // must not move it. Two requests selected at the very same moment may share a turn.
+        let k = self.next.load(Ordering::Relaxed) % n;
         nth_eligible(fleet, req.model, k)
             .map(|index| Decision::new(index, Reason::RoundRobin))
             .ok_or_else(|| no_instance(fleet, req.model))
+    }
+
+    fn dispatched(
+        &self,
+        _req: &RouteRequest<'_>,
+        _decision: &Decision,
+        _instance: &crate::Instance,
+    ) -> crate::strategy::Note {
+        self.next.fetch_add(1, Ordering::Relaxed);
+        [0; crate::strategy::NOTE_WORDS]
     }
 }
