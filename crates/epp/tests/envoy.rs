@@ -18,7 +18,10 @@ use prefix_router_mock_engine::MockEngine;
 use prefix_router_server::Router;
 
 mod support;
-use support::{chat, chat_stream, engines, header, post, settings, Serve, WAIT};
+use support::{
+    chat, chat_stream, engines, get, header, in_flight, metrics, post, requests_with, settings,
+    Serve, WAIT,
+};
 
 fn envoy_binary() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("ENVOY_BIN") {
@@ -132,7 +135,9 @@ impl Envoy {
             if let Ok(Some(status)) = envoy.child.try_wait() {
                 panic!("envoy exited ({status}): {}", envoy.log_text());
             }
-            if get_ok(ready, "/ready").await
+            if get(ready, "/ready")
+                .await
+                .is_some_and(|(status, _, _)| status == 200)
                 && tokio::net::TcpStream::connect(envoy.listen).await.is_ok()
             {
                 return envoy;
@@ -149,20 +154,6 @@ impl Envoy {
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
-}
-
-async fn get_ok(addr: SocketAddr, path: &str) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return false;
-    };
-    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-    if s.write_all(req.as_bytes()).await.is_err() {
-        return false;
-    }
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut out)).await;
-    out.starts_with(b"HTTP/1.1 200")
 }
 
 async fn picker(engines: &[MockEngine], fallbacks: usize) -> RunningPicker {
@@ -184,34 +175,7 @@ async fn picker(engines: &[MockEngine], fallbacks: usize) -> RunningPicker {
 }
 
 async fn counter(p: &RunningPicker, outcome: &str) -> f64 {
-    let addr = p.ops.expect("ops listener");
-    let (_, _, text) = get(addr, "/metrics").await;
-    text.lines()
-        .filter(|l| {
-            l.starts_with("prefix_router_requests_total{")
-                && l.contains(&format!("outcome=\"{outcome}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-async fn get(addr: SocketAddr, path: &str) -> (u16, String, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.expect("read");
-    let out = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    (
-        head.split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0),
-        head.to_string(),
-        body.to_string(),
-    )
+    requests_with(&metrics(p).await, outcome)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,16 +251,7 @@ async fn envoy_routes_where_serve_would_streams_pass_and_fails_closed() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let in_flight: u32 = p
-        .router
-        .state()
-        .fleet
-        .snapshot()
-        .instances()
-        .iter()
-        .map(|i| i.in_flight())
-        .sum();
-    assert_eq!(in_flight, 0);
+    assert_eq!(in_flight(&p), 0);
 
     // The picker goes away: this configuration fails closed.
     p.router.shutdown().await;

@@ -22,7 +22,7 @@ use tonic::transport::Channel;
 use tonic::Streaming;
 
 mod support;
-use support::{chat, engines, settings, Serve, WAIT};
+use support::{chat, engines, in_flight, metrics, requests_with, settings, Serve, WAIT};
 
 async fn picker(settings: Settings, fallbacks: usize) -> RunningPicker {
     prefix_router_epp::start(
@@ -213,30 +213,6 @@ async fn answer(s: &mut Stream, cached: u32) {
         .await;
 }
 
-async fn metrics(p: &RunningPicker) -> String {
-    let addr = p.ops.expect("ops listener");
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        .await
-        .expect("write");
-    let mut out = String::new();
-    stream.read_to_string(&mut out).await.expect("read");
-    out
-}
-
-fn in_flight(p: &RunningPicker) -> u32 {
-    p.router
-        .state()
-        .fleet
-        .snapshot()
-        .instances()
-        .iter()
-        .map(|i| i.in_flight())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_picker_places_requests_where_serve_would() {
     let engines = engines(3).await;
@@ -264,12 +240,7 @@ async fn the_picker_places_requests_where_serve_would() {
     );
     assert_eq!(in_flight(&p), 0, "every finished request released its slot");
     let m = metrics(&p).await;
-    let ok: f64 = m
-        .lines()
-        .filter(|l| l.starts_with("prefix_router_requests_total{") && l.contains("outcome=\"ok\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert_eq!(ok, 12.0, "{m}");
+    assert_eq!(requests_with(&m, "ok"), 12.0, "{m}");
     let ttft_count: f64 = m
         .lines()
         .filter(|l| l.starts_with("prefix_router_ttft_seconds_count{"))
@@ -313,12 +284,7 @@ async fn cache_aware_learns_from_the_response_path_and_a_dropped_stream_is_cance
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let m = metrics(&p).await;
-    assert!(
-        m.lines()
-            .any(|l| l.starts_with("prefix_router_requests_total{")
-                && l.contains("outcome=\"cancelled\"")),
-        "{m}"
-    );
+    assert_eq!(requests_with(&m, "cancelled"), 1.0, "{m}");
     p.router.shutdown().await;
 }
 
@@ -471,15 +437,10 @@ async fn a_response_whose_body_is_not_sent_finishes_when_envoy_closes_the_stream
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let m = metrics(&p).await;
-    let count = |outcome: &str| -> f64 {
-        m.lines()
-            .filter(|l| {
-                l.starts_with("prefix_router_requests_total{")
-                    && l.contains(&format!("outcome=\"{outcome}\""))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    assert_eq!((count("ok"), count("cancelled")), (1.0, 0.0), "{m}");
+    assert_eq!(
+        (requests_with(&m, "ok"), requests_with(&m, "cancelled")),
+        (1.0, 0.0),
+        "{m}"
+    );
     p.router.shutdown().await;
 }

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use prefix_router_epp::RunningPicker;
 use prefix_router_mock_engine::{MockEngine, MockEngineConfig, DEFAULT_MODEL};
 use prefix_router_server::settings::Settings;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -60,19 +61,16 @@ pub fn chat_stream(doc: usize) -> String {
     v.to_string()
 }
 
-/// One HTTP/1.1 exchange (`connection: close`): status line and headers, then the raw body.
-pub async fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nhost: pool\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.expect("write");
+/// Sends `raw` (a whole HTTP/1.1 request with `connection: close`) and reads the answer:
+/// status, head (lower case) and raw body. `None` when the connection is refused.
+pub async fn exchange(addr: SocketAddr, raw: &str) -> Option<(u16, String, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(raw.as_bytes()).await.ok()?;
     let mut out = Vec::new();
     tokio::time::timeout(WAIT, s.read_to_end(&mut out))
         .await
-        .expect("answered in time")
-        .expect("read");
+        .ok()?
+        .ok()?;
     let out = String::from_utf8_lossy(&out).into_owned();
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
     let status = head
@@ -80,7 +78,57 @@ pub async fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String, Str
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    (status, head.to_ascii_lowercase(), body.to_string())
+    Some((status, head.to_ascii_lowercase(), body.to_string()))
+}
+
+/// `POST path` with a JSON body.
+pub async fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String, String) {
+    let raw = format!(
+        "POST {path} HTTP/1.1\r\nhost: pool\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    exchange(addr, &raw).await.expect("the server answers")
+}
+
+/// `GET path`; `None` when the connection is refused.
+pub async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String, String)> {
+    exchange(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+/// The picker's `/metrics` page.
+pub async fn metrics(p: &RunningPicker) -> String {
+    let addr = p.ops.expect("ops listener");
+    get(addr, "/metrics")
+        .await
+        .expect("the ops listener answers")
+        .2
+}
+
+/// Requests the picker counted with `outcome`, over every instance.
+pub fn requests_with(page: &str, outcome: &str) -> f64 {
+    page.lines()
+        .filter(|l| {
+            l.starts_with("prefix_router_requests_total{")
+                && l.contains(&format!("outcome=\"{outcome}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Requests the picker holds in flight, over every instance.
+pub fn in_flight(p: &RunningPicker) -> u32 {
+    p.router
+        .state()
+        .fleet
+        .snapshot()
+        .instances()
+        .iter()
+        .map(|i| i.in_flight())
+        .sum()
 }
 
 /// A response header's value (`head` as [`post`] returns it).
@@ -98,7 +146,7 @@ impl Serve {
     pub async fn chat(&self, body: &str) -> String {
         let (status, head, text) = post(self.0, "/v1/chat/completions", body).await;
         assert_eq!(status, 200, "{head}{text}");
-        header(&head, "x-prefix-router-instance")
+        header(&head, prefix_router_server::proxy::INSTANCE_HEADER)
             .expect("instance header")
             .to_string()
     }
