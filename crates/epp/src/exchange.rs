@@ -70,6 +70,9 @@ pub struct Exchange {
     stage: Stage,
     /// Whether the filter sends the response body, when Envoy said (`protocol_config`).
     response_body_sent: Option<bool>,
+    /// The request body comes FULL_DUPLEX_STREAMED: the picker holds the headers' answer until
+    /// the body is in, then answers headers and body (which it sends back) in order.
+    duplex: bool,
 }
 
 impl std::fmt::Debug for Exchange {
@@ -79,6 +82,11 @@ impl std::fmt::Debug for Exchange {
             .finish_non_exhaustive()
     }
 }
+
+/// Envoy's `BodySendMode::FULL_DUPLEX_STREAMED`.
+const FULL_DUPLEX_STREAMED: i32 = 4;
+/// The largest body chunk handed back in one message (Envoy recommends at most 64 KiB).
+const DUPLEX_CHUNK: usize = 64 * 1024;
 
 /// `host:port` of an instance's URL (the default port of its scheme when it names none): what
 /// the proxy connects to.
@@ -111,6 +119,7 @@ impl Exchange {
             received: Instant::now(),
             stage: Stage::Over,
             response_body_sent: None,
+            duplex: false,
         }
     }
 
@@ -119,22 +128,32 @@ impl Exchange {
         matches!(self.stage, Stage::Over)
     }
 
-    /// The answer to one message from Envoy (`None` for a message that wants none).
-    pub fn on(&mut self, msg: ProcessingRequest) -> Option<ProcessingResponse> {
+    /// The answers to one message from Envoy, in order (none for a message answered later).
+    pub fn on(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
         if let Some(pc) = &msg.protocol_config {
-            // BodySendMode 0 is NONE: the picker will see no response body.
+            // BodySendMode: 0 NONE (the picker sees no response body), 4 FULL_DUPLEX_STREAMED.
             self.response_body_sent = Some(pc.response_body_mode != 0);
+            self.duplex = pc.request_body_mode == FULL_DUPLEX_STREAMED;
         }
         let meta = msg.metadata_context;
         let attributes = msg.attributes;
-        match msg.request? {
-            Message::RequestHeaders(h) => Some(self.request_headers(h, meta.as_ref())),
-            Message::RequestBody(b) => Some(self.request_body(b)),
-            Message::RequestTrailers(_) => Some(wire::answer(
+        let Some(request) = msg.request else {
+            return Vec::new();
+        };
+        match request {
+            Message::RequestHeaders(h) => self.request_headers(h, meta.as_ref()),
+            Message::RequestBody(b) => self.request_body(b),
+            Message::RequestTrailers(_)
+                if self.duplex && matches!(self.stage, Stage::Head { .. }) =>
+            {
+                // The body ended with trailers: the whole request is in.
+                self.decide_duplex(true)
+            }
+            Message::RequestTrailers(_) => vec![wire::answer(
                 Phase::RequestTrailers,
                 wire::common(Vec::new()),
                 None,
-            )),
+            )],
             Message::ResponseHeaders(h) => {
                 let served =
                     wire::metadata_strings(meta.as_ref(), wire::LB_NAMESPACE, wire::SERVED)
@@ -146,21 +165,25 @@ impl Exchange {
                             )
                         })
                         .and_then(|v| v.into_iter().next());
-                Some(self.response_headers(h, served))
+                vec![self.response_headers(h, served)]
             }
-            Message::ResponseBody(b) => Some(self.response_body(b)),
+            Message::ResponseBody(b) => vec![self.response_body(b)],
             Message::ResponseTrailers(_) => {
                 self.finish();
-                Some(wire::answer(
+                vec![wire::answer(
                     Phase::ResponseTrailers,
                     wire::common(Vec::new()),
                     None,
-                ))
+                )]
             }
         }
     }
 
-    fn request_headers(&mut self, h: HttpHeaders, meta: Option<&Metadata>) -> ProcessingResponse {
+    fn request_headers(
+        &mut self,
+        h: HttpHeaders,
+        meta: Option<&Metadata>,
+    ) -> Vec<ProcessingResponse> {
         self.received = Instant::now();
         let path = wire::find(h.headers.as_ref(), ":path").unwrap_or(b"/");
         let path = String::from_utf8_lossy(path);
@@ -189,32 +212,81 @@ impl Exchange {
             body: BytesMut::new(),
         };
         if h.end_of_stream {
-            return self.decide(Phase::RequestHeaders);
+            return vec![self.decide(Phase::RequestHeaders)];
+        }
+        if self.duplex {
+            // Answered with the body, once it is all in.
+            return Vec::new();
         }
         // The body comes next, whole (the filter's request_body_mode is BUFFERED); the
         // decision goes with the answer to it, while Envoy still holds the headers.
-        wire::answer(Phase::RequestHeaders, wire::common(Vec::new()), None)
+        vec![wire::answer(
+            Phase::RequestHeaders,
+            wire::common(Vec::new()),
+            None,
+        )]
     }
 
-    fn request_body(&mut self, b: HttpBody) -> ProcessingResponse {
+    fn request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let limit = self.state.settings.limits.max_body_bytes;
         let Stage::Head { body, .. } = &mut self.stage else {
-            return wire::answer(Phase::RequestBody, wire::common(Vec::new()), None);
+            return vec![wire::answer(
+                Phase::RequestBody,
+                wire::common(Vec::new()),
+                None,
+            )];
         };
         body.extend_from_slice(&b.body);
         if body.len() as u64 > limit {
             self.stage = Stage::Over;
-            return error_answer(&ApiError::too_large(limit));
+            return vec![error_answer(&ApiError::too_large(limit))];
+        }
+        if self.duplex {
+            if !b.end_of_stream {
+                // More chunks (or trailers) follow: collected, answered at the end.
+                return Vec::new();
+            }
+            return self.decide_duplex(false);
         }
         if !b.end_of_stream {
             // STREAMED or BUFFERED_PARTIAL: the headers went upstream already, or the body
             // is cut. Neither can be routed on the prompt; say how to configure the filter.
             self.stage = Stage::Over;
-            return error_answer(&ApiError::internal(
-                "the endpoint picker needs the whole request body: set the ext_proc filter's processing_mode.request_body_mode to BUFFERED",
+            return vec![error_answer(&ApiError::internal(
+                "the endpoint picker needs the whole request body: set the ext_proc filter's processing_mode.request_body_mode to BUFFERED or FULL_DUPLEX_STREAMED",
+            ))];
+        }
+        vec![self.decide(Phase::RequestBody)]
+    }
+
+    /// FULL_DUPLEX_STREAMED: the whole request is in. Routes it and answers, in order, the
+    /// headers (with the destination), the body handed back in chunks of at most 64 KiB (the
+    /// picker holds it in this mode), and the trailers when they ended it.
+    fn decide_duplex(&mut self, trailers: bool) -> Vec<ProcessingResponse> {
+        let body = match &self.stage {
+            Stage::Head { body, .. } => body.clone().freeze(),
+            _ => bytes::Bytes::new(),
+        };
+        let head = self.decide(Phase::RequestHeaders);
+        if !matches!(self.stage, Stage::Routed(_)) {
+            return vec![head]; // an immediate answer: nothing goes upstream
+        }
+        let mut out = vec![head];
+        let mut chunks = body.chunks(DUPLEX_CHUNK).peekable();
+        if chunks.peek().is_none() {
+            out.push(wire::streamed_body(&[], !trailers));
+        }
+        while let Some(c) = chunks.next() {
+            out.push(wire::streamed_body(c, !trailers && chunks.peek().is_none()));
+        }
+        if trailers {
+            out.push(wire::answer(
+                Phase::RequestTrailers,
+                wire::common(Vec::new()),
+                None,
             ));
         }
-        self.decide(Phase::RequestBody)
+        out
     }
 
     /// Routes the request (its whole body is in): the destination header and metadata, or

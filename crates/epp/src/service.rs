@@ -2,6 +2,7 @@
 //! request, each driven by an [`Exchange`]) and the gRPC health protocol, with the service
 //! names the Gateway API Inference Extension's endpoint pickers answer.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,15 +53,16 @@ impl ExternalProcessor for Picker {
         // exchange (with the request's in-flight slot) lives exactly as long as the stream. A
         // stream Envoy abandons drops it, which counts the request as cancelled.
         let answers = futures_util::stream::unfold(
-            (inbound, exchange),
-            |(mut inbound, mut exchange)| async move {
+            (inbound, exchange, VecDeque::new()),
+            |(mut inbound, mut exchange, mut ready)| async move {
                 loop {
+                    // A message may need several answers (FULL_DUPLEX_STREAMED: headers, then
+                    // the body handed back), or none yet.
+                    if let Some(answer) = ready.pop_front() {
+                        return Some((Ok(answer), (inbound, exchange, ready)));
+                    }
                     match inbound.message().await {
-                        Ok(Some(msg)) => {
-                            if let Some(answer) = exchange.on(msg) {
-                                return Some((Ok(answer), (inbound, exchange)));
-                            }
-                        }
+                        Ok(Some(msg)) => ready.extend(exchange.on(msg)),
                         Ok(None) => {
                             exchange.closed();
                             return None;

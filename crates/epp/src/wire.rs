@@ -9,8 +9,9 @@ use envoy_types::pb::envoy::config::core::v3::{
 };
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    common_response::ResponseStatus, processing_response, BodyResponse, CommonResponse,
-    HeaderMutation, HeadersResponse, ImmediateResponse, ProcessingResponse, TrailersResponse,
+    body_mutation, common_response::ResponseStatus, processing_response, BodyMutation,
+    BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, ImmediateResponse,
+    ProcessingResponse, StreamedBodyResponse, TrailersResponse,
 };
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
 
@@ -187,6 +188,25 @@ pub fn answer(
         dynamic_metadata: metadata,
         ..ProcessingResponse::default()
     }
+}
+
+/// A chunk of the request body handed back to Envoy (FULL_DUPLEX_STREAMED, where the picker
+/// holds the body it was sent).
+pub fn streamed_body(chunk: &[u8], end_of_stream: bool) -> ProcessingResponse {
+    let common = CommonResponse {
+        status: ResponseStatus::Continue as i32,
+        body_mutation: Some(BodyMutation {
+            mutation: Some(body_mutation::Mutation::StreamedResponse(
+                StreamedBodyResponse {
+                    body: chunk.to_vec(),
+                    end_of_stream,
+                    ..StreamedBodyResponse::default()
+                },
+            )),
+        }),
+        ..CommonResponse::default()
+    };
+    answer(Phase::RequestBody, common, None)
 }
 
 /// Answers the client directly with `status`, a JSON `body` and `details` for Envoy's

@@ -80,6 +80,7 @@ impl Envoy {
         epp: SocketAddr,
         fail_open: bool,
         engines: &[MockEngine],
+        edits: &[(&str, &str)],
     ) -> Self {
         let text = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -101,6 +102,10 @@ impl Envoy {
                 &format!("port_value: 800{}", i + 1),
                 &format!("port_value: {}", e.local_addr().port()),
             );
+        }
+        for (from, to) in edits {
+            assert!(text.contains(from), "{config} has no '{from}'");
+            text = text.replace(from, to);
         }
         let dir = std::env::temp_dir().join(format!(
             "prefix-router-envoy-{}-{listen}",
@@ -187,7 +192,15 @@ async fn envoy_routes_where_serve_would_streams_pass_and_fails_closed() {
         .await
         .expect("serve");
     let serve = Serve(serve_router.local_addr());
-    let envoy = Envoy::start(&bin, "envoy.yaml", p.router.local_addr(), false, &engines).await;
+    let envoy = Envoy::start(
+        &bin,
+        "envoy.yaml",
+        p.router.local_addr(),
+        false,
+        &engines,
+        &[],
+    )
+    .await;
 
     let mut instances = std::collections::BTreeSet::new();
     for doc in 0..10 {
@@ -268,7 +281,7 @@ async fn envoy_with_override_host_uses_the_fallbacks_and_fails_open() {
     let mut engines = engines(3).await;
     let p = picker(&engines, 2).await;
     let epp = p.router.local_addr();
-    let envoy = Envoy::start(&bin, "envoy-override-host.yaml", epp, true, &engines).await;
+    let envoy = Envoy::start(&bin, "envoy-override-host.yaml", epp, true, &engines, &[]).await;
     let (status, head, body) = post(envoy.listen, "/v1/chat/completions", &chat(5)).await;
     assert_eq!(status, 200, "{head}\n{body}\n{}", envoy.log_text());
     let home = header(&head, "x-prefix-router-instance")
@@ -316,4 +329,71 @@ async fn envoy_with_override_host_uses_the_fallbacks_and_fails_open() {
         "fail-open answered {answered} of 6: {}",
         envoy.log_text()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_in_full_duplex_mode_routes_alike_and_hands_the_body_on_whole() {
+    // FULL_DUPLEX_STREAMED, as some Gateway API implementations configure the filter: the
+    // picker holds the headers' answer until the body is in, then hands the body back.
+    let Some(bin) = envoy_or_skip() else { return };
+    let engines = engines(3).await;
+    let p = picker(&engines, 0).await;
+    let serve_router = Router::start(settings(&engines, "prefix-aware"), None)
+        .await
+        .expect("serve");
+    let serve = Serve(serve_router.local_addr());
+    let duplex = [
+        (
+            "request_body_mode: BUFFERED",
+            "request_body_mode: FULL_DUPLEX_STREAMED",
+        ),
+        ("request_trailer_mode: SKIP", "request_trailer_mode: SEND"),
+    ];
+    let envoy = Envoy::start(
+        &bin,
+        "envoy.yaml",
+        p.router.local_addr(),
+        false,
+        &engines,
+        &duplex,
+    )
+    .await;
+    for doc in 0..6 {
+        let (status, head, body) = post(envoy.listen, "/v1/chat/completions", &chat(doc)).await;
+        assert_eq!(
+            status,
+            200,
+            "doc {doc}: {head}\n{body}\n{}",
+            envoy.log_text()
+        );
+        let via = header(&head, "x-prefix-router-instance")
+            .expect("placed by the picker")
+            .to_string();
+        assert_eq!(via, serve.chat(&chat(doc)).await, "doc {doc}");
+    }
+    // A body of several 64 KiB chunks reaches the engine whole (it answers 200 only to valid
+    // JSON with the model it serves).
+    let big = serde_json::json!({
+        "model": prefix_router_mock_engine::DEFAULT_MODEL,
+        "messages": [{"role": "user", "content": "word ".repeat(40_000)}],
+        "max_tokens": 2
+    })
+    .to_string();
+    assert!(big.len() > 3 * 64 * 1024);
+    let (status, head, body) = post(envoy.listen, "/v1/chat/completions", &big).await;
+    assert_eq!(status, 200, "{head}\n{body}\n{}", envoy.log_text());
+    let (status, head, body) = post(envoy.listen, "/v1/chat/completions", &chat_stream(2)).await;
+    assert_eq!(status, 200, "{head}\n{body}");
+    assert!(body.contains("[DONE]"), "{body}");
+    let t = Instant::now();
+    while counter(&p, "ok").await < 8.0 {
+        assert!(
+            t.elapsed() < WAIT,
+            "the picker heard {} of 8 requests end",
+            counter(&p, "ok").await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    p.router.shutdown().await;
+    serve_router.shutdown().await;
 }
