@@ -8,6 +8,7 @@
 #   EPP_ROUNDS=5 EPP_CONCURRENCY=1 EPP_REQUESTS=300 EPP_WORKLOAD=sharegpt bench/epp-overhead.sh
 #   EPP_RESPONSE_BODY=NONE bench/epp-overhead.sh   # the picker does not see the answer's chunks
 #                                                  # (no usage feedback): what reading them costs
+#   EPP_REQUEST_BODY=FULL_DUPLEX_STREAMED bench/epp-overhead.sh   # the request body in full duplex
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH_NAME=epp-overhead
@@ -18,6 +19,9 @@ CONC=${EPP_CONCURRENCY:-8}
 REQUESTS=${EPP_REQUESTS:-600}
 WORKLOAD=${EPP_WORKLOAD:-sharegpt}
 RESPONSE_BODY=${EPP_RESPONSE_BODY:-STREAMED}
+REQUEST_BODY=${EPP_REQUEST_BODY:-BUFFERED}
+TRAILERS=SKIP
+[[ $REQUEST_BODY == FULL_DUPLEX_STREAMED ]] && TRAILERS=SEND
 BIN=${EPP_BIN:-target/release/prefix-router}
 OUT=${EPP_OUT:-target/epp-overhead}
 [[ -x "$BIN" ]] || cargo build --release --locked -p prefix-router
@@ -39,6 +43,7 @@ wait_ready http://127.0.0.1:19090/ready "the picker" "$OUT/epp.log"
 # Envoy with the picker, and Envoy alone: the same file without the ext_proc filter.
 sed -e 's/port_value: 10000/port_value: 18000/' -e 's/port_value: 9901/port_value: 18901/' \
     -e 's/port_value: 9002/port_value: 19002/' -e "s/response_body_mode: STREAMED/response_body_mode: $RESPONSE_BODY/" \
+    -e "s/request_body_mode: BUFFERED/request_body_mode: $REQUEST_BODY/" -e "s/request_trailer_mode: SKIP/request_trailer_mode: $TRAILERS/" \
     deploy/envoy/envoy-override-host.yaml >"$OUT/envoy-epp.yaml"
 sed -e 's/port_value: 10000/port_value: 18001/' -e 's/port_value: 9901/port_value: 18902/' \
     -e '/- name: envoy.filters.http.ext_proc/,/- name: envoy.filters.http.router/{/- name: envoy.filters.http.router/!d}' \
@@ -52,7 +57,7 @@ done
 wait_ready http://127.0.0.1:18901/ready "Envoy (with the picker)" "$OUT/envoy-epp.log"
 wait_ready http://127.0.0.1:18902/ready "Envoy (alone)" "$OUT/envoy-alone.log"
 
-echo "epp-overhead: $WORKLOAD, $REQUESTS requests, $CONC clients, $ROUNDS rounds, response_body_mode $RESPONSE_BODY, envoy $("$ENVOY" --version | grep -o 'version: [^/]*/[0-9.]*' | cut -d/ -f2), $(nproc) cores shared by all"
+echo "epp-overhead: $WORKLOAD, $REQUESTS requests, $CONC clients, $ROUNDS rounds, request_body_mode $REQUEST_BODY, response_body_mode $RESPONSE_BODY, envoy $("$ENVOY" --version | grep -o 'version: [^/]*/[0-9.]*' | cut -d/ -f2), $(nproc) cores shared by all"
 run() { # which round
     local port=18001
     [[ $1 == epp ]] && port=18000
