@@ -62,14 +62,22 @@ impl Stream {
     }
 
     async fn send(&mut self, msg: Msg, meta: Option<Metadata>) -> ProcessingResponse {
-        self.tx
-            .send(ProcessingRequest {
-                request: Some(msg),
-                metadata_context: meta,
-                ..ProcessingRequest::default()
-            })
-            .await
-            .expect("sent");
+        self.push(ProcessingRequest {
+            request: Some(msg),
+            metadata_context: meta,
+            ..ProcessingRequest::default()
+        })
+        .await;
+        self.next().await
+    }
+
+    /// Sends a message without waiting for an answer (it may get none yet).
+    async fn push(&mut self, msg: ProcessingRequest) {
+        self.tx.send(msg).await.expect("sent");
+    }
+
+    /// The next answer.
+    async fn next(&mut self) -> ProcessingResponse {
         tokio::time::timeout(WAIT, self.rx.message())
             .await
             .expect("answered in time")
@@ -442,5 +450,86 @@ async fn a_response_whose_body_is_not_sent_finishes_when_envoy_closes_the_stream
         (1.0, 0.0),
         "{m}"
     );
+    p.router.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_duplex_bodies_are_collected_then_answered_headers_first_and_handed_back() {
+    use envoy_types::pb::envoy::service::ext_proc::v3::{body_mutation, ProtocolConfiguration};
+    let engines = engines(2).await;
+    let p = picker(settings(&engines, "prefix-aware"), 0).await;
+    let mut c = client(&p).await;
+    let mut s = Stream::open(&mut c).await;
+    // Envoy says the mode with the first message: FULL_DUPLEX_STREAMED (4) for the request.
+    s.push(ProcessingRequest {
+        request: Some(request_head()),
+        protocol_config: Some(ProtocolConfiguration {
+            request_body_mode: 4,
+            response_body_mode: 1,
+            ..ProtocolConfiguration::default()
+        }),
+        ..ProcessingRequest::default()
+    })
+    .await;
+    // The body in three chunks (the first two get no answer), then trailers end it.
+    let whole = chat(3).into_bytes();
+    let third = whole.len() / 3;
+    for (i, part) in [
+        &whole[..third],
+        &whole[third..2 * third],
+        &whole[2 * third..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        s.push(ProcessingRequest {
+            request: Some(Msg::RequestBody(body(part, false))),
+            ..ProcessingRequest::default()
+        })
+        .await;
+        if i < 2 {
+            let none = tokio::time::timeout(Duration::from_millis(100), s.rx.message()).await;
+            assert!(
+                none.is_err(),
+                "a chunk before the end was answered: {none:?}"
+            );
+        }
+    }
+    s.push(ProcessingRequest {
+        request: Some(Msg::RequestTrailers(Default::default())),
+        ..ProcessingRequest::default()
+    })
+    .await;
+    // Headers first, with the destination; then the body handed back whole; then trailers.
+    let head = s.next().await;
+    assert!(
+        matches!(head.response, Some(Ans::RequestHeaders(_))),
+        "{head:?}"
+    );
+    let (header, meta) = destination(&head);
+    assert_eq!(header, meta);
+    let mut back = Vec::new();
+    loop {
+        let a = s.next().await;
+        match a.response {
+            Some(Ans::RequestBody(b)) => {
+                let m = b
+                    .response
+                    .and_then(|c| c.body_mutation)
+                    .and_then(|m| m.mutation);
+                let Some(body_mutation::Mutation::StreamedResponse(chunk)) = m else {
+                    panic!("not a streamed body: {m:?}");
+                };
+                back.extend_from_slice(&chunk.body);
+                assert!(
+                    !chunk.end_of_stream,
+                    "trailers end this body, not its last chunk"
+                );
+            }
+            Some(Ans::RequestTrailers(_)) => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(back, whole, "the body comes back as it was sent");
     p.router.shutdown().await;
 }
