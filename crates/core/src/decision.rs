@@ -31,6 +31,9 @@ pub enum Reason {
     /// Not routed: a hot prefix replayed to a joining instance before it takes its share
     /// ([`crate::prewarm`]).
     Prewarm,
+    /// Not routed: the proxy could not reach the instance chosen (`from`) and this one, next in
+    /// the order the router gave it, answered.
+    Fallback { from: InstanceId },
 }
 
 impl Reason {
@@ -49,11 +52,12 @@ impl Reason {
             Reason::HotReplica { .. } => "hot_replica",
             Reason::Load { .. } => "load",
             Reason::Prewarm => "prewarm",
+            Reason::Fallback { .. } => "fallback",
         }
     }
     /// Every label, in the order of [`Reason::index`] (per-instance counters keep one slot per
     /// reason, without a lock or a string key).
-    pub const LABELS: [&'static str; 12] = [
+    pub const LABELS: [&'static str; 13] = [
         "preferred",
         "overflow",
         "all_busy",
@@ -66,6 +70,7 @@ impl Reason {
         "hot_replica",
         "load",
         "prewarm",
+        "fallback",
     ];
 
     /// This reason's position in [`Reason::LABELS`].
@@ -83,6 +88,7 @@ impl Reason {
             Reason::HotReplica { .. } => 9,
             Reason::Load { .. } => 10,
             Reason::Prewarm => 11,
+            Reason::Fallback { .. } => 12,
         }
     }
 
@@ -157,8 +163,9 @@ mod tests {
             Reason::CacheHit,
             Reason::Cold,
             Reason::HotReplica { from: id.clone() },
-            Reason::Load { from: id },
+            Reason::Load { from: id.clone() },
             Reason::Prewarm,
+            Reason::Fallback { from: id },
         ] {
             assert_eq!(Reason::LABELS[r.index()], r.label());
         }

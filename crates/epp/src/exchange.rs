@@ -377,17 +377,16 @@ impl Exchange {
         if let Some(served) = served {
             if served != a.endpoints[0].0 {
                 if let Some((_, inst)) = a.endpoints.iter().find(|(e, _)| *e == served) {
-                    let inst = Arc::clone(inst);
-                    let only = FleetSnapshot::new(vec![inst]);
-                    if let Ok(moved) = a.prepared.route(&self.state, &only) {
-                        let mut old = std::mem::replace(&mut a.routed, moved);
-                        old.guard.fail(Outcome::Retried);
-                        old.guard.count_error();
-                        // The proxy could not get an answer from it: as serve counts a
-                        // connection it could not make.
-                        self.state.metrics.upstream_error(old.id(), "fallback_used");
-                        health::passive_failure(&self.state, &old.instance, old.guard.stats());
-                    }
+                    let moved =
+                        a.prepared
+                            .moved_to(&self.state, &a.routed.instance, Arc::clone(inst));
+                    let mut old = std::mem::replace(&mut a.routed, moved);
+                    old.guard.fail(Outcome::Retried);
+                    old.guard.count_error();
+                    // The proxy could not get an answer from it: as serve counts a connection
+                    // it could not make.
+                    self.state.metrics.upstream_error(old.id(), "fallback_used");
+                    health::passive_failure(&self.state, &old.instance, old.guard.stats());
                 }
             }
         }

@@ -302,6 +302,11 @@ async fn envoy_with_override_host_uses_the_fallbacks_and_fails_open() {
         .expect("routed")
         .to_string();
     assert_ne!(fallback, home, "served by a fallback");
+    assert_eq!(
+        header(&head, "x-prefix-router-decision"),
+        Some("fallback"),
+        "{head}"
+    );
     let t = Instant::now();
     while counter(&p, "retried").await < 1.0 {
         assert!(
@@ -311,6 +316,14 @@ async fn envoy_with_override_host_uses_the_fallbacks_and_fails_open() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(counter(&p, "ok").await, 2.0);
+    // One routing decision per request: the move to the fallback is not a second one.
+    let decisions: f64 = metrics(&p)
+        .await
+        .lines()
+        .filter(|l| l.starts_with("prefix_router_decisions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(decisions, 2.0);
 
     p.router.shutdown().await;
     // Without the picker, Envoy's own balancing over the pool's endpoints answers.

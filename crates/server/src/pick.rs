@@ -10,8 +10,8 @@ use std::time::Instant;
 use http::header::HeaderMap;
 use prefix_router_core::extract::{chat_route, completion_route, native_route};
 use prefix_router_core::{
-    dispatch, Chain, ChainSpec, Dispatched, ExtractError, FleetSnapshot, Instance, KeyHash,
-    KeyOptions, RouteRequest, Strategy,
+    dispatch, dispatch_to, Chain, ChainSpec, Dispatched, ExtractError, FleetSnapshot, Instance,
+    KeyHash, KeyOptions, Reason, RouteRequest, Strategy,
 };
 
 use crate::error::ApiError;
@@ -349,6 +349,32 @@ impl Prepared {
             reason: reason.label(),
             guard,
         })
+    }
+
+    /// The proxy went to `instance` after `from` could not be reached (the endpoint picker's
+    /// fallbacks): a slot on it, without a routing decision (the one made stands, and counts
+    /// once), whatever its state now (it answered).
+    pub fn moved_to(
+        &self,
+        state: &Arc<AppState>,
+        from: &Instance,
+        instance: Arc<Instance>,
+    ) -> Routed {
+        let reason = Reason::Fallback {
+            from: from.id().clone(),
+        };
+        let label = reason.label();
+        let ticket = {
+            let req = self.request(state, state.now_s());
+            dispatch_to(&self.strategy, &req, Arc::clone(&instance), reason)
+        };
+        let guard = InFlightGuard::new(Arc::clone(state), ticket, self.api.label(), self.received);
+        InstanceStats::bump(&guard.stats().requests);
+        Routed {
+            instance,
+            reason: label,
+            guard,
+        }
     }
 
     /// Where the request would go next if `taken` failed, in order, at most `n` instances: the
