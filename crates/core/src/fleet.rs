@@ -343,6 +343,12 @@ impl Fleet {
     /// An unchanged spec keeps the very same `Arc<Instance>`; a changed one (weight, URL,
     /// models) gets a new `Instance` sharing the old counters. A repeated id keeps its first spec.
     pub fn set_members(&self, specs: Vec<InstanceSpec>) {
+        self.set_members_joining(specs, self.joins_as);
+    }
+
+    /// As [`Fleet::set_members`], new members starting in `joins` (a joining instance to be
+    /// prewarmed starts warming, so no request reaches it before).
+    pub fn set_members_joining(&self, specs: Vec<InstanceSpec>, joins: InstanceState) {
         // rcu: concurrent set_members calls each see the other's result, never a lost update.
         self.current.rcu(|old| {
             let by_id: HashMap<&str, &Arc<Instance>> =
@@ -361,7 +367,7 @@ impl Fleet {
                         Arc::clone(&existing.in_flight),
                         Arc::clone(&existing.reported),
                     )),
-                    None => Arc::new(Instance::in_state(spec.clone(), self.joins_as)),
+                    None => Arc::new(Instance::in_state(spec.clone(), joins)),
                 };
                 instances.push(inst);
             }

@@ -73,29 +73,34 @@ impl Prewarm {
             .record(key, now, example);
     }
 
-    /// `inst` just joined: it warms before it takes anything. Not before any traffic was seen
-    /// (the instances found at start), when there is nothing to replay.
-    pub fn joined(&self, state: &AppState, inst: &Instance) {
-        if self
+    /// Whether any prompt was seen: before that (the instances found at start) there is
+    /// nothing to replay, and instances join as they would without prewarming.
+    pub fn has_traffic(&self) -> bool {
+        !self
             .hot
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_empty()
-        {
-            return;
-        }
-        if membership::transition(
-            state,
-            inst,
-            &[InstanceState::Unknown, InstanceState::Healthy],
-            InstanceState::Warming,
-        ) {
+    }
+
+    /// `inst` just joined (warming, as [`crate::reload::edit_members`] adds it): it is warmed
+    /// before it takes anything.
+    pub fn joined(&self, state: &AppState, inst: &Instance) {
+        let warming = inst.state() == InstanceState::Warming
+            || (self.has_traffic()
+                && membership::transition(
+                    state,
+                    inst,
+                    &[InstanceState::Unknown, InstanceState::Healthy],
+                    InstanceState::Warming,
+                ));
+        if warming {
             let _ = self.joins.send(inst.id().clone());
         }
     }
 }
 
-/// Warms the instances that join, one after another, until aborted.
+/// Warms the instances that join (each on its own task), until aborted.
 pub async fn run(state: Arc<AppState>) {
     let Some(p) = state.prewarm.as_ref() else {
         return;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use prefix_router_core::{
-    ConfigError, InstanceSpec, MembershipChange, PrefixLength, StrategyConfig,
+    ConfigError, InstanceSpec, InstanceState, MembershipChange, PrefixLength, StrategyConfig,
 };
 
 use crate::membership::{self, Membership};
@@ -28,7 +28,13 @@ pub async fn edit_members<R>(state: &AppState, edit: impl FnOnce(&mut Membership
     let mut membership = state.membership.lock().await;
     let result = edit(&mut membership);
     let before = state.fleet.snapshot();
-    state.fleet.set_members(membership.specs());
+    // A member that will be prewarmed joins warming: nothing is routed to it before.
+    match state.prewarm.as_ref().filter(|p| p.has_traffic()) {
+        Some(_) => state
+            .fleet
+            .set_members_joining(membership.specs(), InstanceState::Warming),
+        None => state.fleet.set_members(membership.specs()),
+    }
     let after = state.fleet.snapshot();
     // Still under the membership lock: announcements go out in the order the edits happened.
     for inst in after.instances() {

@@ -81,6 +81,17 @@ async fn scale_out(prewarm: bool) -> (f64, usize, f64) {
     // The fourth instance joins.
     prefix_router_server::reload::set_members(r.state(), specs.clone()).await;
     let joined = specs[3].id.clone();
+    if prewarm {
+        // It joins warming, so no request reaches it before its replays (which take at least
+        // an engine's answer, far longer than this check).
+        let state = r
+            .state()
+            .fleet
+            .snapshot()
+            .get(&joined)
+            .map(|(_, i)| i.state());
+        assert_eq!(state, Some(InstanceState::Warming));
+    }
     let state_of = |r: &RunningRouter| {
         r.state()
             .fleet
