@@ -191,8 +191,10 @@ impl Exchange {
         // Every request the proxy sends to the pool needs an endpoint: paths serve does not
         // proxy go where `/v1/*` paths without a prompt go.
         let api = Api::of_path(path).unwrap_or(Api::Other);
+        // Only the native API reads a request header (its group id); the others route on the
+        // body alone, so their headers are not copied.
         let mut headers = HeaderMap::new();
-        if let Some(all) = h.headers.as_ref() {
+        if let (Api::Invocations, Some(all)) = (api, h.headers.as_ref()) {
             for hv in all.headers.iter().filter(|h| !h.key.starts_with(':')) {
                 if let (Ok(k), Ok(v)) = (
                     HeaderName::from_bytes(hv.key.as_bytes()),
@@ -263,11 +265,7 @@ impl Exchange {
     /// headers (with the destination), the body handed back in chunks of at most 64 KiB (the
     /// picker holds it in this mode), and the trailers when they ended it.
     fn decide_duplex(&mut self, trailers: bool) -> Vec<ProcessingResponse> {
-        let body = match &self.stage {
-            Stage::Head { body, .. } => body.clone().freeze(),
-            _ => bytes::Bytes::new(),
-        };
-        let head = self.decide(Phase::RequestHeaders);
+        let (head, body) = self.decide_on_body(Phase::RequestHeaders);
         if !matches!(self.stage, Stage::Routed(_)) {
             return vec![head]; // an immediate answer: nothing goes upstream
         }
@@ -293,6 +291,12 @@ impl Exchange {
     /// an immediate error (400 for a bad body, 503 when no endpoint is eligible, 429 when
     /// admission control sheds).
     fn decide(&mut self, phase: Phase) -> ProcessingResponse {
+        self.decide_on_body(phase).0
+    }
+
+    /// As [`Exchange::decide`], also giving back the body it routed on (full duplex hands it
+    /// back to Envoy).
+    fn decide_on_body(&mut self, phase: Phase) -> (ProcessingResponse, bytes::Bytes) {
         let Stage::Head {
             api,
             headers,
@@ -300,7 +304,8 @@ impl Exchange {
             body,
         } = std::mem::replace(&mut self.stage, Stage::Over)
         else {
-            return wire::answer(phase, wire::common(Vec::new()), None);
+            let nothing = wire::answer(phase, wire::common(Vec::new()), None);
+            return (nothing, bytes::Bytes::new());
         };
         let body = body.freeze();
         match self.route(api, &headers, subset.as_deref(), &body) {
@@ -318,9 +323,9 @@ impl Exchange {
                     Some(wire::destination_metadata(&value)),
                 );
                 self.stage = Stage::Routed(Box::new(answering));
-                out
+                (out, body)
             }
-            Err(e) => error_answer(&e),
+            Err(e) => (error_answer(&e), body),
         }
     }
 
@@ -344,7 +349,7 @@ impl Exchange {
                 snapshot
                     .instances()
                     .iter()
-                    .filter(|i| allowed.iter().any(|a| *a == endpoint_of(i)))
+                    .filter(|i| allowed.contains(&endpoint_of(i)))
                     .cloned()
                     .collect(),
             )),

@@ -17,15 +17,12 @@ pub mod exchange;
 pub mod service;
 pub mod wire;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use prefix_router_server::error::{ApiError, ServerError};
 use prefix_router_server::handler::operational;
+use prefix_router_server::server::serve_axum;
 use prefix_router_server::state::AppState;
 use prefix_router_server::{
     run_front_until_signal, ConfigSource, Front, Router, RunningRouter, Settings,
@@ -113,33 +110,17 @@ pub async fn run_until_signal(
     run_front_until_signal(source, Some((listeners.grpc, front(options, ops)))).await
 }
 
-/// `/health`, `/ready`, `/metrics` (the same answers as `serve`'s), 404 for anything else.
-async fn serve_ops(listener: TcpListener, state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
-    loop {
-        let (stream, _) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "operations listener: accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-            _ = stop.changed() => return,
-        };
+/// `/health`, `/ready`, `/metrics` (the same answers as `serve`'s), 404 for anything else;
+/// served as the admin API is, by axum, until `stop` turns true.
+async fn serve_ops(listener: TcpListener, state: Arc<AppState>, stop: watch::Receiver<bool>) {
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
         let state = Arc::clone(&state);
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let state = Arc::clone(&state);
-                async move {
-                    let path = req.uri().path();
-                    let resp = operational(&state, req.method(), path)
-                        .unwrap_or_else(|| ApiError::unknown_route(path).into_response());
-                    Ok::<_, Infallible>(resp)
-                }
-            });
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
-        });
-    }
+        async move {
+            let path = req.uri().path();
+            operational(&state, req.method(), path)
+                .unwrap_or_else(|| ApiError::unknown_route(path).into_response())
+                .map(axum::body::Body::new)
+        }
+    });
+    serve_axum(listener, app, stop, "operations").await;
 }

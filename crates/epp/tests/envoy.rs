@@ -13,14 +13,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use prefix_router_epp::{Listeners, PickerOptions, RunningPicker};
+use prefix_router_epp::RunningPicker;
 use prefix_router_mock_engine::MockEngine;
+use prefix_router_server::proxy::INSTANCE_HEADER;
 use prefix_router_server::Router;
 
 mod support;
 use support::{
-    chat, chat_stream, engines, get, header, in_flight, metrics, post, requests_with, settings,
-    Serve, WAIT,
+    chat, chat_stream, engines, get, header, in_flight, metric, metrics, post, requests_with,
+    settings, start_picker, Serve, WAIT,
 };
 
 fn envoy_binary() -> Option<PathBuf> {
@@ -166,21 +167,40 @@ async fn picker(engines: &[MockEngine], fallbacks: usize) -> RunningPicker {
     // The fallback test stops an engine: the picker must not notice before Envoy does.
     s.health.active = false;
     s.health.passive_failures = 1000;
-    prefix_router_epp::start(
-        s,
-        None,
-        Listeners {
-            grpc: "127.0.0.1:0".parse().expect("addr"),
-            ops: Some("127.0.0.1:0".parse().expect("addr")),
-        },
-        PickerOptions { fallbacks },
-    )
-    .await
-    .expect("picker starts")
+    start_picker(s, fallbacks).await
 }
 
 async fn counter(p: &RunningPicker, outcome: &str) -> f64 {
     requests_with(&metrics(p).await, outcome)
+}
+
+/// Sends documents `0..docs` through Envoy: each is answered, placed by the picker, on the
+/// instance `serve` sends it to. Returns the instances used.
+async fn placed_like_serve(
+    envoy: &Envoy,
+    serve: &Serve,
+    docs: usize,
+) -> std::collections::BTreeSet<String> {
+    let mut instances = std::collections::BTreeSet::new();
+    for doc in 0..docs {
+        let (status, head, body) = post(envoy.listen, "/v1/chat/completions", &chat(doc)).await;
+        assert_eq!(
+            status,
+            200,
+            "doc {doc}: {head}\n{body}\n{}",
+            envoy.log_text()
+        );
+        let via_envoy = header(&head, INSTANCE_HEADER)
+            .expect("the picker's instance header")
+            .to_string();
+        assert_eq!(
+            via_envoy,
+            serve.chat(&chat(doc)).await,
+            "doc {doc}: Envoy+picker and serve disagree"
+        );
+        instances.insert(via_envoy);
+    }
+    instances
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,25 +222,7 @@ async fn envoy_routes_where_serve_would_streams_pass_and_fails_closed() {
     )
     .await;
 
-    let mut instances = std::collections::BTreeSet::new();
-    for doc in 0..10 {
-        let (status, head, body) = post(envoy.listen, "/v1/chat/completions", &chat(doc)).await;
-        assert_eq!(
-            status,
-            200,
-            "doc {doc}: {head}\n{body}\n{}",
-            envoy.log_text()
-        );
-        let via_envoy = header(&head, "x-prefix-router-instance")
-            .expect("the picker's instance header")
-            .to_string();
-        assert_eq!(
-            via_envoy,
-            serve.chat(&chat(doc)).await,
-            "doc {doc}: Envoy+picker and serve disagree"
-        );
-        instances.insert(via_envoy);
-    }
+    let instances = placed_like_serve(&envoy, &serve, 10).await;
     assert!(instances.len() >= 2, "{instances:?}");
 
     // A stream: every chunk arrives, through Envoy and the picker's streamed response path.
@@ -284,7 +286,7 @@ async fn envoy_with_override_host_uses_the_fallbacks_and_fails_open() {
     let envoy = Envoy::start(&bin, "envoy-override-host.yaml", epp, true, &engines, &[]).await;
     let (status, head, body) = post(envoy.listen, "/v1/chat/completions", &chat(5)).await;
     assert_eq!(status, 200, "{head}\n{body}\n{}", envoy.log_text());
-    let home = header(&head, "x-prefix-router-instance")
+    let home = header(&head, INSTANCE_HEADER)
         .expect("routed by the picker")
         .to_string();
 
@@ -298,9 +300,7 @@ async fn envoy_with_override_host_uses_the_fallbacks_and_fails_open() {
     stopped.shutdown().await;
     let (status, head, body) = post(envoy.listen, "/v1/chat/completions", &chat(5)).await;
     assert_eq!(status, 200, "{head}\n{body}\n{}", envoy.log_text());
-    let fallback = header(&head, "x-prefix-router-instance")
-        .expect("routed")
-        .to_string();
+    let fallback = header(&head, INSTANCE_HEADER).expect("routed").to_string();
     assert_ne!(fallback, home, "served by a fallback");
     assert_eq!(
         header(&head, "x-prefix-router-decision"),
@@ -317,12 +317,7 @@ async fn envoy_with_override_host_uses_the_fallbacks_and_fails_open() {
     }
     assert_eq!(counter(&p, "ok").await, 2.0);
     // One routing decision per request: the move to the fallback is not a second one.
-    let decisions: f64 = metrics(&p)
-        .await
-        .lines()
-        .filter(|l| l.starts_with("prefix_router_decisions_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let decisions = metric(&metrics(&p).await, "prefix_router_decisions_total", &[]);
     assert_eq!(decisions, 2.0);
 
     p.router.shutdown().await;
@@ -330,10 +325,7 @@ async fn envoy_with_override_host_uses_the_fallbacks_and_fails_open() {
     let mut answered = 0;
     for doc in 0..6 {
         let (status, head, _) = post(envoy.listen, "/v1/chat/completions", &chat(doc)).await;
-        assert!(
-            header(&head, "x-prefix-router-instance").is_none(),
-            "{head}"
-        );
+        assert!(header(&head, INSTANCE_HEADER).is_none(), "{head}");
         // Round robin still counts the stopped engine in: its turns fail.
         answered += usize::from(status == 200);
     }
@@ -371,19 +363,7 @@ async fn envoy_in_full_duplex_mode_routes_alike_and_hands_the_body_on_whole() {
         &duplex,
     )
     .await;
-    for doc in 0..6 {
-        let (status, head, body) = post(envoy.listen, "/v1/chat/completions", &chat(doc)).await;
-        assert_eq!(
-            status,
-            200,
-            "doc {doc}: {head}\n{body}\n{}",
-            envoy.log_text()
-        );
-        let via = header(&head, "x-prefix-router-instance")
-            .expect("placed by the picker")
-            .to_string();
-        assert_eq!(via, serve.chat(&chat(doc)).await, "doc {doc}");
-    }
+    placed_like_serve(&envoy, &serve, 6).await;
     // A body of several 64 KiB chunks reaches the engine whole (it answers 200 only to valid
     // JSON with the model it serves).
     let big = serde_json::json!({

@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct};
 use prefix_router_epp::wire;
-use prefix_router_epp::{Listeners, PickerOptions, RunningPicker};
+use prefix_router_epp::RunningPicker;
 use prefix_router_server::settings::Settings;
 use prefix_router_server::Router;
 use tokio::sync::mpsc;
@@ -22,20 +22,12 @@ use tonic::transport::Channel;
 use tonic::Streaming;
 
 mod support;
-use support::{chat, engines, in_flight, metrics, requests_with, settings, Serve, WAIT};
+use support::{
+    chat, engines, in_flight, metric, metrics, requests_with, settings, until_released, Serve, WAIT,
+};
 
 async fn picker(settings: Settings, fallbacks: usize) -> RunningPicker {
-    prefix_router_epp::start(
-        settings,
-        None,
-        Listeners {
-            grpc: "127.0.0.1:0".parse().expect("addr"),
-            ops: Some("127.0.0.1:0".parse().expect("addr")),
-        },
-        PickerOptions { fallbacks },
-    )
-    .await
-    .expect("picker starts")
+    support::start_picker(settings, fallbacks).await
 }
 
 async fn client(p: &RunningPicker) -> ExternalProcessorClient<Channel> {
@@ -249,11 +241,7 @@ async fn the_picker_places_requests_where_serve_would() {
     assert_eq!(in_flight(&p), 0, "every finished request released its slot");
     let m = metrics(&p).await;
     assert_eq!(requests_with(&m, "ok"), 12.0, "{m}");
-    let ttft_count: f64 = m
-        .lines()
-        .filter(|l| l.starts_with("prefix_router_ttft_seconds_count{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let ttft_count = metric(&m, "prefix_router_ttft_seconds_count", &[]);
     assert_eq!(
         ttft_count, 12.0,
         "TTFT recorded from the response path: {m}"
@@ -275,22 +263,18 @@ async fn cache_aware_learns_from_the_response_path_and_a_dropped_stream_is_cance
     answer(&mut s, 896).await;
     let m = metrics(&p).await;
     assert!(
-        m.lines()
-            .any(|l| l.starts_with("prefix_router_decisions_total{") && l.contains("cache_hit")),
+        metric(
+            &m,
+            "prefix_router_decisions_total",
+            &[("reason", "cache_hit")]
+        ) > 0.0,
         "{m}"
     );
     // Envoy abandons a routed request (the client went away): the slot comes back.
     let (s, _) = pick(&mut c, 8).await;
     assert_eq!(in_flight(&p), 1);
     drop(s);
-    let t = std::time::Instant::now();
-    while in_flight(&p) != 0 {
-        assert!(
-            t.elapsed() < WAIT,
-            "the slot of an abandoned stream was not released"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_released(&p, "the slot of an abandoned stream was not released").await;
     let m = metrics(&p).await;
     assert_eq!(requests_with(&m, "cancelled"), 1.0, "{m}");
     p.router.shutdown().await;
@@ -439,11 +423,7 @@ async fn a_response_whose_body_is_not_sent_finishes_when_envoy_closes_the_stream
         .await
         .expect("the picker ends the stream");
     assert!(matches!(end, Ok(None)), "{end:?}");
-    let t = std::time::Instant::now();
-    while in_flight(&p) != 0 {
-        assert!(t.elapsed() < WAIT, "the slot was not released");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_released(&p, "the slot was not released").await;
     let m = metrics(&p).await;
     assert_eq!(
         (requests_with(&m, "ok"), requests_with(&m, "cancelled")),

@@ -206,13 +206,7 @@ async fn drain(State(admin): State<Admin>, body: Bytes) -> Response {
     membership::transition(
         &admin.state,
         inst,
-        &[
-            InstanceState::Healthy,
-            InstanceState::Ejected,
-            InstanceState::Unknown,
-            // A drain wins over a warm-up (prewarm only ends one that is still warming).
-            InstanceState::Warming,
-        ],
+        &membership::DRAINABLE,
         InstanceState::Draining,
     );
     tracing::info!(instance = %id, "instance draining");

@@ -155,18 +155,8 @@ async fn apply(
     let snapshot = state.fleet.snapshot();
     for f in found.iter().filter(|f| f.terminating) {
         if let Some((_, inst)) = snapshot.get(&f.spec.id) {
-            if membership::transition(
-                state,
-                inst,
-                &[
-                    InstanceState::Healthy,
-                    InstanceState::Unknown,
-                    InstanceState::Ejected,
-                    // A drain wins over a warm-up (prewarm only ends one that is still warming).
-                    InstanceState::Warming,
-                ],
-                InstanceState::Draining,
-            ) {
+            if membership::transition(state, inst, &membership::DRAINABLE, InstanceState::Draining)
+            {
                 tracing::info!(instance = %f.spec.id, "endpoint terminating: draining");
             }
         }

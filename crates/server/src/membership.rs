@@ -13,6 +13,15 @@ use prefix_router_core::{Instance, InstanceId, InstanceSpec, InstanceState, Memb
 
 use crate::state::AppState;
 
+/// The states a drain starts from: any but draining (a drain wins over a warm-up, which only
+/// ends an instance that is still warming). The admin API and Kubernetes discovery share it.
+pub const DRAINABLE: [InstanceState; 4] = [
+    InstanceState::Healthy,
+    InstanceState::Ejected,
+    InstanceState::Unknown,
+    InstanceState::Warming,
+];
+
 /// Tells the strategy in force that `id` joined, left or changed state.
 pub fn announce(state: &AppState, id: &InstanceId, change: MembershipChange) {
     state

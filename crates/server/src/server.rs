@@ -140,17 +140,7 @@ impl Router {
             let app = crate::admin::router(Arc::clone(&state), &admin.token);
             // The live page's history: only where the page can be asked for.
             background.push(tokio::spawn(crate::dashboard::run(Arc::clone(&state))));
-            let mut stop = rx.clone();
-            background.push(tokio::spawn(async move {
-                let served = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stop.changed().await;
-                    })
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "admin listener failed");
-                }
-            }));
+            background.push(tokio::spawn(serve_axum(listener, app, rx.clone(), "admin")));
             tracing::info!(addr = %local, "admin API listening");
             admin_addr = Some(local);
         }
@@ -198,6 +188,24 @@ impl RunningRouter {
             // Bounded: a stuck disk must not hold the process forever.
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
         }
+    }
+}
+
+/// Serves `app` (an axum router: the admin API, the picker's operations listener) on
+/// `listener` until `stop` turns true; `what` names it in the log if it fails.
+pub async fn serve_axum(
+    listener: TcpListener,
+    app: axum::Router,
+    mut stop: watch::Receiver<bool>,
+    what: &'static str,
+) {
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = stop.changed().await;
+        })
+        .await;
+    if let Err(e) = served {
+        tracing::error!(error = %e, listener = what, "listener failed");
     }
 }
 

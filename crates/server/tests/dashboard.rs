@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use prefix_router_mock_engine::{MockEngine, MockEngineConfig, DEFAULT_MODEL};
+use prefix_router_mock_engine::{MockEngine, DEFAULT_MODEL};
 use prefix_router_server::settings::Admin;
 use support::*;
 
@@ -31,20 +31,8 @@ fn chromium() -> Option<PathBuf> {
 }
 
 async fn fleet_under_load() -> (Vec<MockEngine>, prefix_router_server::RunningRouter) {
-    let mut engines = Vec::new();
-    for _ in 0..3 {
-        let mut c = MockEngineConfig::from_preset("small").expect("preset");
-        c.time_scale = 0.1;
-        engines.push(
-            MockEngine::bind("127.0.0.1:0".parse().expect("addr"), c)
-                .await
-                .expect("engine"),
-        );
-    }
-    let urls: Vec<String> = engines
-        .iter()
-        .map(|e| format!("http://{}", e.local_addr()))
-        .collect();
+    let engines = mock_engines(3, 0.1).await;
+    let urls: Vec<String> = engines.iter().map(MockEngine::url).collect();
     let mut s = settings(&urls);
     s.admin = Admin::on("127.0.0.1:0".parse().expect("addr"), TOKEN);
     let r = router(s).await;

@@ -8,7 +8,7 @@ mod support;
 
 use http::StatusCode;
 use prefix_router_core::{InstanceSpec, InstanceState, StrategyConfig, StrategyKind};
-use prefix_router_mock_engine::{MockEngine, MockEngineConfig, DEFAULT_MODEL};
+use prefix_router_mock_engine::DEFAULT_MODEL;
 use prefix_router_server::RunningRouter;
 use support::*;
 
@@ -51,16 +51,7 @@ async fn round(r: &RunningRouter, n: usize) -> (f64, Vec<String>) {
 /// The hit rate's dip after the fourth instance joins, the documents that moved, and the
 /// prewarm replays that succeeded.
 async fn scale_out(prewarm: bool) -> (f64, usize, f64) {
-    let mut engines = Vec::new();
-    for _ in 0..4 {
-        let mut c = MockEngineConfig::from_preset("small").expect("preset");
-        c.time_scale = 0.05;
-        engines.push(
-            MockEngine::bind("127.0.0.1:0".parse().expect("addr"), c)
-                .await
-                .expect("engine"),
-        );
-    }
+    let engines = mock_engines(4, 0.05).await;
     // Named, not keyed by their ports: both fleets place every document alike.
     let specs: Vec<InstanceSpec> = engines
         .iter()

@@ -108,15 +108,43 @@ pub async fn metrics(p: &RunningPicker) -> String {
         .2
 }
 
+/// The sum of a metric's samples whose labels include `labels` (0 when none), read with the
+/// project's one Prometheus parser.
+pub fn metric(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    prefix_router_server::prom::value(page, name, labels).unwrap_or(0.0)
+}
+
 /// Requests the picker counted with `outcome`, over every instance.
 pub fn requests_with(page: &str, outcome: &str) -> f64 {
-    page.lines()
-        .filter(|l| {
-            l.starts_with("prefix_router_requests_total{")
-                && l.contains(&format!("outcome=\"{outcome}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    metric(
+        page,
+        "prefix_router_requests_total",
+        &[("outcome", outcome)],
+    )
+}
+
+/// Starts a picker on ephemeral loopback ports (gRPC and operations) with `settings`.
+pub async fn start_picker(settings: Settings, fallbacks: usize) -> RunningPicker {
+    prefix_router_epp::start(
+        settings,
+        None,
+        prefix_router_epp::Listeners {
+            grpc: "127.0.0.1:0".parse().expect("addr"),
+            ops: Some("127.0.0.1:0".parse().expect("addr")),
+        },
+        prefix_router_epp::PickerOptions { fallbacks },
+    )
+    .await
+    .expect("picker starts")
+}
+
+/// Waits until the picker holds nothing in flight, or panics saying `what`.
+pub async fn until_released(p: &RunningPicker, what: &str) {
+    let t = std::time::Instant::now();
+    while in_flight(p) != 0 {
+        assert!(t.elapsed() < WAIT, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Requests the picker holds in flight, over every instance.

@@ -438,6 +438,23 @@ pub async fn dead_url() -> String {
     format!("http://{addr}")
 }
 
+/// `n` mock engines of the `small` preset running at `time_scale` (wall seconds per engine
+/// second), on ephemeral loopback ports.
+pub async fn mock_engines(n: usize, time_scale: f64) -> Vec<prefix_router_mock_engine::MockEngine> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let c = prefix_router_mock_engine::MockEngineConfig::from_preset("small")
+            .expect("preset")
+            .with_time_scale(time_scale);
+        out.push(
+            prefix_router_mock_engine::MockEngine::bind("127.0.0.1:0".parse().expect("addr"), c)
+                .await
+                .expect("mock engine starts"),
+        );
+    }
+    out
+}
+
 /// Settings for tests: ephemeral loopback port, no active health checks, given instances.
 pub fn settings(urls: &[String]) -> Settings {
     let mut s = Settings::with_instances(urls.iter().cloned()).expect("valid settings");
