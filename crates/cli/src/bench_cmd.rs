@@ -416,6 +416,7 @@ fn sim_report(report: &BenchReport) -> Result<Report> {
             routers: Default::default(),
         },
         oracle_hit_rate: report.oracle_hit_rate,
+        ttft_floor_ms: None,
         results: report.results.iter().map(|r| r.result.clone()).collect(),
     })
 }

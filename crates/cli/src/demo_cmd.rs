@@ -381,6 +381,7 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
             routers: simulated.fleet.routers,
         },
         oracle_hit_rate: simulated.oracle_hit_rate,
+        ttft_floor_ms: simulated.ttft_floor_ms,
         results: runs.iter().map(|r| r.result.clone()).collect(),
     };
     let demo = DemoReport {

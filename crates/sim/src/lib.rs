@@ -13,6 +13,7 @@
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod floor;
 pub mod input;
 pub mod members;
 pub mod metrics;

@@ -21,6 +21,10 @@ pub struct Report {
     pub fleet: FleetSummary,
     /// Hit rate of one infinite cache seeing every request in order: the ceiling for any router.
     pub oracle_hit_rate: f64,
+    /// TTFT percentiles no router can beat in the engine model: each request alone on an idle
+    /// engine holding every prefix sent before it ([`crate::floor`]); `None` where no engine
+    /// model describes the fleet (`bench` against a real one).
+    pub ttft_floor_ms: Option<LatencySummary>,
     /// One entry per strategy, in the order they were given.
     pub results: Vec<StrategyResult>,
 }

@@ -211,6 +211,7 @@ pub fn simulate_keyed(
         oracle_hit_rate: prepared.oracle_hit_rate.unwrap_or_else(|| {
             prefix_router_workload::trace::oracle_hit_rate(requests, engine.block_tokens)
         }),
+        ttft_floor_ms: Some(crate::floor::ttft_floor(requests, &engine)),
         results,
     })
 }

@@ -135,6 +135,12 @@ pub fn render(sweep: &LoadSweep) -> String {
         "max share"
     );
     for p in &sweep.points {
+        if let Some(floor) = &p.report.ttft_floor_ms {
+            out.push_str(&format!(
+                "{:<6} {:>8.2}  {:<18} {:>11.1} {:>11.1} {:>11.1}\n",
+                p.load, p.rate_rps, "floor (any router)", floor.p50, floor.p90, floor.p99
+            ));
+        }
         for r in &p.report.results {
             let max_share = r.instance_share.iter().copied().fold(0.0, f64::max);
             out.push_str(&format!(

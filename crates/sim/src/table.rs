@@ -77,6 +77,13 @@ pub fn render(report: &Report) -> String {
         "Oracle hit rate (one infinite cache seeing every request: the ceiling for any router): {}",
         pct(report.oracle_hit_rate)
     );
+    if let Some(floor) = &report.ttft_floor_ms {
+        let _ = writeln!(
+            out,
+            "TTFT floor (each request alone on an idle engine holding every prefix sent before it: no router does better): p50 {:.1} / p90 {:.1} / p99 {:.1} ms",
+            floor.p50, floor.p90, floor.p99
+        );
+    }
     if let Some(line) = comparison(report) {
         let _ = writeln!(out, "{line}");
     }

@@ -75,11 +75,18 @@ fn cache_aware_gets_its_hottest_prefixes_replicated_and_the_new_instance_used() 
         100.0 * cold_hit,
         100.0 * warm_hit
     );
-    assert!(cold > 0.005, "{cold}");
+    // Since an instance keeps the revisits it alone holds past the share bound (`hold-share`),
+    // cache-aware barely dips here even cold (-0.1 points, i.e. none; 1.6 before). But the new
+    // instance then sits nearly idle (10 requests) until hot prefixes need another home:
+    // prewarming puts it to use (170) without a dip.
+    assert!(cold < 0.02, "{cold}");
     assert!(
-        warm <= cold / 2.0,
+        warm <= cold.max(0.0) + 0.005,
         "dip {warm} with prewarming against {cold} without"
     );
-    assert!(warm_new > cold_new, "{warm_new} against {cold_new}");
+    assert!(
+        warm_new >= 4 * cold_new.max(1),
+        "{warm_new} against {cold_new}"
+    );
     assert!(warm_hit >= cold_hit);
 }

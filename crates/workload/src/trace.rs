@@ -449,21 +449,34 @@ type HashSet64 = HashSet<u64, BuildHasherDefault<PassThrough>>;
 /// leading full `block_tokens` blocks seen before (as an engine's prefix cache does); partial
 /// blocks never hit. 0 when there are no prompt tokens.
 pub fn oracle_hit_rate(requests: &[Request], block_tokens: u32) -> f64 {
-    let mut seen = HashSet64::default();
-    let mut hashes = Vec::new();
-    let (mut hit, mut total) = (0u64, 0u64);
-    for r in requests {
-        total += u64::from(r.prompt_tokens());
-        r.block_hashes_into(block_tokens, &mut hashes);
-        let leading = hashes.iter().take_while(|h| seen.contains(h)).count() as u64;
-        hit += leading * u64::from(block_tokens);
-        seen.extend(hashes.iter().copied());
-    }
+    let cached = oracle_cached_tokens(requests, block_tokens);
+    let hit: u64 = cached.iter().map(|&c| u64::from(c)).sum();
+    let total: u64 = requests.iter().map(|r| u64::from(r.prompt_tokens())).sum();
     if total == 0 {
         0.0
     } else {
         hit as f64 / total as f64
     }
+}
+
+/// Each request's prompt tokens that one infinite prefix cache, seeing every request in order,
+/// would hold when it arrives: its longest run of leading full blocks sent before. No router can
+/// give a request more (an engine's cache only holds what earlier requests computed), so this is
+/// what [`oracle_hit_rate`] sums and what a floor on time to first token starts from.
+pub fn oracle_cached_tokens(requests: &[Request], block_tokens: u32) -> Vec<u32> {
+    let mut seen = HashSet64::default();
+    let mut hashes = Vec::new();
+    requests
+        .iter()
+        .map(|r| {
+            r.block_hashes_into(block_tokens, &mut hashes);
+            let leading = hashes.iter().take_while(|h| seen.contains(h)).count();
+            seen.extend(hashes.iter().copied());
+            u32::try_from(leading)
+                .unwrap_or(u32::MAX)
+                .saturating_mul(block_tokens)
+        })
+        .collect()
 }
 
 /// The Mooncake trace's own measure: the fraction of `hash_ids` (partial last blocks included)

@@ -115,6 +115,11 @@ pub(crate) const PARAMS: &[ParamSpec] = &[
         help: "an instance whose share of recent requests would exceed this multiple of the mean takes no more until others catch up, so a hot prefix gains homes (0: off)",
     },
     ParamSpec {
+        name: "hold-share",
+        default: "1.25",
+        help: "past max-share, an instance still takes the requests it alone holds most of (a revisit it would otherwise lose to a miss), up to this multiple of the mean (at most max-share's bound when lower; 0: no exemption)",
+    },
+    ParamSpec {
         name: "offload-credit",
         default: "0.8",
         help: "kv-aware: share of a block's prefill saved where the engine can load it from an offloaded (CPU) copy instead of computing it (0: none, 1: as good as a GPU hit)",
@@ -143,6 +148,8 @@ pub struct CacheAwareConfig {
     pub cache_blocks: u32,
     /// Bound on an instance's share of recent requests, as a multiple of the mean (0: none).
     pub max_share: f64,
+    /// Past `max_share`, the bound for requests one instance alone holds most of (0: none).
+    pub hold_share: f64,
     /// Share of the prefill an offloaded block saves (`kv-aware`'s reports).
     pub offload_credit: f64,
 }
@@ -187,6 +194,10 @@ impl CacheAwareConfig {
         if !(max_share == 0.0 || (1.0..=100.0).contains(&max_share)) {
             return Err(bad("max-share", "must be 0 (off) or within 1..=100"));
         }
+        let hold_share: f64 = c.param("hold-share")?;
+        if !(hold_share == 0.0 || (1.0..=100.0).contains(&hold_share)) {
+            return Err(bad("hold-share", "must be 0 (off) or within 1..=100"));
+        }
         let offload_credit: f64 = c.param("offload-credit")?;
         if !(0.0..=1.0).contains(&offload_credit) {
             return Err(bad("offload-credit", "must be within 0..=1"));
@@ -212,6 +223,7 @@ impl CacheAwareConfig {
             cold_tie_tolerance,
             cache_blocks,
             max_share,
+            hold_share,
             offload_credit,
         })
     }

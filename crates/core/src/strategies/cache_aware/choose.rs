@@ -68,7 +68,23 @@ pub(super) fn choose(
     let mean = (cands.iter().map(|c| c.recent).sum::<f64>() + 1.0) / cands.len().max(1) as f64;
     let bound = (cfg.max_share * mean).max(mean + SHARE_SLACK);
     if cfg.max_share > 0.0 {
-        cands.retain(|c| c.recent + 1.0 <= bound);
+        // A request that one instance alone holds most of stays there up to `hold_share`:
+        // sent elsewhere it is a miss and a second copy, while the requests with a choice
+        // (a prefix with several homes, new content) are the ones to move.
+        let sole = {
+            let mut most = cands
+                .iter()
+                .filter(|c| 2 * u64::from(c.matched_units) >= u64::from(req.prompt_units));
+            match (most.next(), most.next()) {
+                (Some(c), None) if c.matched_units > 0 => Some(c.index),
+                _ => None,
+            }
+        };
+        let hold = (cfg.hold_share * mean).max(mean + SHARE_SLACK).max(bound);
+        cands.retain(|c| {
+            c.recent + 1.0 <= bound
+                || (cfg.hold_share > 0.0 && Some(c.index) == sole && c.recent + 1.0 <= hold)
+        });
     }
     let Some(best) = cands
         .iter()

@@ -455,15 +455,12 @@ fn an_evicted_prompt_is_placed_by_load_and_only_a_new_one_by_the_wide_tie() {
     }
 }
 
-#[test]
-fn documents_are_placed_where_the_share_bound_leaves_them_room() {
-    // Half the requests for one hot document, the rest for 60 others, each three times: the
-    // hot one fills its homes up to the share bound. A document placed on one of them would
-    // see its later requests turned away (and computed again elsewhere); placed on an instance
-    // with room, they all hit.
-    let mut r = Router::new(7, &[]);
+/// Half the requests for one hot document, the rest for 60 others, each three times, on 7
+/// instances: (repeats that left their document's first home, repeats, requests per instance).
+fn hot_and_revisited(params: &[(&str, &str)]) -> (usize, usize, [usize; 7]) {
+    let mut r = Router::new(7, params);
     let mut home = std::collections::HashMap::<u64, usize>::new();
-    let (mut moved, mut repeats) = (0, 0);
+    let (mut moved, mut repeats, mut per) = (0, 0, [0usize; 7]);
     for q in 0..1_080u64 {
         let doc = if q % 2 == 0 {
             0
@@ -471,6 +468,7 @@ fn documents_are_placed_where_the_share_bound_leaves_them_room() {
             1 + (q / 2) % 60 + 60 * (q / 360)
         };
         let (i, _) = r.serve(&prompt("", doc, q), None);
+        per[i] += 1;
         if doc == 0 {
             continue;
         }
@@ -484,9 +482,38 @@ fn documents_are_placed_where_the_share_bound_leaves_them_room() {
             }
         }
     }
+    (moved, repeats, per)
+}
+
+#[test]
+fn documents_are_placed_where_the_share_bound_leaves_them_room() {
+    // The hot document fills its homes up to the share bound. A document placed on one of
+    // them would see its later requests turned away (and computed again elsewhere); placed on
+    // an instance with room, they all hit. Measured without the exemption for sole holders
+    // (the next test), which would hide this rule.
+    let (moved, repeats, _) = hot_and_revisited(&[("hold-share", "0")]);
     // 119 of the 360 repeats moved before candidates with room came first; 93 since.
     assert!(
         moved <= 100,
         "{moved} of {repeats} repeats left their document's home"
+    );
+}
+
+#[test]
+fn a_revisit_only_its_home_holds_stays_there_past_the_share_bound() {
+    // Over the share bound, an instance still takes a request it alone holds most of (up to
+    // `hold-share`): turned away it would be a miss and a second copy. The hot document's
+    // requests, which have other homes, are the ones that move, so shares stay bounded.
+    let (moved, repeats, per) = hot_and_revisited(&[]);
+    let (moved_without, _, _) = hot_and_revisited(&[("hold-share", "0")]);
+    // 28 of 360 moved, against 93 without the exemption (those left hit the hold bound).
+    assert!(
+        moved * 3 <= moved_without,
+        "{moved} of {repeats} repeats moved, {moved_without} without the exemption"
+    );
+    let mean = 1_080.0 / 7.0;
+    assert!(
+        per.iter().all(|&n| n as f64 <= 1.25 * mean),
+        "{per:?} (mean {mean})"
     );
 }
