@@ -553,6 +553,7 @@ async fn run_strategy(
     let client = upstream::client(
         Duration::from_secs(2),
         prefix_router_server::tls::client_config(&Default::default())?,
+        0,
     );
     for e in &engines {
         let base = format!("http://{}", e.local_addr());

@@ -273,4 +273,7 @@ pub enum ServerError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The I/O threads (`limits.io_threads`) could not be started.
+    #[error("cannot start the I/O threads: {0}")]
+    Runtime(std::io::Error),
 }

@@ -20,6 +20,7 @@ pub mod error;
 pub mod guard;
 pub mod handler;
 pub mod health;
+pub mod io_threads;
 pub mod kubernetes;
 pub mod kv_events;
 pub mod membership;

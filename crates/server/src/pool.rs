@@ -67,7 +67,11 @@ pub enum SendError {
 /// The upstream connections of every instance, by base URL.
 pub struct Upstreams {
     connector: Connector,
-    idle: Mutex<Idle>,
+    /// Idle connections, one list per thread that serves requests: index 0 for the shared
+    /// runtime, `i` for I/O thread `i` ([`crate::io_threads`]). A connection is registered
+    /// with the reactor of the thread that opened it, so it is only reused there: its
+    /// readiness then wakes the thread that waits for it, and the lists share no lock.
+    idle: Box<[Mutex<Idle>]>,
 }
 
 impl std::fmt::Debug for Upstreams {
@@ -87,6 +91,8 @@ pub struct Link {
     /// `None` once the connection future finished (closed or failed): never polled again.
     conn: Option<Pin<Box<Conn>>>,
     base: Box<str>,
+    /// The idle list it goes back to: the thread that opened it.
+    shard: usize,
     /// The instance's `Host` (its URL's authority), set on every request sent on this link.
     host: HeaderValue,
     reused: bool,
@@ -114,14 +120,29 @@ impl Link {
 }
 
 impl Upstreams {
-    /// Connections through `connector` (which sets the connect timeout, TCP_NODELAY and TLS).
-    pub fn new(connector: Connector) -> Self {
+    /// Connections through `connector` (which sets the connect timeout, TCP_NODELAY and TLS),
+    /// for the shared runtime and `io_threads` I/O threads.
+    pub fn new(connector: Connector, io_threads: usize) -> Self {
         Upstreams {
             connector,
-            idle: Mutex::new(Idle {
-                by_base: HashMap::new(),
-                swept: Instant::now(),
-            }),
+            idle: (0..=io_threads)
+                .map(|_| {
+                    Mutex::new(Idle {
+                        by_base: HashMap::new(),
+                        swept: Instant::now(),
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// The idle list of the thread running the caller (and its index).
+    fn here(&self) -> (usize, &Mutex<Idle>) {
+        let i = crate::io_threads::current();
+        match self.idle.get(i) {
+            Some(idle) => (i, idle),
+            // An I/O thread of another router in the same process (tests): the shared list.
+            None => (0, &self.idle[0]),
         }
     }
 
@@ -162,7 +183,7 @@ impl Upstreams {
 
     /// An idle, still open connection to `base`, most recently used first.
     fn checkout(&self, base: &str) -> Option<Link> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.here().1.lock().unwrap_or_else(|p| p.into_inner());
         let links = idle.by_base.get_mut(base)?;
         while let Some((mut link, since)) = links.pop() {
             if since.elapsed() < IDLE_TIMEOUT && link.usable() {
@@ -195,6 +216,7 @@ impl Upstreams {
             sender,
             conn: Some(Box::pin(conn)),
             base: base.into(),
+            shard: self.here().0,
             host,
             reused: false,
         })
@@ -211,7 +233,10 @@ impl Upstreams {
             return;
         }
         let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(idle) = self.idle.get(link.shard) else {
+            return;
+        };
+        let mut idle = idle.lock().unwrap_or_else(|p| p.into_inner());
         if now.duration_since(idle.swept) >= SWEEP_EVERY {
             idle.swept = now;
             // Expired connections of instances no longer used would otherwise stay open.

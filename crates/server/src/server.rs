@@ -9,7 +9,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -20,6 +20,7 @@ use crate::discovery;
 use crate::error::{ApiError, ServerError};
 use crate::handler;
 use crate::health;
+use crate::io_threads::IoThreads;
 use crate::metrics::ReasonLabels;
 use crate::settings::{ConfigSource, Settings};
 use crate::state::AppState;
@@ -63,8 +64,12 @@ impl Router {
         source: Option<ConfigSource>,
     ) -> Result<RunningRouter, ServerError> {
         let listen = settings.listen;
+        let io = match settings.limits.io_threads {
+            0 => None,
+            n => Some(IoThreads::start(n)?),
+        };
         let front: Front =
-            Box::new(|listener, state, stop| Box::pin(accept_loop(listener, state, stop)));
+            Box::new(|listener, state, stop| Box::pin(accept_loop(listener, state, stop, io)));
         Self::start_with(settings, source, listen, front).await
     }
 
@@ -209,7 +214,14 @@ pub async fn serve_axum(
     }
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<AppState>, stop: watch::Receiver<bool>) {
+/// Accepts connections and serves each on an I/O thread (or, with `io_threads = 0`, as a task
+/// of the shared runtime) until `stop`; then waits for them to finish, up to the grace.
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    stop: watch::Receiver<bool>,
+    io: Option<IoThreads>,
+) {
     let limits = &state.settings.limits;
     let max = limits.max_connections;
     let connections = Arc::new(Semaphore::new(max));
@@ -250,24 +262,34 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, stop: watch::R
         let stop = stop.clone();
         let admitted = per_client.admit(peer.ip());
         let builder = Arc::clone(&builder);
-        tokio::spawn(async move {
-            // Held until the connection ends, however it ends.
-            let _permit = permit;
-            let Some(tls) = &state.tls else {
-                serve_admitted(&builder, stream, &state, stop, admitted).await;
-                return;
-            };
-            // The handshake is part of the head: bounded by the same timeout.
-            let handshake = tls.acceptor().accept(stream);
-            match tokio::time::timeout(state.settings.timeouts.client_header, handshake).await {
-                Ok(Ok(stream)) => serve_admitted(&builder, stream, &state, stop, admitted).await,
-                Ok(Err(e)) => {
-                    count_close(&state, "tls_handshake");
-                    tracing::debug!(error = %e, "TLS handshake failed");
+        let serve = move |stream: TcpStream| -> BoxFuture<'static, ()> {
+            Box::pin(async move {
+                // Held until the connection ends, however it ends.
+                let _permit = permit;
+                let Some(tls) = &state.tls else {
+                    serve_admitted(&builder, stream, &state, stop, admitted).await;
+                    return;
+                };
+                // The handshake is part of the head: bounded by the same timeout.
+                let handshake = tls.acceptor().accept(stream);
+                match tokio::time::timeout(state.settings.timeouts.client_header, handshake).await {
+                    Ok(Ok(stream)) => {
+                        serve_admitted(&builder, stream, &state, stop, admitted).await;
+                    }
+                    Ok(Err(e)) => {
+                        count_close(&state, "tls_handshake");
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                    }
+                    Err(_) => count_close(&state, "header_timeout"),
                 }
-                Err(_) => count_close(&state, "header_timeout"),
+            })
+        };
+        match &io {
+            Some(io) => io.hand(stream, Box::new(serve)),
+            None => {
+                tokio::spawn(serve(stream));
             }
-        });
+        }
     }
     drop(listener);
     let grace = state.settings.timeouts.shutdown_grace;
@@ -277,6 +299,8 @@ async fn accept_loop(listener: TcpListener, state: Arc<AppState>, stop: watch::R
         _ = all => tracing::info!("all connections finished"),
         _ = tokio::time::sleep(grace) => tracing::warn!(?grace, "shutdown grace over; closing remaining connections"),
     }
+    // The I/O threads stop here, dropping what they still serve (only past the grace).
+    drop(io);
 }
 
 /// Serves a connection the per-address limit admitted, or refuses it with 429.

@@ -104,7 +104,11 @@ impl AppState {
             fleet: Fleet::joining_as(settings.instances.clone(), settings.health.joins_as()),
             routing: ArcSwap::from_pointee(routing),
             fallback: Arc::new(LeastOutstanding),
-            client: upstream::client(settings.timeouts.connect, client_tls),
+            client: upstream::client(
+                settings.timeouts.connect,
+                client_tls,
+                settings.limits.io_threads,
+            ),
             tls,
             metrics,
             stats: StatsTable::default(),

@@ -13,8 +13,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use crate::pool::Upstreams;
 
 /// Every connection to the instances (`http://` and `https://`): connect timeout,
-/// TCP_NODELAY, HTTP/1.1 keep-alive, and `tls` for `https://` instances.
-pub fn client(connect: Duration, tls: rustls::ClientConfig) -> Arc<Upstreams> {
+/// TCP_NODELAY, HTTP/1.1 keep-alive, and `tls` for `https://` instances; idle connections are
+/// kept per thread, for the shared runtime and `io_threads` I/O threads.
+pub fn client(connect: Duration, tls: rustls::ClientConfig, io_threads: usize) -> Arc<Upstreams> {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(connect));
     connector.set_nodelay(true);
@@ -25,7 +26,7 @@ pub fn client(connect: Duration, tls: rustls::ClientConfig) -> Arc<Upstreams> {
         .https_or_http()
         .enable_http1()
         .wrap_connector(connector);
-    Arc::new(Upstreams::new(connector))
+    Arc::new(Upstreams::new(connector, io_threads))
 }
 
 /// Headers that belong to one connection, never forwarded (RFC 9110 section 7.6.1).

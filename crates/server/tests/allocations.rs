@@ -82,6 +82,8 @@ fn runtime(name: &str, router: bool) -> tokio::runtime::Runtime {
 
 /// Allocations and bytes per request on the router's threads, under `strategy`.
 fn per_request(strategy: &str) -> (f64, f64) {
+    // The threads serving client connections are the router's too.
+    prefix_router_server::io_threads::on_thread_start(|| ROUTER_THREAD.with(|c| c.set(true)));
     let rest = runtime("rest", false);
     let router_rt = runtime("router", true);
     let ups: Vec<Upstream> = rest.block_on(async {

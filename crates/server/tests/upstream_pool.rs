@@ -79,7 +79,10 @@ async fn serve(mut s: TcpStream, close_after_one: bool, answered: Arc<AtomicUsiz
 #[tokio::test]
 async fn one_kept_alive_connection_carries_sequential_requests() {
     let (url, accepted, answered) = engine(false).await;
-    let r = router(settings(std::slice::from_ref(&url))).await;
+    let mut s = settings(std::slice::from_ref(&url));
+    // Idle connections are kept per I/O thread: one thread, one list.
+    s.limits.io_threads = 1;
+    let r = router(s).await;
     let addr = r.local_addr();
     for i in 0..20 {
         let a = complete(addr, &format!("prompt {i}")).await;
@@ -93,6 +96,38 @@ async fn one_kept_alive_connection_carries_sequential_requests() {
         "every request after the first reuses the connection"
     );
     r.shutdown().await;
+}
+
+#[tokio::test]
+async fn each_io_thread_keeps_its_own_connections_and_reuses_them() {
+    let (url, accepted, answered) = engine(false).await;
+    let mut s = settings(std::slice::from_ref(&url));
+    s.limits.io_threads = 3;
+    let r = router(s).await;
+    let addr = r.local_addr();
+    // Each request on a new client connection: the router hands them to its threads in turn.
+    for i in 0..21 {
+        let a = complete(addr, &format!("prompt {i}")).await;
+        assert_eq!(a.status, 200, "{:?}", a.body);
+    }
+    assert_eq!(answered.load(Ordering::SeqCst), 21);
+    let opened = accepted.load(Ordering::SeqCst);
+    assert!(
+        (1..=3).contains(&opened),
+        "{opened} upstream connections for 21 sequential requests on 3 threads"
+    );
+    // And with the shared runtime only (io_threads = 0), one connection as before.
+    let (url, accepted, _) = engine(false).await;
+    let mut s = settings(std::slice::from_ref(&url));
+    s.limits.io_threads = 0;
+    let r0 = router(s).await;
+    for i in 0..10 {
+        let a = complete(r0.local_addr(), &format!("prompt {i}")).await;
+        assert_eq!(a.status, 200, "{:?}", a.body);
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    r.shutdown().await;
+    r0.shutdown().await;
 }
 
 #[tokio::test]

@@ -151,6 +151,11 @@ pub struct Limits {
     /// Most requests in flight on one instance; past it, 429 (0 in the file, `None`: no cap).
     #[serde(deserialize_with = "de::zero_off::<1000000, _, _>")]
     pub max_in_flight_per_instance: Option<u32>,
+    /// Threads serving client connections, each connection on one of them for its whole life
+    /// ([`crate::io_threads`]); 0: connections share the runtime that runs everything else.
+    /// Default: one per CPU.
+    #[serde(deserialize_with = "de::within::<0, 1024, _, _>")]
+    pub io_threads: usize,
 }
 
 impl Default for Limits {
@@ -161,6 +166,7 @@ impl Default for Limits {
             max_connections: 10_000,
             max_connections_per_client: Some(1024),
             max_in_flight_per_instance: None,
+            io_threads: crate::io_threads::auto(),
         }
     }
 }
