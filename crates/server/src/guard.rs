@@ -8,8 +8,8 @@ use std::time::Instant;
 use prefix_router_core::{Instance, Ticket, Usage};
 
 use crate::access_log::Entry;
-use crate::metrics::{ApiLabels, IdLabel, InstanceLabels, RequestLabels};
 use crate::outcome::Outcome;
+use crate::pick::Api;
 use crate::state::AppState;
 use crate::stats::InstanceStats;
 
@@ -23,7 +23,7 @@ pub struct InFlightGuard {
     instance: Arc<Instance>,
     /// The instance's counters and health record, looked up once per request.
     stats: Arc<InstanceStats>,
-    api: &'static str,
+    api: Api,
     received: Instant,
     outcome: Outcome,
     completed: bool,
@@ -35,7 +35,7 @@ pub struct InFlightGuard {
 
 impl InFlightGuard {
     /// Takes over the ticket [`prefix_router_core::dispatch`] returned.
-    pub fn new(state: Arc<AppState>, ticket: Ticket, api: &'static str, received: Instant) -> Self {
+    pub fn new(state: Arc<AppState>, ticket: Ticket, api: Api, received: Instant) -> Self {
         let instance = Arc::clone(ticket.instance());
         let stats = state.stats.get(instance.id().as_str());
         Self {
@@ -131,11 +131,7 @@ impl InFlightGuard {
         self.stats.observe_ttft(ttft);
         self.state
             .metrics
-            .ttft
-            .get_or_create(&InstanceLabels {
-                instance: IdLabel(std::sync::Arc::clone(&self.instance.id().0)),
-            })
-            .observe(ttft);
+            .observe_ttft(&self.stats.series, &self.instance.id().0, ttft);
         if self.outcome == Outcome::Ok {
             if let Some(t) = self.ticket.as_mut() {
                 t.first_token(self.state.now_s());
@@ -166,17 +162,9 @@ impl Drop for InFlightGuard {
             InstanceStats::add(&self.stats.usage_cached_tokens, u64::from(cached));
         }
         let m = &self.state.metrics;
-        m.requests
-            .get_or_create(&RequestLabels {
-                instance: IdLabel(std::sync::Arc::clone(&self.instance.id().0)),
-                api: self.api,
-                outcome: outcome.label(),
-            })
-            .inc();
+        m.count_request(&self.stats.series, &self.instance.id().0, self.api, outcome);
         let duration = self.received.elapsed().as_secs_f64();
-        m.duration
-            .get_or_create(&ApiLabels { api: self.api })
-            .observe(duration);
+        m.observe_duration(self.api, duration);
         if let (Some(mut e), Some(log)) = (self.log.take(), &self.state.access_log) {
             e.outcome = outcome.label();
             e.duration_s = duration;

@@ -10,7 +10,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use crate::outcome::Outcome;
+use crate::pick::Api;
 
 /// `instance, api, outcome`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -151,6 +154,12 @@ pub struct Metrics {
     pub engine_others: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
     /// The strategy's learned state (set at scrape time).
     pub learned: learned::Learned,
+    /// `duration`'s series per API, each looked up once ([`Metrics::observe_duration`]).
+    duration_by_api: [OnceLock<Histogram>; Api::ALL.len()],
+    /// `decisions`' series per reason, for the strategy that first used it
+    /// ([`Metrics::count_decision`]).
+    decision_by_reason:
+        [OnceLock<(&'static str, Counter)>; prefix_router_core::Reason::LABELS.len()],
     /// One scrape at a time: each clears and refills the scrape-time series, and a concurrent
     /// one must not encode them half refilled.
     scrape: std::sync::Mutex<()>,
@@ -162,7 +171,85 @@ impl Default for Metrics {
     }
 }
 
+/// One instance's busiest series, each looked up in its family once. A family lookup hashes
+/// the label set (the instance id's text included) under a lock; these are used by every
+/// request. Families never drop these series, so a kept handle stays the exported one.
+#[derive(Debug, Default)]
+pub struct InstanceSeries {
+    ttft: OnceLock<Histogram>,
+    /// `requests{outcome="ok"}` per API.
+    ok: [OnceLock<Counter>; Api::ALL.len()],
+}
+
 impl Metrics {
+    /// Observes a time to first byte in the instance's `ttft_seconds` series.
+    pub fn observe_ttft(&self, series: &InstanceSeries, id: &Arc<str>, seconds: f64) {
+        series
+            .ttft
+            .get_or_init(|| {
+                self.ttft
+                    .get_or_create(&InstanceLabels {
+                        instance: IdLabel(Arc::clone(id)),
+                    })
+                    .clone()
+            })
+            .observe(seconds);
+    }
+
+    /// Counts a finished request in `requests` (the instance's own handle for answered ones,
+    /// the family for the rarer outcomes).
+    pub fn count_request(
+        &self,
+        series: &InstanceSeries,
+        id: &Arc<str>,
+        api: Api,
+        outcome: Outcome,
+    ) {
+        let labels = || RequestLabels {
+            instance: IdLabel(Arc::clone(id)),
+            api: api.label(),
+            outcome: outcome.label(),
+        };
+        match series.ok.get(api.index()) {
+            Some(slot) if outcome == Outcome::Ok => slot
+                .get_or_init(|| self.requests.get_or_create(&labels()).clone())
+                .inc(),
+            _ => self.requests.get_or_create(&labels()).inc(),
+        };
+    }
+
+    /// Observes a request's duration in its API's `request_duration_seconds` series.
+    pub fn observe_duration(&self, api: Api, seconds: f64) {
+        let series = || {
+            self.duration
+                .get_or_create(&ApiLabels { api: api.label() })
+                .clone()
+        };
+        match self.duration_by_api.get(api.index()) {
+            Some(slot) => slot.get_or_init(series).observe(seconds),
+            None => series().observe(seconds),
+        }
+    }
+
+    /// Counts a routing decision in `decisions`. Each reason keeps the series of the strategy
+    /// that used it first; after a reload to another strategy, that one's go through the
+    /// family.
+    pub fn count_decision(&self, strategy: &'static str, reason: &prefix_router_core::Reason) {
+        let labels = || DecisionLabels {
+            strategy,
+            reason: reason.label(),
+        };
+        if let Some(slot) = self.decision_by_reason.get(reason.index()) {
+            let (first, counter) =
+                slot.get_or_init(|| (strategy, self.decisions.get_or_create(&labels()).clone()));
+            if *first == strategy {
+                counter.inc();
+                return;
+            }
+        }
+        self.decisions.get_or_create(&labels()).inc();
+    }
+
     /// Registers the access log's counters (its own: metrics beside their component).
     pub fn register_access_log(&mut self, log: &crate::access_log::AccessLog) {
         self.registry.register(
@@ -300,6 +387,8 @@ impl Metrics {
         let learned = learned::Learned::register(&mut registry);
         Self {
             learned,
+            duration_by_api: Default::default(),
+            decision_by_reason: Default::default(),
             scrape: std::sync::Mutex::new(()),
             registry,
             engine_hit_ratio,
@@ -356,5 +445,67 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefix_router_core::{Reason, StrategyConfig, StrategyKind};
+
+    fn page(m: &Metrics) -> String {
+        let strategy = StrategyConfig::new(StrategyKind::named("round-robin").unwrap())
+            .build()
+            .unwrap();
+        m.render(&FleetSnapshot::default(), &*strategy)
+    }
+
+    /// The kept handles count in the exported series, beside what goes through the families.
+    #[test]
+    fn kept_series_handles_count_in_the_exported_series() {
+        let m = Metrics::new();
+        let (a, b) = (InstanceSeries::default(), InstanceSeries::default());
+        let (ida, idb): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        for _ in 0..3 {
+            m.count_request(&a, &ida, Api::Chat, Outcome::Ok);
+        }
+        m.count_request(&a, &ida, Api::Completions, Outcome::Ok);
+        m.count_request(&a, &ida, Api::Chat, Outcome::Cancelled);
+        m.count_request(&b, &idb, Api::Chat, Outcome::Ok);
+        m.observe_ttft(&a, &ida, 0.2);
+        m.observe_ttft(&a, &ida, 0.4);
+        m.observe_duration(Api::Chat, 1.0);
+        m.observe_duration(Api::Chat, 2.0);
+        m.count_decision("cache-aware", &Reason::Preferred);
+        m.count_decision("cache-aware", &Reason::Preferred);
+        // Another strategy after a reload: its own series, not the first one's.
+        m.count_decision("random", &Reason::Preferred);
+        let p = page(&m);
+        let v = |name, labels: &[(&str, &str)]| crate::prom::value(&p, name, labels);
+        let req = |i, api, outcome| {
+            v(
+                "prefix_router_requests_total",
+                &[("instance", i), ("api", api), ("outcome", outcome)],
+            )
+        };
+        assert_eq!(req("a", "chat", "ok"), Some(3.0));
+        assert_eq!(req("a", "completions", "ok"), Some(1.0));
+        assert_eq!(req("a", "chat", "cancelled"), Some(1.0));
+        assert_eq!(req("b", "chat", "ok"), Some(1.0));
+        let ttft = v("prefix_router_ttft_seconds_count", &[("instance", "a")]);
+        assert_eq!(ttft, Some(2.0));
+        let sum = v(
+            "prefix_router_request_duration_seconds_sum",
+            &[("api", "chat")],
+        );
+        assert_eq!(sum, Some(3.0));
+        let decisions = |s| {
+            v(
+                "prefix_router_decisions_total",
+                &[("strategy", s), ("reason", "preferred")],
+            )
+        };
+        assert_eq!(decisions("cache-aware"), Some(2.0));
+        assert_eq!(decisions("random"), Some(1.0));
     }
 }

@@ -17,7 +17,7 @@ use prefix_router_core::{
 use crate::error::ApiError;
 use crate::guard::InFlightGuard;
 use crate::kv_events::Tokenized;
-use crate::metrics::{DecisionLabels, ReasonLabels};
+use crate::metrics::ReasonLabels;
 use crate::routing::with_rng;
 use crate::state::AppState;
 use crate::stats::InstanceStats;
@@ -42,6 +42,14 @@ pub enum Api {
 }
 
 impl Api {
+    /// Every API, in [`Api::index`] order.
+    pub const ALL: [Api; 4] = [Api::Chat, Api::Completions, Api::Invocations, Api::Other];
+
+    /// Position in [`Api::ALL`] (per-API tables).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The API a data-plane path (without its query) is proxied as; `None` for a path that is
     /// not proxied.
     pub fn of_path(path: &str) -> Option<Api> {
@@ -321,19 +329,12 @@ impl Prepared {
             .observe(started.elapsed().as_secs_f64());
         let Dispatched { reason, ticket, .. } = dispatched?;
         let instance = Arc::clone(ticket.instance());
-        state
-            .metrics
-            .decisions
-            .get_or_create(&DecisionLabels {
-                strategy: self.strategy.name(),
-                reason: reason.label(),
-            })
-            .inc();
+        state.metrics.count_decision(self.strategy.name(), &reason);
         let (units, predicted) = (
             u64::from(ticket.info().prompt_units),
             u64::from(ticket.info().predicted_cached_units),
         );
-        let guard = InFlightGuard::new(Arc::clone(state), ticket, self.api.label(), self.received);
+        let guard = InFlightGuard::new(Arc::clone(state), ticket, self.api, self.received);
         let stats = guard.stats();
         InstanceStats::bump(&stats.requests);
         if reason.is_overflow() {
@@ -368,7 +369,7 @@ impl Prepared {
             let req = self.request(state, state.now_s());
             dispatch_to(&self.strategy, &req, Arc::clone(&instance), reason)
         };
-        let guard = InFlightGuard::new(Arc::clone(state), ticket, self.api.label(), self.received);
+        let guard = InFlightGuard::new(Arc::clone(state), ticket, self.api, self.received);
         InstanceStats::bump(&guard.stats().requests);
         Routed {
             instance,

@@ -36,6 +36,8 @@ pub struct InstanceStats {
     pub passive_failures: std::sync::atomic::AtomicU32,
     /// Health record (consecutive results, ejection).
     pub health: Mutex<HealthRecord>,
+    /// Its series of the exported metrics, looked up once instead of per request.
+    pub series: crate::metrics::InstanceSeries,
 }
 
 impl InstanceStats {

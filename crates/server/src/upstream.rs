@@ -29,8 +29,11 @@ pub fn client(connect: Duration, tls: rustls::ClientConfig, io_threads: usize) -
     Arc::new(Upstreams::new(connector, io_threads))
 }
 
+/// How many [`HOP_BY_HOP`] names there are.
+const HOPS: usize = 8;
+
 /// Headers that belong to one connection, never forwarded (RFC 9110 section 7.6.1).
-const HOP_BY_HOP: [HeaderName; 8] = [
+const HOP_BY_HOP: [HeaderName; HOPS] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -43,6 +46,29 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 /// Removes hop-by-hop headers, including those named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most heads carry none or one of them: one pass over the names present finds which,
+    // where a removal per hop-by-hop name would hash each of the eight.
+    let mut present = [false; HOPS];
+    let mut connection = false;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+            connection |= name == header::CONNECTION;
+        }
+    }
+    // Names listed in `Connection` count only when there is a `Connection` header.
+    if connection {
+        strip_connection_named(headers);
+    }
+    for (name, here) in HOP_BY_HOP.iter().zip(present) {
+        if here {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Removes the headers that `Connection` names.
+fn strip_connection_named(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -51,9 +77,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
     for n in named {
-        headers.remove(n);
-    }
-    for n in &HOP_BY_HOP {
         headers.remove(n);
     }
 }
@@ -105,4 +128,81 @@ pub async fn get(
         Some((status, body))
     };
     tokio::time::timeout(timeout, answer).await.ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn names(h: &HeaderMap) -> Vec<String> {
+        let mut n: Vec<String> = h.keys().map(|k| k.as_str().to_string()).collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_removed() {
+        let mut h = map(&[
+            ("connection", "keep-alive, X-Secret"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("trailer", "x-t"),
+            ("upgrade", "h2c"),
+            ("proxy-authorization", "Basic eA=="),
+            ("content-type", "application/json"),
+            ("authorization", "Bearer k"),
+            ("x-keep", "1"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(names(&h), ["authorization", "content-type", "x-keep"]);
+    }
+
+    #[test]
+    fn a_head_without_hop_by_hop_headers_is_unchanged_and_one_alone_goes() {
+        let pairs = [
+            ("content-type", "application/json"),
+            ("x-a", "1"),
+            ("x-a", "2"),
+        ];
+        let mut h = map(&pairs);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, map(&pairs));
+        // Without `Connection`, what a header lists is not read as names to strip.
+        let mut h = map(&[("transfer-encoding", "chunked"), ("x-secret", "1")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(names(&h), ["x-secret"]);
+    }
+
+    #[test]
+    fn the_instance_request_drops_host_length_and_expect() {
+        let (mut parts, ()) = Request::post("http://client.example/v1/chat/completions?x=1")
+            .header("host", "client.example")
+            .header("content-length", "2")
+            .header("expect", "100-continue")
+            .header("connection", "close")
+            .header("content-type", "application/json")
+            .body(())
+            .unwrap()
+            .into_parts();
+        parts.version = Version::HTTP_2;
+        let req = build_request(&parts, Bytes::from_static(b"{}"));
+        assert_eq!(req.uri(), "/v1/chat/completions?x=1");
+        assert_eq!(req.version(), Version::HTTP_11);
+        assert_eq!(names(req.headers()), ["content-type"]);
+    }
 }
