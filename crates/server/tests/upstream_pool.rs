@@ -160,24 +160,32 @@ async fn a_connection_the_instance_closed_while_idle_is_replaced_without_an_erro
     r.shutdown().await;
 }
 
+/// Idle connections are kept per I/O thread (a request never waits on another thread's
+/// connection), so the bound is one connection per concurrent request on each thread: with
+/// `io_threads = 0` (the shared runtime) or 1 that is 4 here, with 2 threads up to 8.
 #[tokio::test]
 async fn concurrent_requests_open_connections_that_are_then_reused() {
-    let (url, accepted, answered) = engine(false).await;
-    let r = router(settings(std::slice::from_ref(&url))).await;
-    let addr = r.local_addr();
-    for round in 0..3 {
-        let batch: Vec<_> = (0..4)
-            .map(|i| tokio::spawn(async move { complete(addr, &format!("p {round} {i}")).await }))
-            .collect();
-        for b in batch {
-            assert_eq!(b.await.expect("request task").status, 200);
+    for (io_threads, most) in [(0, 4), (1, 4), (2, 8)] {
+        let (url, accepted, answered) = engine(false).await;
+        let mut s = settings(std::slice::from_ref(&url));
+        s.limits.io_threads = io_threads;
+        let r = router(s).await;
+        let addr = r.local_addr();
+        for round in 0..3 {
+            let batch: Vec<_> = (0..4)
+                .map(|i| tokio::spawn(async move { complete(addr, &format!("p {round} {i}")).await }))
+                .collect();
+            for b in batch {
+                assert_eq!(b.await.expect("request task").status, 200);
+            }
         }
+        assert_eq!(answered.load(Ordering::SeqCst), 12);
+        let opened = accepted.load(Ordering::SeqCst);
+        assert!(
+            (1..=most).contains(&opened),
+            "io_threads = {io_threads}: at most one connection per concurrent request and \
+             thread, reused across rounds; opened {opened}"
+        );
+        r.shutdown().await;
     }
-    assert_eq!(answered.load(Ordering::SeqCst), 12);
-    let opened = accepted.load(Ordering::SeqCst);
-    assert!(
-        (1..=4).contains(&opened),
-        "at most one connection per concurrent request, reused across rounds: {opened}"
-    );
-    r.shutdown().await;
 }
