@@ -23,6 +23,8 @@
 #   PEERS_PORT=18600     first port (upstreams, then one per target)
 #   PEERS_BASELINE_BIN=path/to/prefix-router   adds the target `baseline`: that binary's `serve`
 #                        (an older build, say) beside this tree's, for a before/after in one run
+#   The target `prefix-router-rr` (not in the default list) is this tree's `serve --strategy
+#   round-robin`: beside `haproxy-rr` it separates the HTTP path's cost from the strategy's.
 # Everything listens on 127.0.0.1 and is stopped on exit. The raw lines are in target/peers/raw.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -108,11 +110,14 @@ start() { # target
     local t=$1 p=${port_of[$1]} log="$OUT/$1.log"
     case "$t" in
     direct) return 0 ;;
-    prefix-router | baseline)
+    prefix-router | prefix-router-rr | baseline)
         local inst=() bin=$BIN
         for u in "${ups[@]}"; do inst+=(--instance "http://$u"); done
         if [[ "$t" == baseline ]]; then
             bin=${PEERS_BASELINE_BIN:?the target baseline needs PEERS_BASELINE_BIN}
+        fi
+        if [[ "$t" == prefix-router-rr ]]; then
+            inst+=(--strategy round-robin)
         fi
         "$bin" serve --listen "127.0.0.1:$p" "${inst[@]}" >"$log" 2>&1 &
         pid_of[$t]=$!
