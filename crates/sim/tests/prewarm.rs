@@ -35,7 +35,12 @@ fn dip(requests: &[Request], strategy: &str, prewarm: bool) -> (f64, f64, f64, u
     )
 }
 
+// Four simulations of the default long-context run: 71 s in a debug build, a few in release.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "long simulation: run `cargo test --release -p prefix-router-sim --test prewarm`"
+)]
 fn prewarming_halves_the_hit_rate_dip_after_scale_out() {
     let requests = workload();
     let (cold, cold_p90, cold_hit, cold_new) = dip(&requests, "prefix-aware", false);
@@ -62,6 +67,10 @@ fn prewarming_halves_the_hit_rate_dip_after_scale_out() {
 }
 
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "long simulation: run `cargo test --release -p prefix-router-sim --test prewarm`"
+)]
 fn cache_aware_gets_its_hottest_prefixes_replicated_and_the_new_instance_used() {
     // cache-aware moves no cached prefix to an empty instance; what goes there is hot prefixes
     // gaining a home and new ones, so the hottest are replayed to it.
