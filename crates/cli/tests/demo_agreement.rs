@@ -88,31 +88,44 @@ fn demo_agrees_with_simulate() {
         &plot_s,
     ];
     demo_args.extend_from_slice(SETTINGS);
-    let demo = run(&demo_args);
     let mut sim_args = vec!["simulate", "--json", &sim_json_s];
     sim_args.extend_from_slice(SETTINGS);
     let sim = run(&sim_args);
-
-    assert!(plot.exists(), "the demo writes its SVG");
-    assert_eq!(demo["workload"]["requests"], 270);
     assert_eq!(sim["workload"]["requests"], 270);
+
+    // Real engines on the wall clock, on two cores shared with everything else: a busy moment
+    // can push one run past the bounds (seen once in CI: prefix-aware hit 0.829 against 0.879,
+    // P50 +20.6%, while the runs around it read gaps under 0.01 and +5-10%). One more demo run
+    // before calling it a disagreement; both attempts are printed.
     let mut report = String::new();
-    let mut ok = true;
-    for strategy in ["random", "prefix-aware"] {
-        let (hit_d, p50_d) = figures(&demo, strategy);
-        let (hit_s, p50_s) = figures(&sim, strategy);
-        let hit_gap = (hit_d - hit_s).abs();
-        let p50_ratio = p50_d / p50_s - 1.0;
-        report.push_str(&format!(
-            "{strategy}: hit demo {hit_d:.3} sim {hit_s:.3} (gap {hit_gap:.3}); TTFT P50 demo {p50_d:.1} ms sim {p50_s:.1} ms ({:+.1}%)\n",
-            p50_ratio * 100.0
-        ));
-        // Random's hit rate depends on its draws, and the demo's router is unseeded (a real
-        // server): six demo runs of this setting read 21.1-28.4% (2026-12-02) against the
-        // simulator's seeded 21.9%, so its bound is wider than a deterministic strategy's.
-        let hit_bound = if strategy == "random" { 0.08 } else { 0.05 };
-        ok &= hit_gap <= hit_bound && p50_ratio.abs() <= 0.20;
-    }
+    let mut attempt = 0;
+    let (demo, ok) = loop {
+        attempt += 1;
+        let demo = run(&demo_args);
+        assert!(plot.exists(), "the demo writes its SVG");
+        assert_eq!(demo["workload"]["requests"], 270);
+        report.push_str(&format!("attempt {attempt}:\n"));
+        let mut ok = true;
+        for strategy in ["random", "prefix-aware"] {
+            let (hit_d, p50_d) = figures(&demo, strategy);
+            let (hit_s, p50_s) = figures(&sim, strategy);
+            let hit_gap = (hit_d - hit_s).abs();
+            let p50_ratio = p50_d / p50_s - 1.0;
+            report.push_str(&format!(
+                "{strategy}: hit demo {hit_d:.3} sim {hit_s:.3} (gap {hit_gap:.3}); TTFT P50 demo {p50_d:.1} ms sim {p50_s:.1} ms ({:+.1}%)\n",
+                p50_ratio * 100.0
+            ));
+            // Random's hit rate depends on its draws, and the demo's router is unseeded (a
+            // real server): six demo runs of this setting read 21.1-28.4% (2026-12-02)
+            // against the simulator's seeded 21.9%, so its bound is wider than a
+            // deterministic strategy's.
+            let hit_bound = if strategy == "random" { 0.08 } else { 0.05 };
+            ok &= hit_gap <= hit_bound && p50_ratio.abs() <= 0.20;
+        }
+        if ok || attempt == 2 {
+            break (demo, ok);
+        }
+    };
     eprint!("{report}");
     assert!(ok, "demo and simulate disagree:\n{report}");
     // The story itself: prefix-aware far ahead of random on hit rate and P50 TTFT.
