@@ -173,7 +173,9 @@ async fn concurrent_requests_open_connections_that_are_then_reused() {
         let addr = r.local_addr();
         for round in 0..3 {
             let batch: Vec<_> = (0..4)
-                .map(|i| tokio::spawn(async move { complete(addr, &format!("p {round} {i}")).await }))
+                .map(|i| {
+                    tokio::spawn(async move { complete(addr, &format!("p {round} {i}")).await })
+                })
                 .collect();
             for b in batch {
                 assert_eq!(b.await.expect("request task").status, 200);

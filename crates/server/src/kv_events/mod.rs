@@ -1,0 +1,321 @@
+//! Each instance's KV-cache events (vLLM's ZeroMQ publisher), subscribed to and applied to a
+//! view of what that engine holds ([`EngineView`]), with its health on `/metrics`.
+//!
+//! One task per instance: a SUB socket on the instance's publisher and, when it has one, a
+//! DEALER on its replay socket. Batches are applied in sequence order. A gap (lost messages) or
+//! a first message past sequence 0 (this router joined mid-stream) is filled from the replay
+//! socket before anything later is applied; what the engine no longer buffers is lost for
+//! good, and the view is then marked partial (blocks stored in the lost batches are missing,
+//! blocks removed in them still listed) until the engine clears its cache. A malformed payload
+//! is counted and likewise leaves the view partial; nothing here panics or stops serving.
+//! Membership is followed once a second: a new instance gets a subscriber, a removed one loses
+//! its subscriber, its view and its series.
+
+mod metrics;
+mod subscriber;
+#[cfg(test)]
+mod tests;
+
+pub use metrics::{KvEventMetrics, ResultLabels};
+pub use subscriber::run;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use prefix_router_core::{Instance, Report, Residency, TokenRoute};
+use prefix_router_kv_events::{token_chain, Completeness, EngineView};
+use prefix_router_tokenize::{ChatTokenizer, Prompt, TokenizeError};
+
+use crate::settings::KvEventsSettings;
+use crate::state::AppState;
+
+/// One instance's feed: its view and how the subscription stands.
+#[derive(Debug, Default)]
+pub struct Feed {
+    /// What the engine holds.
+    pub view: EngineView,
+    /// Subscribed now.
+    pub connected: bool,
+    /// Batches applied.
+    pub batches: u64,
+    /// The last sequence number applied.
+    pub last_seq: Option<u64>,
+    /// Now minus the engine's timestamp of the last batch, seconds.
+    pub lag_s: Option<f64>,
+    /// A gap is being filled from the replay socket: the view misses batches until it is, and
+    /// routing does not trust it meanwhile.
+    pub recovering: bool,
+}
+
+/// Where an instance's events come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoints {
+    /// `tcp://host:port` of the PUB socket.
+    pub publisher: String,
+    /// `tcp://host:port` of the replay socket.
+    pub replay: Option<String>,
+}
+
+/// Every instance's feed.
+#[derive(Debug)]
+pub struct KvFeeds {
+    settings: KvEventsSettings,
+    feeds: Mutex<HashMap<String, Arc<Mutex<Feed>>>>,
+    /// The subscribers' metrics.
+    pub metrics: KvEventMetrics,
+    /// The default tokenizer (`[kv_events] tokenizer`), when configured: for requests naming a
+    /// model without its own, or naming none (`kv-aware` needs this one or `tokenizers`).
+    pub tokenizer: Option<Arc<ChatTokenizer>>,
+    /// Each model's own tokenizer (`[[kv_events.tokenizers]]`), by the name requests give.
+    pub tokenizers: HashMap<String, Arc<ChatTokenizer>>,
+    /// The block size an engine last reported (0: none yet), read on every tokenized request
+    /// without taking any feed's lock.
+    reported_block: std::sync::atomic::AtomicU32,
+}
+
+/// vLLM's default KV block size, until an engine reports its own.
+const DEFAULT_BLOCK_TOKENS: u32 = 16;
+
+/// A request's token blocks, named as the views name the engines' blocks.
+#[derive(Debug)]
+pub struct Tokenized {
+    chain: Vec<u64>,
+    block_tokens: u32,
+    prompt_tokens: u32,
+}
+
+impl Tokenized {
+    /// What a strategy gets of it, answered from `feeds`.
+    pub fn route<'a>(&'a self, feeds: &'a KvFeeds) -> TokenRoute<'a> {
+        TokenRoute {
+            chain: &self.chain,
+            block_tokens: self.block_tokens,
+            prompt_tokens: self.prompt_tokens,
+            residency: feeds,
+        }
+    }
+}
+
+impl Residency for KvFeeds {
+    /// From the instance's view, only while it is subscribed, complete and not being replayed;
+    /// one lock of its feed.
+    fn report(&self, instance: &Instance, chain: &[u64]) -> Option<Report> {
+        let feed = self.feed(instance.id().as_str())?;
+        let f = lock(&feed);
+        (f.connected && !f.recovering && f.view.completeness() == Completeness::Exact).then(|| {
+            let (gpu, offloaded) = f.view.matched_with_offloaded(chain);
+            let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            Report {
+                matched_blocks: count(gpu),
+                offloaded_blocks: count(offloaded),
+            }
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A configured tokenizer (or its chat template) that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{source}", .model.as_ref().map(|m| format!("model '{m}': ")).unwrap_or_default())]
+pub struct TokenizerLoadError {
+    /// The dotted settings field that names the file, e.g. `kv_events.tokenizers[1].tokenizer`.
+    pub field: String,
+    /// The model whose tokenizer it is (`None`: the default one).
+    pub model: Option<String>,
+    /// What went wrong, naming the file.
+    pub source: TokenizeError,
+}
+
+/// Loads a tokenizer and its chat template file, the errors naming `prefix`'s fields.
+fn load_tokenizer(
+    prefix: &str,
+    model: Option<&str>,
+    file: &std::path::Path,
+    chat_template: Option<&std::path::Path>,
+) -> Result<Arc<ChatTokenizer>, TokenizerLoadError> {
+    let error = |field: &str, source| TokenizerLoadError {
+        field: format!("{prefix}{field}"),
+        model: model.map(str::to_string),
+        source,
+    };
+    let template = match chat_template {
+        Some(t) => Some(std::fs::read_to_string(t).map_err(|e| {
+            error(
+                "chat_template",
+                TokenizeError::Read {
+                    path: t.display().to_string(),
+                    message: e.to_string(),
+                },
+            )
+        })?),
+        None => None,
+    };
+    ChatTokenizer::from_setting(file, template)
+        .map(Arc::new)
+        .map_err(|e| error("tokenizer", e))
+}
+
+impl KvFeeds {
+    /// Feeds for these settings (none running yet: see [`run`]); loads the tokenizers.
+    pub fn new(settings: KvEventsSettings) -> Result<Self, TokenizerLoadError> {
+        let tokenizer = settings
+            .tokenizer
+            .as_deref()
+            .map(|file| load_tokenizer("kv_events.", None, file, settings.chat_template.as_deref()))
+            .transpose()?;
+        let mut tokenizers = HashMap::with_capacity(settings.tokenizers.len());
+        for (i, t) in settings.tokenizers.iter().enumerate() {
+            let loaded = load_tokenizer(
+                &format!("kv_events.tokenizers[{i}]."),
+                Some(&t.model),
+                &t.tokenizer,
+                t.chat_template.as_deref(),
+            )?;
+            tokenizers.insert(t.model.clone(), loaded);
+        }
+        Ok(Self {
+            settings,
+            feeds: Mutex::new(HashMap::new()),
+            metrics: KvEventMetrics::default(),
+            tokenizer,
+            tokenizers,
+            reported_block: std::sync::atomic::AtomicU32::new(0),
+        })
+    }
+
+    /// Whether any request can be tokenized: a default tokenizer or a model's own.
+    pub fn has_tokenizer(&self) -> bool {
+        self.tokenizer.is_some() || !self.tokenizers.is_empty()
+    }
+
+    /// The tokenizer of requests naming `model`: its own, else the default.
+    pub fn tokenizer_for(&self, model: Option<&str>) -> Option<&Arc<ChatTokenizer>> {
+        model
+            .and_then(|m| self.tokenizers.get(m))
+            .or(self.tokenizer.as_ref())
+    }
+
+    /// The block size the engines report, else vLLM's default.
+    fn block_tokens(&self) -> u32 {
+        match self
+            .reported_block
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => DEFAULT_BLOCK_TOKENS,
+            b => b,
+        }
+    }
+
+    /// A request body's token blocks, computed with the tokenizer of the model the body names
+    /// (else the default), when there is one and the body is a chat or completion it can
+    /// tokenize (`None` otherwise: the strategy then infers). The body is parsed once.
+    pub fn tokenize(&self, body: &[u8]) -> Option<Tokenized> {
+        if !self.has_tokenizer() {
+            return None;
+        }
+        let (model, prompt) = Prompt::from_body_with_model(body)?;
+        let tokenizer = self.tokenizer_for(model.as_deref())?;
+        let ids = tokenizer.ids(&prompt).ok()?;
+        let block_tokens = self.block_tokens();
+        Some(Tokenized {
+            chain: token_chain(&ids, block_tokens as usize),
+            block_tokens,
+            prompt_tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// The endpoints of the instance at `url`: from `[[kv_events.endpoints]]`, else its host
+    /// at the configured ports.
+    pub fn endpoints_for(&self, url: &str) -> Option<Endpoints> {
+        if let Some(e) = self.settings.endpoints.iter().find(|e| e.instance == url) {
+            return Some(Endpoints {
+                publisher: e.publisher.clone(),
+                replay: e.replay.clone(),
+            });
+        }
+        let uri: http::Uri = url.parse().ok()?;
+        let host = uri.host()?;
+        let s = &self.settings;
+        Some(Endpoints {
+            publisher: format!("tcp://{host}:{}", s.port),
+            replay: (s.replay_port != 0).then(|| format!("tcp://{host}:{}", s.replay_port)),
+        })
+    }
+
+    /// The feed of `instance`, if subscribed.
+    pub fn feed(&self, instance: &str) -> Option<Arc<Mutex<Feed>>> {
+        lock(&self.feeds).get(instance).cloned()
+    }
+
+    /// Whether the router is subscribed to `instance`'s events now.
+    pub fn is_connected(&self, instance: &str) -> bool {
+        self.feed(instance).is_some_and(|f| lock(&f).connected)
+    }
+
+    /// A JSON summary of one instance's view (the admin API's `GET /admin/kv-view`).
+    pub fn describe(&self, instance: &str, top: usize) -> Option<serde_json::Value> {
+        let feed = self.feed(instance)?;
+        let f = lock(&feed);
+        let size = f.view.block_size();
+        let prefixes: Vec<serde_json::Value> = f
+            .view
+            .longest_prefixes(top)
+            .into_iter()
+            .map(|p| {
+                serde_json::json!({
+                    "last_block": format!("{:016x}", p.last.0),
+                    "blocks": p.blocks,
+                    "tokens": u64::from(p.blocks) * u64::from(size),
+                })
+            })
+            .collect();
+        Some(serde_json::json!({
+            "instance": instance,
+            "connected": f.connected,
+            "complete": f.view.completeness() == Completeness::Exact,
+            "gpu_blocks": f.view.gpu_blocks(),
+            "offloaded_blocks": f.view.offloaded_blocks(),
+            "block_size": size,
+            "batches": f.batches,
+            "last_seq": f.last_seq,
+            "lag_s": f.lag_s,
+            "longest_prefixes": prefixes,
+        }))
+    }
+}
+
+/// Says at start when the strategy routes on the engines' reports but cannot have them: it then
+/// runs as cache-aware, on what the router infers.
+pub fn warn_if_blind(state: &AppState) {
+    let routing = state.routing.load();
+    if !routing.strategy.reads_tokens() {
+        return;
+    }
+    let name = routing.strategy.name();
+    match &state.kv_events {
+        None => tracing::warn!(
+            strategy = name,
+            "[kv_events] subscribe is off: {name} has no engine reports and runs as cache-aware"
+        ),
+        Some(f) if !f.has_tokenizer() => tracing::warn!(
+            strategy = name,
+            "no [kv_events] tokenizer: requests cannot be matched to the engines' blocks, so \
+             {name} runs as cache-aware"
+        ),
+        Some(f) if f.tokenizer.is_none() => {
+            let mut models: Vec<&str> = f.tokenizers.keys().map(String::as_str).collect();
+            models.sort_unstable();
+            let models = models.join(", ");
+            tracing::info!(
+                strategy = name,
+                models = %models,
+                "[kv_events] tokenizes requests for these models only (no default tokenizer): \
+                 {name} runs as cache-aware for the others"
+            );
+        }
+        Some(_) => {}
+    }
+}

@@ -1,0 +1,128 @@
+use std::path::PathBuf;
+
+use prefix_router_tokenize::WORDS;
+
+use super::*;
+use crate::settings::KvEventsTokenizer;
+
+fn byte_bpe() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/tokenizers/byte-bpe/tokenizer.json")
+}
+
+fn entry(model: &str, tokenizer: PathBuf) -> KvEventsTokenizer {
+    KvEventsTokenizer {
+        model: model.into(),
+        tokenizer,
+        chat_template: None,
+    }
+}
+
+/// Feeds with `default` and a tokenizer per model: "a" the byte-BPE one, "b" one per word.
+fn feeds(default: Option<PathBuf>) -> KvFeeds {
+    KvFeeds::new(KvEventsSettings {
+        tokenizer: default,
+        tokenizers: vec![entry("a", byte_bpe()), entry("b", WORDS.into())],
+        ..KvEventsSettings::default()
+    })
+    .expect("the tokenizers load")
+}
+
+/// A chat body naming `model` (none: no `model` field): a few hundred tokens either way.
+fn body(model: Option<&str>) -> Vec<u8> {
+    let text: String = (0..120).map(|w| format!("lease{w} clause ")).collect();
+    let mut v = serde_json::json!({
+        "messages": [
+            {"role": "system", "content": text},
+            {"role": "user", "content": "what does it say?"},
+        ],
+    });
+    if let Some(m) = model {
+        v["model"] = m.into();
+    }
+    v.to_string().into_bytes()
+}
+
+/// The chain `tokenizer` gives `body`, in the feeds' default block size.
+fn chain_of(tokenizer: &ChatTokenizer, body: &[u8]) -> Vec<u64> {
+    let prompt = Prompt::from_body(body).expect("a prompt");
+    let ids = tokenizer.ids(&prompt).expect("tokenizes");
+    token_chain(&ids, DEFAULT_BLOCK_TOKENS as usize)
+}
+
+fn chain(feeds: &KvFeeds, body: &[u8]) -> Option<Vec<u64>> {
+    feeds.tokenize(body).map(|t| t.chain)
+}
+
+#[test]
+fn each_model_is_tokenized_with_its_own_tokenizer() {
+    let f = feeds(None);
+    let bpe = ChatTokenizer::from_setting(&byte_bpe(), None).expect("loads");
+    let words = ChatTokenizer::words();
+    let (a, b) = (body(Some("a")), body(Some("b")));
+    // The same text: the two tokenizers name different blocks.
+    assert_ne!(chain_of(&bpe, &a), chain_of(&words, &a));
+    assert!(chain_of(&words, &a).len() >= 10);
+    assert_eq!(chain(&f, &a), Some(chain_of(&bpe, &a)));
+    assert_eq!(chain(&f, &b), Some(chain_of(&words, &b)));
+    // No tokenizer for the model and no default: nothing (the strategy infers).
+    assert_eq!(chain(&f, &body(Some("c"))), None);
+    assert_eq!(chain(&f, &body(None)), None);
+    assert!(f.has_tokenizer());
+    assert!(f.tokenizer_for(Some("c")).is_none());
+}
+
+#[test]
+fn other_models_and_model_less_bodies_use_the_default() {
+    let f = feeds(Some(WORDS.into()));
+    let bpe = ChatTokenizer::from_setting(&byte_bpe(), None).expect("loads");
+    let words = ChatTokenizer::words();
+    let (a, c, none) = (body(Some("a")), body(Some("c")), body(None));
+    assert_eq!(chain(&f, &a), Some(chain_of(&bpe, &a)));
+    assert_eq!(chain(&f, &c), Some(chain_of(&words, &c)));
+    assert_eq!(chain(&f, &none), Some(chain_of(&words, &none)));
+    // Not a prompt: nothing, whatever the model.
+    assert_eq!(chain(&f, br#"{"model":"a","input":"x"}"#), None);
+    assert_eq!(chain(&f, b"{"), None);
+}
+
+#[test]
+fn without_any_tokenizer_nothing_is_tokenized() {
+    let f = KvFeeds::new(KvEventsSettings::default()).expect("nothing to load");
+    assert!(!f.has_tokenizer());
+    assert_eq!(chain(&f, &body(Some("a"))), None);
+    assert_eq!(chain(&f, &body(None)), None);
+}
+
+#[test]
+fn a_tokenizer_that_does_not_load_names_its_model_field_and_file() {
+    let missing = PathBuf::from("/nonexistent/model-b/tokenizer.json");
+    let e = KvFeeds::new(KvEventsSettings {
+        tokenizers: vec![entry("a", byte_bpe()), entry("b", missing)],
+        ..KvEventsSettings::default()
+    })
+    .expect_err("no such file");
+    assert_eq!(e.field, "kv_events.tokenizers[1].tokenizer");
+    let text = e.to_string();
+    assert!(
+        text.contains("model 'b'") && text.contains("/nonexistent/model-b/tokenizer.json"),
+        "{text}"
+    );
+    let e = KvFeeds::new(KvEventsSettings {
+        tokenizers: vec![KvEventsTokenizer {
+            chat_template: Some("/nonexistent/template.jinja".into()),
+            ..entry("a", byte_bpe())
+        }],
+        ..KvEventsSettings::default()
+    })
+    .expect_err("no such template");
+    assert_eq!(e.field, "kv_events.tokenizers[0].chat_template");
+    assert!(e.to_string().contains("/nonexistent/template.jinja"), "{e}");
+    // The default tokenizer's errors name its own field, and no model.
+    let e = KvFeeds::new(KvEventsSettings {
+        tokenizer: Some("/nonexistent/tokenizer.json".into()),
+        ..KvEventsSettings::default()
+    })
+    .expect_err("no such file");
+    assert_eq!(e.field, "kv_events.tokenizer");
+    assert!(!e.to_string().contains("model"), "{e}");
+}
