@@ -565,3 +565,118 @@ async fn http2_streams_are_relayed_incrementally() {
     eventually("released", || in_flight(&r, &up.url()) == 0).await;
     r.shutdown().await;
 }
+
+/// An engine that answers every request with a stream of `events` SSE chunks, sent in two
+/// writes with a pause between (the first `split` chunks, then the rest with the last chunk).
+async fn burst_engine(events: &'static [&'static str], split: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let _ = s.read(&mut buf).await;
+                let chunk = |e: &str| format!("{:x}\r\n{e}\r\n", e.len());
+                let mut first = String::from(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                     transfer-encoding: chunked\r\n\r\n",
+                );
+                events[..split].iter().for_each(|e| first += &chunk(e));
+                let _ = s.write_all(first.as_bytes()).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let mut rest: String = events[split..].iter().map(|e| chunk(e)).collect();
+                rest += "0\r\n\r\n";
+                let _ = s.write_all(rest.as_bytes()).await;
+                let _ = s.read(&mut buf).await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// The chunks of a chunked HTTP/1.1 answer read whole from `raw` (head, then chunks).
+fn chunks_of(raw: &[u8]) -> Vec<Vec<u8>> {
+    let text = raw;
+    let head_end = text
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    let (mut rest, mut out) = (&text[head_end..], Vec::new());
+    loop {
+        let line = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[..line]).expect("ascii"), 16)
+            .expect("hex size");
+        if size == 0 {
+            return out;
+        }
+        out.push(rest[line + 2..line + 2 + size].to_vec());
+        rest = &rest[line + 2 + size + 2..];
+    }
+}
+
+#[tokio::test]
+async fn stream_chunks_that_arrive_together_leave_together_byte_exact() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const EVENTS: &[&str] = &[
+        "data: {\"choices\":[{\"text\":\"a\"}]}\n\n",
+        "data: {\"choices\":[{\"text\":\"b\"}]}\n\n",
+        "data: {\"choices\":[{\"text\":\"c\"}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4,\
+         \"prompt_tokens_details\":{\"cached_tokens\":2}}}\n\n",
+        "data: [DONE]\n\n",
+    ];
+    let up = burst_engine(EVENTS, 3).await;
+    let r = router(settings(&[up])).await;
+    let body = r#"{"prompt":"x","stream":true}"#;
+    let mut s = tokio::net::TcpStream::connect(r.local_addr())
+        .await
+        .expect("connect");
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut raw = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut raw))
+        .await
+        .expect("answer in time")
+        .expect("read");
+    let chunks = chunks_of(&raw);
+    assert_eq!(chunks.concat(), EVENTS.concat().as_bytes(), "byte exact");
+    // Five chunks came in two bursts: each burst went out as one chunk (two, or one if the
+    // router was slow enough to read both bursts at once), not five.
+    assert!(
+        (1..=2).contains(&chunks.len()),
+        "{} chunks: {:?}",
+        chunks.len(),
+        chunks
+            .iter()
+            .map(|c| String::from_utf8_lossy(c).to_string())
+            .collect::<Vec<_>>()
+    );
+    // The usage in the joined chunks was read: the engine's cached tokens reached the strategy.
+    eventually("released", || total_in_flight(&r) == 0).await;
+    let labels = [("strategy", "cache-aware")];
+    let reported = tokio::time::timeout(WAIT, async {
+        loop {
+            let page = metrics_text(r.local_addr()).await;
+            let v = metric(&page, "prefix_router_reported_cached_tokens_total", &labels);
+            if v > 0.0 {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("usage read in time");
+    assert_eq!(reported, 2.0);
+    r.shutdown().await;
+}
