@@ -18,6 +18,7 @@ pub mod discovery;
 pub mod engine_metrics;
 pub mod error;
 pub mod guard;
+pub mod h1;
 pub mod handler;
 pub mod health;
 pub mod io_threads;

@@ -96,32 +96,24 @@ impl Failure {
     /// Classifies an error of the upstream client.
     pub fn of(e: &crate::pool::SendError) -> Self {
         use crate::pool::SendError;
-        let http = match e {
-            SendError::Connect(_) => return Failure::Connect(chain(e)),
-            SendError::Request(_) => return Failure::Other(chain(e)),
-            SendError::Http(h) => h,
-        };
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(http);
-        while let Some(s) = source {
-            if let Some(h) = s.downcast_ref::<hyper::Error>() {
-                if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
-                    return Failure::Closed;
-                }
-            }
-            if let Some(io) = s.downcast_ref::<std::io::Error>() {
+        match e {
+            SendError::Connect(_) => Failure::Connect(chain(e)),
+            SendError::Closed => Failure::Closed,
+            SendError::Io(io)
                 if matches!(
                     io.kind(),
                     std::io::ErrorKind::ConnectionReset
                         | std::io::ErrorKind::ConnectionAborted
                         | std::io::ErrorKind::BrokenPipe
                         | std::io::ErrorKind::UnexpectedEof
-                ) {
-                    return Failure::Closed;
-                }
+                ) =>
+            {
+                Failure::Closed
             }
-            source = s.source();
+            SendError::Io(_) | SendError::Wire(_) | SendError::Request(_) => {
+                Failure::Other(chain(e))
+            }
         }
-        Failure::Other(chain(e))
     }
 
     /// The `kind` label of `prefix_router_upstream_errors_total`.

@@ -1,19 +1,20 @@
-//! Upstream connections driven by the request that uses them.
+//! Upstream connections, read and written by the request that uses them.
 //!
-//! hyper-util's pooled client runs every upstream connection as a task of its own, and hands a
-//! response body over to the request's task through a channel that holds one frame: each
-//! streamed token went connection task → wake → relay task → wake, and then one `writev` to the
-//! client per token, often across the runtime's two threads (bench/peers.sh measured 460 µs of
-//! router CPU per streamed 16-token answer at one connection, against 100-160 µs for HAProxy).
-//! Here the connection is polled by the task that relays its answer: reading the upstream
-//! socket, decoding a chunk and writing it to the client happen in one task, with no hand-off.
+//! hyper-util's pooled client ran every upstream connection as a task of its own and handed a
+//! response body to the request's task through a one-frame channel: each streamed token went
+//! connection task -> wake -> relay task -> wake, often across the runtime's two threads. Then
+//! hyper's own client connection, driven from the relaying task, still passed each chunk
+//! through that channel and decoded chunked framing a byte at a time. Here a [`Link`] is a
+//! socket and a read buffer: the request head is written with [`crate::h1::encode_request`],
+//! the answer's head parsed with [`crate::h1::parse_head`], and its body decoded by
+//! [`crate::h1::BodyDecoder`] straight out of the read buffer by the task that relays it.
 //!
-//! A [`Link`] is one HTTP/1.1 connection (the `SendRequest` half and the connection future). It
-//! is checked out for one request, driven while its head and then its body are awaited
-//! ([`Leased`]), and put back when the body ended with the connection still open. Idle links
-//! are not polled: one that the instance closed in the meantime is found closed at checkout and
-//! dropped, and a request that a reused link could not send (the instance closed it just then)
-//! goes out again on a new connection, since the instance never saw it.
+//! A link is checked out for one request, read while its head and then its body are awaited
+//! ([`Leased`]), and put back when the body ended with the connection still good for another
+//! request. Idle links are not polled: one that the instance closed in the meantime is found
+//! closed at checkout and dropped, and a request that a reused link could not write (the
+//! instance closed it just then) goes out again on a new connection, since the instance never
+//! saw it.
 
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
@@ -22,21 +23,19 @@ use std::sync::Mutex;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{HeaderValue, Request, Response, Uri};
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderValue, Method, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tower_service::Service;
 
 use crate::body::BoxError;
+use crate::h1::{self, BodyDecoder, Decoded, WireError};
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
-type Io = hyper_rustls::MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
-type Conn = http1::Connection<Io, Full<Bytes>>;
+type Io = TokioIo<hyper_rustls::MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>>;
 
 /// How long an unused connection is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -44,22 +43,29 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const MAX_IDLE_PER_INSTANCE: usize = 256;
 /// How often the whole pool is swept of expired connections (on the way of a check-in).
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
-/// Largest read buffer of one upstream connection. Each connection keeps the largest buffer it
-/// ever grew (hyper's default cap is 408 KiB): over a long run the pool's connections crept
-/// towards it, which a heap profile of a soak showed as the router's only growth. Engine
-/// answers are SSE events and JSON of a few KiB: 16 KiB reads them in one go.
+/// What one read of an upstream connection asks for. Engine answers are SSE events and JSON of
+/// a few KiB: 16 KiB reads them in one go. A buffer is grown further only for a response head
+/// that does not fit ([`h1::MAX_HEAD`] at most), so idle connections hold little.
 const READ_BUF: usize = 16 * 1024;
+/// Below this much room, the read buffer is given [`READ_BUF`] more before a read.
+const MIN_ROOM: usize = 2 * 1024;
 
-/// Why an upstream request got no response head.
+/// Why an exchange with an instance failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
     /// No connection: refused, unreachable, connect timeout, failed TLS handshake.
     #[error("cannot connect: {0}")]
     Connect(BoxError),
-    /// Connected; the exchange failed (closed before an answer, a malformed answer).
+    /// The connection failed while writing the request or reading the answer.
+    #[error("connection error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The instance closed the connection before the answer was complete.
+    #[error("the instance closed the connection before the answer was complete")]
+    Closed,
+    /// The answer broke HTTP/1.1.
     #[error(transparent)]
-    Http(#[from] hyper::Error),
-    /// The request could not be built (an instance URL hyper cannot send to).
+    Wire(#[from] WireError),
+    /// The request could not be built (an instance URL the router cannot send to).
     #[error("{0}")]
     Request(String),
 }
@@ -87,35 +93,65 @@ struct Idle {
 
 /// One HTTP/1.1 connection to an instance.
 pub struct Link {
-    sender: http1::SendRequest<Full<Bytes>>,
-    /// `None` once the connection future finished (closed or failed): never polled again.
-    conn: Option<Pin<Box<Conn>>>,
+    io: Io,
+    /// What the instance sent that was not handed on yet.
+    buf: BytesMut,
     base: Box<str>,
     /// The idle list it goes back to: the thread that opened it.
     shard: usize,
-    /// The instance's `Host` (its URL's authority), set on every request sent on this link.
+    /// The instance's `Host` (its URL's authority), sent with every request on this link.
     host: HeaderValue,
     reused: bool,
+    /// The last request head written (its allocation is reused for the next).
+    head: Vec<u8>,
 }
 
 impl Link {
-    /// Polls the connection once: it reads, decodes and writes whatever its socket allows.
-    fn drive(&mut self, cx: &mut Context<'_>) {
-        if let Some(conn) = self.conn.as_mut() {
-            if conn.as_mut().poll(cx).is_ready() {
-                // Closed or failed: a response or body awaited on it learns why from hyper.
-                self.conn = None;
-            }
+    /// Whether an idle link can carry another request: nothing unread, and a read that would
+    /// wait (polled without a waker). The instance closing it, or sending unasked, retires it.
+    fn usable(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
         }
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        let mut probe = [0u8; 1];
+        let mut probe = ReadBuf::new(&mut probe);
+        Pin::new(&mut self.io)
+            .poll_read(&mut cx, &mut probe)
+            .is_pending()
     }
 
-    /// Whether an idle link can carry another request, polled without a waker.
-    fn usable(&mut self) -> bool {
-        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
-        self.drive(&mut cx);
-        self.conn.is_some()
-            && !self.sender.is_closed()
-            && matches!(self.sender.poll_ready(&mut cx), Poll::Ready(Ok(())))
+    /// Reads what the socket has into the buffer: the bytes read (0 when the instance closed).
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < MIN_ROOM {
+            self.buf.reserve(READ_BUF);
+        }
+        std::pin::pin!(self.io.read_buf(&mut self.buf)).poll(cx)
+    }
+
+    /// Writes the head and body of one request.
+    async fn write(&mut self, body: &Bytes) -> std::io::Result<()> {
+        let mut out = Buf::chain(&self.head[..], &body[..]);
+        self.io.write_all_buf(&mut out).await?;
+        self.io.flush().await
+    }
+
+    /// Reads the answer's head (past interim `1xx` ones).
+    async fn read_head(&mut self, head_request: bool) -> Result<h1::Head, SendError> {
+        loop {
+            if !self.buf.is_empty() {
+                if let Some((len, head)) = h1::parse_head(&self.buf, head_request)? {
+                    self.buf.advance(len);
+                    if head.status.is_informational() {
+                        continue;
+                    }
+                    return Ok(head);
+                }
+            }
+            if poll_fn(|cx| self.poll_fill(cx)).await? == 0 {
+                return Err(SendError::Closed);
+            }
+        }
     }
 }
 
@@ -147,37 +183,45 @@ impl Upstreams {
     }
 
     /// Sends `req` (origin form: its URI is the path) to the instance at `base` and waits for
-    /// the response head, driving the connection meanwhile. The body that comes back drives it further and
-    /// puts it back for the next request when it ends.
+    /// the response head. The body that comes back reads the connection further and puts it
+    /// back for the next request when it ends.
     pub async fn send(
         self: &std::sync::Arc<Self>,
         base: &str,
-        req: Request<Full<Bytes>>,
+        req: Request<Bytes>,
     ) -> Result<Response<Leased>, SendError> {
-        let mut req = req;
+        let (parts, body) = req.into_parts();
+        let head_request = parts.method == Method::HEAD;
         loop {
             let mut link = match self.checkout(base) {
                 Some(link) => link,
                 None => self.connect(base).await?,
             };
-            match exchange(&mut link, req).await {
-                Ok(resp) => {
-                    let (parts, body) = resp.into_parts();
-                    let leased = Leased {
-                        body,
-                        link: Some(link),
-                        pool: std::sync::Arc::clone(self),
-                    };
-                    return Ok(Response::from_parts(parts, leased));
-                }
+            let mut head = std::mem::take(&mut link.head);
+            head.clear();
+            h1::encode_request(&parts, &link.host, body.len(), &mut head);
+            link.head = head;
+            if let Err(e) = link.write(&body).await {
                 // The instance closed a reused connection before it read the request: it never
                 // saw it, so it goes out again, on a new connection.
-                Err(mut e) if link.reused => match e.take_message() {
-                    Some(again) => req = again,
-                    None => return Err(SendError::Http(e.into_error())),
-                },
-                Err(e) => return Err(SendError::Http(e.into_error())),
+                if link.reused {
+                    continue;
+                }
+                return Err(e.into());
             }
+            let head = link.read_head(head_request).await?;
+            let leased = Leased {
+                decoder: BodyDecoder::new(head.framing),
+                keep_alive: head.keep_alive,
+                link: Some(link),
+                pool: std::sync::Arc::clone(self),
+                done: false,
+            };
+            let mut resp = Response::new(leased);
+            *resp.status_mut() = head.status;
+            *resp.version_mut() = head.version;
+            *resp.headers_mut() = head.headers;
+            return Ok(resp);
         }
     }
 
@@ -208,30 +252,19 @@ impl Upstreams {
             .await
             .map_err(SendError::Connect)?;
         let io = connector.call(uri).await.map_err(SendError::Connect)?;
-        let (sender, conn) = http1::Builder::new()
-            .max_buf_size(READ_BUF)
-            .handshake(io)
-            .await?;
         Ok(Link {
-            sender,
-            conn: Some(Box::pin(conn)),
+            io: TokioIo::new(io),
+            buf: BytesMut::new(),
             base: base.into(),
             shard: self.here().0,
             host,
             reused: false,
+            head: Vec::new(),
         })
     }
 
-    /// Keeps `link` for the next request to its instance, when it is still open. One more turn
-    /// lets the connection settle into keep-alive after the answer it just carried; whether it
-    /// is ready for the next request is asked at checkout.
-    fn put(&self, mut link: Link) {
-        link.drive(&mut Context::from_waker(
-            futures_util::task::noop_waker_ref(),
-        ));
-        if link.conn.is_none() || link.sender.is_closed() {
-            return;
-        }
+    /// Keeps `link` for the next request to its instance.
+    fn put(&self, link: Link) {
         let now = Instant::now();
         let Some(idle) = self.idle.get(link.shard) else {
             return;
@@ -256,73 +289,97 @@ impl Upstreams {
     }
 }
 
-/// Sends `req` on `link` and awaits the head, polling the connection in the same task.
-async fn exchange(
-    link: &mut Link,
-    mut req: Request<Full<Bytes>>,
-) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<Full<Bytes>>>> {
-    req.headers_mut()
-        .insert(http::header::HOST, link.host.clone());
-    let mut sending = std::pin::pin!(link.sender.try_send_request(req));
-    poll_fn(|cx| {
-        // The connection first: it writes the request and reads the answer; the head is then
-        // ready in the same poll.
-        link.drive(cx);
-        sending.as_mut().poll(cx)
-    })
-    .await
-}
-
-/// A response body read through the connection it arrives on: each poll drives the connection
-/// first, and the end of the body returns the connection to the pool.
+/// A response body read from the connection it arrives on by the task that polls it; the end
+/// of the body returns the connection to the pool.
 pub struct Leased {
-    body: Incoming,
-    /// `None` once returned to the pool (or dropped with the body).
+    /// `None` once returned to the pool, or dropped after a failure.
     link: Option<Link>,
+    decoder: BodyDecoder,
+    /// Whether the connection can carry another request after this answer.
+    keep_alive: bool,
     pool: std::sync::Arc<Upstreams>,
+    /// The body ended (or failed): nothing more comes.
+    done: bool,
 }
 
 impl std::fmt::Debug for Leased {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leased").finish_non_exhaustive()
+        f.debug_struct("Leased")
+            .field("decoder", &self.decoder)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
     }
 }
 
 impl Leased {
-    /// The body ended: the connection goes back to the pool if it can take another request.
+    /// The body ended: the connection goes back to the pool if it can take another request
+    /// (kept alive, and nothing unasked after the body).
     fn release(&mut self) {
         if let Some(link) = self.link.take() {
-            self.pool.put(link);
+            if self.keep_alive && self.decoder.is_end() && link.buf.is_empty() {
+                self.pool.put(link);
+            }
         }
+    }
+
+    fn fail(&mut self, e: SendError) -> Poll<Option<Result<Frame<Bytes>, SendError>>> {
+        self.done = true;
+        self.link = None;
+        Poll::Ready(Some(Err(e)))
     }
 }
 
 impl Body for Leased {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = SendError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, SendError>>> {
         let this = self.get_mut();
-        if let Some(link) = this.link.as_mut() {
-            link.drive(cx);
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let Some(link) = this.link.as_mut() else {
+                this.done = true;
+                return Poll::Ready(None);
+            };
+            match this.decoder.decode(&mut link.buf) {
+                Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(Decoded::End) => {
+                    this.done = true;
+                    this.release();
+                    return Poll::Ready(None);
+                }
+                Ok(Decoded::More) => {}
+                Err(e) => return this.fail(e.into()),
+            }
+            match link.poll_fill(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) if this.decoder == BodyDecoder::Close => {
+                    // The body that ends with the connection ended.
+                    this.done = true;
+                    this.link = None;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Ok(0)) => return this.fail(SendError::Closed),
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return this.fail(e.into()),
+            }
         }
-        let polled = Pin::new(&mut this.body).poll_frame(cx);
-        if let Poll::Ready(None) = polled {
-            // `put` gives the connection the turn it needs to settle into keep-alive.
-            this.release();
-        }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.done || self.decoder.is_end()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match self.decoder {
+            BodyDecoder::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
     }
 }
 
@@ -331,7 +388,7 @@ impl Drop for Leased {
         // A body that ended without being polled to its end (empty, or read by length) still
         // leaves a reusable connection; one dropped part way closes it (the instance sees the
         // disconnect and stops generating).
-        if self.body.is_end_stream() {
+        if self.decoder.is_end() {
             self.release();
         }
     }

@@ -135,7 +135,7 @@ async fn replay(
     body: Bytes,
 ) -> bool {
     let path = prepared.api.path().unwrap_or("/v1/completions");
-    let mut req = http::Request::new(http_body_util::Full::new(body));
+    let mut req = http::Request::new(body);
     *req.method_mut() = http::Method::POST;
     *req.uri_mut() = http::Uri::from_static(path);
     req.headers_mut()

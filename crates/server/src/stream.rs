@@ -30,7 +30,7 @@ const GATHER_MAX: usize = 16 * 1024;
 
 /// What the instance's body gave after the frames joined into the last one: returned on the
 /// next poll.
-type Held = Option<Result<Frame<Bytes>, hyper::Error>>;
+type Held = Option<Result<Frame<Bytes>, crate::pool::SendError>>;
 
 /// The instance sent nothing for longer than the idle-stream timeout.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Uri, Version};
-use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::pool::Upstreams;
@@ -83,14 +82,14 @@ fn strip_connection_named(headers: &mut HeaderMap) {
 
 /// The instance's request: same method, path, query, headers (less hop-by-hop) and body, sent
 /// over HTTP/1.1 (the connection sets `Host` to the instance's).
-pub fn build_request(parts: &http::request::Parts, body: Bytes) -> Request<Full<Bytes>> {
+pub fn build_request(parts: &http::request::Parts, body: Bytes) -> Request<Bytes> {
     // Origin form (path and query): the connection is already the instance's. The path is
     // shared with the client's request, not copied.
     let uri = match parts.uri.path_and_query() {
         Some(p) => Uri::from(p.clone()),
         None => Uri::from_static("/"),
     };
-    let mut req = Request::new(Full::new(body));
+    let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
@@ -115,7 +114,7 @@ pub async fn get(
     timeout: Duration,
 ) -> Option<(http::StatusCode, Bytes)> {
     use http_body_util::BodyExt;
-    let req = Request::get(path).body(Full::new(Bytes::new())).ok()?;
+    let req = Request::get(path).body(Bytes::new()).ok()?;
     let answer = async {
         let resp = client.send(base, req).await.ok()?;
         let status = resp.status();

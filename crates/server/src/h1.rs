@@ -1,0 +1,386 @@
+//! The HTTP/1.1 wire of upstream connections: the request head written, the response head
+//! parsed (httparse), and the response body's framing decoded ([RFC 9112]).
+//!
+//! Pure functions over buffers, so every rule is tested without a socket; [`crate::pool`] does
+//! the I/O. Written for the router rather than taken from hyper's client because hyper's
+//! chunked decoder takes the size line and each CRLF one byte at a time (a `Bytes` per byte),
+//! and hands each chunk to the request's task through a channel: per streamed token that was
+//! the largest part of the router's instructions (BENCHMARKS.md, "A leaner upstream client").
+//! Here a size line is found with one `memchr` and a chunk's data is a slice of the read
+//! buffer.
+//!
+//! [RFC 9112]: https://www.rfc-editor.org/rfc/rfc9112
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, Method, StatusCode, Version};
+
+/// Largest response head accepted (status line and headers).
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most response headers accepted.
+const MAX_HEADERS: usize = 128;
+/// Longest chunk size line (size, extensions, CRLF) and longest trailer section.
+const MAX_LINE: usize = 4 * 1024;
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// An instance's answer the router cannot read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    /// The status line or a header is not HTTP/1.x.
+    #[error("malformed response head: {0}")]
+    Head(String),
+    /// The head did not end within [`MAX_HEAD`] bytes.
+    #[error("response head larger than {MAX_HEAD} bytes")]
+    HeadTooLarge,
+    /// `101 Switching Protocols`: the router relays requests, not upgraded connections.
+    #[error("the instance switched protocols (101), which the router does not relay")]
+    Upgrade,
+    /// A chunked body broke its framing.
+    #[error("malformed chunked body: {0}")]
+    Chunk(&'static str),
+}
+
+/// Writes the head of `parts` (origin form) with `host`, framed by `body_len` bytes of body.
+/// Framing headers of the client's request are not copied: the router frames what it sends.
+pub fn encode_request(
+    parts: &http::request::Parts,
+    host: &HeaderValue,
+    body_len: usize,
+    out: &mut Vec<u8>,
+) {
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        if name == http::header::HOST || name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    // A body, or a method whose requests carry one: say its length (0 included), as hyper did.
+    let has_body_method = !matches!(
+        parts.method,
+        Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS | Method::CONNECT
+    );
+    if body_len > 0 || has_body_method {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa(body_len as u64).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn itoa(mut n: u64) -> String {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&digits[i..]).into_owned()
+}
+
+/// How the body of an answer ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Exactly this many bytes (`Content-Length`; no body at all is `Length(0)`).
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the instance closes the connection.
+    Close,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct Head {
+    /// Status.
+    pub status: StatusCode,
+    /// HTTP/1.0 or HTTP/1.1.
+    pub version: Version,
+    /// Every header as sent (hop-by-hop ones included: the proxy strips them).
+    pub headers: HeaderMap,
+    /// How the body ends.
+    pub framing: Framing,
+    /// Whether the connection can carry another request once the body ended.
+    pub keep_alive: bool,
+}
+
+/// Parses the response head at the start of `buf`: the head and its length in bytes, `None`
+/// while incomplete. Interim answers (`1xx` but 101) come back as heads too: the caller skips
+/// them. `head_request`: the request was `HEAD` (its answer has no body whatever it says).
+pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(usize, Head)>, WireError> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut slots);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+            return Err(WireError::HeadTooLarge)
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(WireError::Head(e.to_string())),
+    };
+    if len > MAX_HEAD {
+        return Err(WireError::HeadTooLarge);
+    }
+    let code = resp.code.unwrap_or_default();
+    let status =
+        StatusCode::from_u16(code).map_err(|_| WireError::Head(format!("status {code}")))?;
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(WireError::Upgrade);
+    }
+    let version = if resp.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+    let (mut chunked, mut coded, mut length) = (false, false, None::<u64>);
+    let (mut close, mut keep) = (false, false);
+    for h in resp.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| WireError::Head(format!("header name {:?}", h.name)))?;
+        let value = HeaderValue::from_bytes(h.value)
+            .map_err(|_| WireError::Head(format!("value of header {}", h.name)))?;
+        if name == TRANSFER_ENCODING {
+            // The last coding decides: chunked last is chunked framing, anything else after it
+            // leaves the body to end with the connection.
+            let last = tokens(h.value).last().unwrap_or_default();
+            coded = true;
+            chunked = last.eq_ignore_ascii_case(b"chunked");
+        } else if name == CONTENT_LENGTH {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .map(str::trim)
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| WireError::Head("content-length is not a number".into()))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(WireError::Head("conflicting content-length values".into()));
+            }
+            length = Some(n);
+        } else if name == CONNECTION {
+            for t in tokens(h.value) {
+                close |= t.eq_ignore_ascii_case(b"close");
+                keep |= t.eq_ignore_ascii_case(b"keep-alive");
+            }
+        }
+        headers.append(name, value);
+    }
+    let bodiless = head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = if bodiless {
+        Framing::Length(0)
+    } else if coded {
+        if chunked {
+            Framing::Chunked
+        } else {
+            Framing::Close
+        }
+    } else {
+        length.map_or(Framing::Close, Framing::Length)
+    };
+    let keep_alive = framing != Framing::Close && !close && (version == Version::HTTP_11 || keep);
+    Ok(Some((
+        len,
+        Head {
+            status,
+            version,
+            headers,
+            framing,
+            keep_alive,
+        },
+    )))
+}
+
+/// The comma-separated tokens of a header value, trimmed.
+fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
+/// What a body decoder made of the buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// Body bytes, taken from the buffer.
+    Data(Bytes),
+    /// The buffer holds no more of the body: read more.
+    More,
+    /// The body ended; what the buffer still holds follows it.
+    End,
+}
+
+/// Decodes one answer's body out of the connection's read buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyDecoder {
+    /// Bytes still to come.
+    Length(u64),
+    /// Within a chunked body.
+    Chunked(ChunkState),
+    /// Until the connection closes.
+    Close,
+}
+
+/// Where a chunked body's decoder is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkState {
+    /// Expecting a size line.
+    Size,
+    /// Within a chunk's data: bytes left.
+    Data(u64),
+    /// After a chunk's data: expecting its CRLF.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one.
+    Trailers,
+    /// The body ended.
+    Done,
+}
+
+impl BodyDecoder {
+    /// The decoder for `framing`.
+    pub fn new(framing: Framing) -> Self {
+        match framing {
+            Framing::Length(n) => BodyDecoder::Length(n),
+            Framing::Chunked => BodyDecoder::Chunked(ChunkState::Size),
+            Framing::Close => BodyDecoder::Close,
+        }
+    }
+
+    /// Whether the body ended.
+    pub fn is_end(&self) -> bool {
+        matches!(
+            self,
+            BodyDecoder::Length(0) | BodyDecoder::Chunked(ChunkState::Done)
+        )
+    }
+
+    /// Takes the next piece of body from `buf`.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, WireError> {
+        match self {
+            BodyDecoder::Length(0) => Ok(Decoded::End),
+            BodyDecoder::Length(left) => {
+                if buf.is_empty() {
+                    return Ok(Decoded::More);
+                }
+                let n = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
+                *left -= n as u64;
+                Ok(Decoded::Data(buf.split_to(n).freeze()))
+            }
+            BodyDecoder::Close if buf.is_empty() => Ok(Decoded::More),
+            BodyDecoder::Close => Ok(Decoded::Data(buf.split().freeze())),
+            BodyDecoder::Chunked(state) => decode_chunked(state, buf),
+        }
+    }
+}
+
+fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded, WireError> {
+    loop {
+        match *state {
+            ChunkState::Size => {
+                let Some(nl) = memchr::memchr(b'\n', buf) else {
+                    if buf.len() > MAX_LINE {
+                        return Err(WireError::Chunk("size line too long"));
+                    }
+                    return Ok(Decoded::More);
+                };
+                let line = buf
+                    .get(..nl)
+                    .and_then(|l| l.strip_suffix(b"\r"))
+                    .ok_or(WireError::Chunk("size line not ended by CRLF"))?;
+                let size = chunk_size(line)?;
+                buf.advance(nl + 1);
+                *state = if size == 0 {
+                    ChunkState::Trailers
+                } else {
+                    ChunkState::Data(size)
+                };
+            }
+            ChunkState::Data(left) => {
+                if buf.is_empty() {
+                    return Ok(Decoded::More);
+                }
+                let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                let rest = left - n as u64;
+                *state = if rest == 0 {
+                    ChunkState::DataEnd
+                } else {
+                    ChunkState::Data(rest)
+                };
+                return Ok(Decoded::Data(buf.split_to(n).freeze()));
+            }
+            ChunkState::DataEnd => {
+                match buf.get(..2) {
+                    None if buf.first().is_none_or(|&b| b == b'\r') => return Ok(Decoded::More),
+                    Some(b"\r\n") => buf.advance(2),
+                    _ => return Err(WireError::Chunk("chunk data not followed by CRLF")),
+                }
+                *state = ChunkState::Size;
+            }
+            ChunkState::Trailers => {
+                let Some(nl) = memchr::memchr(b'\n', buf) else {
+                    if buf.len() > MAX_TRAILERS {
+                        return Err(WireError::Chunk("trailers too long"));
+                    }
+                    return Ok(Decoded::More);
+                };
+                if nl > MAX_TRAILERS {
+                    return Err(WireError::Chunk("trailers too long"));
+                }
+                let empty = nl == 0 || (nl == 1 && buf[0] == b'\r');
+                // Trailers are read past and dropped: engines send none that a client needs.
+                buf.advance(nl + 1);
+                if empty {
+                    *state = ChunkState::Done;
+                }
+            }
+            ChunkState::Done => return Ok(Decoded::End),
+        }
+    }
+}
+
+/// The size of a chunk from its size line (hex digits, then optional whitespace and
+/// extensions, which are ignored).
+fn chunk_size(line: &[u8]) -> Result<u64, WireError> {
+    let digits = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    if digits == 0 {
+        return Err(WireError::Chunk("size line without a size"));
+    }
+    if digits > 15 {
+        return Err(WireError::Chunk("chunk size too large"));
+    }
+    let rest = &line[digits..];
+    if !rest.is_empty() && !matches!(rest[0], b';' | b' ' | b'\t') {
+        return Err(WireError::Chunk("invalid character in a size line"));
+    }
+    let mut size = 0u64;
+    for &b in &line[..digits] {
+        let d = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => b - b'A' + 10,
+        };
+        size = size * 16 + u64::from(d);
+    }
+    Ok(size)
+}
+
+#[cfg(test)]
+mod tests;

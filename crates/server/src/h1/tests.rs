@@ -1,0 +1,285 @@
+use super::*;
+use proptest::prelude::*;
+
+fn head(text: &str) -> Result<Option<(usize, Head)>, WireError> {
+    parse_head(text.as_bytes(), false)
+}
+
+fn framing(text: &str) -> (Framing, bool) {
+    let (_, h) = head(text).expect("parses").expect("complete");
+    (h.framing, h.keep_alive)
+}
+
+/// Decodes all of `wire` fed in pieces cut at `cuts`; the body and what follows it.
+fn decode_in_pieces(
+    mut d: BodyDecoder,
+    wire: &[u8],
+    cuts: &[usize],
+) -> Result<(Vec<u8>, Vec<u8>), WireError> {
+    let mut buf = BytesMut::new();
+    let mut body = Vec::new();
+    let mut fed = 0;
+    let mut cuts: Vec<usize> = cuts.iter().map(|&c| c.min(wire.len())).collect();
+    cuts.sort_unstable();
+    cuts.push(wire.len());
+    for cut in cuts {
+        buf.extend_from_slice(&wire[fed..cut.max(fed)]);
+        fed = cut.max(fed);
+        loop {
+            match d.decode(&mut buf)? {
+                Decoded::Data(b) => {
+                    assert!(!b.is_empty(), "no empty data pieces");
+                    body.extend_from_slice(&b)
+                }
+                Decoded::More => break,
+                Decoded::End => {
+                    buf.extend_from_slice(&wire[fed..]);
+                    return Ok((body, buf.to_vec()));
+                }
+            }
+        }
+    }
+    Err(WireError::Chunk("ended early"))
+}
+
+fn chunked(pieces: &[&[u8]], upper: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in pieces {
+        let size = if upper {
+            format!("{:X}\r\n", p.len())
+        } else {
+            format!("{:x}\r\n", p.len())
+        };
+        out.extend_from_slice(size.as_bytes());
+        out.extend_from_slice(p);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+#[test]
+fn a_request_head_is_framed_by_the_router() {
+    let req = http::Request::post("/v1/chat/completions?x=1")
+        .header("content-type", "application/json")
+        .header("content-length", "999")
+        .header("transfer-encoding", "chunked")
+        .header("host", "client.example")
+        .body(())
+        .expect("request");
+    let (parts, ()) = req.into_parts();
+    let mut out = Vec::new();
+    encode_request(
+        &parts,
+        &HeaderValue::from_static("127.0.0.1:9"),
+        12,
+        &mut out,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 127.0.0.1:9\r\n\
+         content-type: application/json\r\ncontent-length: 12\r\n\r\n"
+    );
+    let (get, ()) = http::Request::get("/health")
+        .body(())
+        .expect("get")
+        .into_parts();
+    out.clear();
+    encode_request(&get, &HeaderValue::from_static("h"), 0, &mut out);
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "GET /health HTTP/1.1\r\nhost: h\r\n\r\n"
+    );
+    let (post, ()) = http::Request::post("/x")
+        .body(())
+        .expect("post")
+        .into_parts();
+    out.clear();
+    encode_request(&post, &HeaderValue::from_static("h"), 0, &mut out);
+    assert!(String::from_utf8_lossy(&out).ends_with("content-length: 0\r\n\r\n"));
+    assert_eq!(itoa(0), "0");
+    assert_eq!(itoa(1234567890), "1234567890");
+}
+
+#[test]
+fn heads_parse_only_when_complete() {
+    let text = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\nabc";
+    for end in 0..text.len() - 3 {
+        assert!(head(&text[..end]).expect("no error").is_none(), "{end}");
+    }
+    let (len, h) = head(text).expect("parses").expect("complete");
+    assert_eq!(len, text.len() - 3);
+    assert_eq!(h.status, StatusCode::OK);
+    assert_eq!(h.version, Version::HTTP_11);
+    assert_eq!(h.headers["content-type"], "text/event-stream");
+    assert_eq!(h.headers["transfer-encoding"], "chunked");
+    assert_eq!((h.framing, h.keep_alive), (Framing::Chunked, true));
+}
+
+#[test]
+fn framing_follows_rfc_9112() {
+    let ok = "HTTP/1.1 200 OK\r\n";
+    assert_eq!(
+        framing(&format!("{ok}content-length: 5\r\n\r\n")),
+        (Framing::Length(5), true)
+    );
+    // Transfer-Encoding wins over Content-Length.
+    assert_eq!(
+        framing(&format!(
+            "{ok}content-length: 5\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
+        )),
+        (Framing::Chunked, true)
+    );
+    // A coding other than chunked last: the body ends with the connection.
+    assert_eq!(
+        framing(&format!("{ok}transfer-encoding: chunked, gzip\r\n\r\n")),
+        (Framing::Close, false)
+    );
+    assert_eq!(framing(&format!("{ok}\r\n")), (Framing::Close, false));
+    assert_eq!(
+        framing(&format!(
+            "{ok}content-length: 7\r\ncontent-length: 7\r\n\r\n"
+        )),
+        (Framing::Length(7), true)
+    );
+    assert_eq!(
+        framing(&format!(
+            "{ok}content-length: 7\r\nconnection: Close\r\n\r\n"
+        )),
+        (Framing::Length(7), false)
+    );
+    assert_eq!(
+        framing("HTTP/1.0 200 OK\r\ncontent-length: 7\r\n\r\n"),
+        (Framing::Length(7), false)
+    );
+    assert_eq!(
+        framing("HTTP/1.0 200 OK\r\ncontent-length: 7\r\nconnection: keep-alive\r\n\r\n"),
+        (Framing::Length(7), true)
+    );
+    for bodiless in ["204 No Content", "304 Not Modified", "100 Continue"] {
+        assert_eq!(
+            framing(&format!("HTTP/1.1 {bodiless}\r\ncontent-length: 9\r\n\r\n")),
+            (Framing::Length(0), true)
+        );
+    }
+    let (_, h) = parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n", true)
+        .expect("parses")
+        .expect("complete");
+    assert_eq!(
+        h.framing,
+        Framing::Length(0),
+        "the answer to HEAD has no body"
+    );
+}
+
+#[test]
+fn bad_heads_are_errors_that_say_what() {
+    let conflicting = head("HTTP/1.1 200 OK\r\ncontent-length: 7\r\ncontent-length: 8\r\n\r\n");
+    assert!(matches!(conflicting, Err(WireError::Head(m)) if m.contains("conflicting")));
+    for bad in ["-1", "7a", "", "1 2"] {
+        let text = format!("HTTP/1.1 200 OK\r\ncontent-length: {bad}\r\n\r\n");
+        assert!(matches!(head(&text), Err(WireError::Head(_))), "{bad:?}");
+    }
+    assert!(matches!(
+        head("HTTP/2 200 OK\r\n\r\n"),
+        Err(WireError::Head(_))
+    ));
+    assert!(matches!(
+        head("SMTP ready\r\n\r\n"),
+        Err(WireError::Head(_))
+    ));
+    assert_eq!(
+        head("HTTP/1.1 101 Switching Protocols\r\n\r\n").err(),
+        Some(WireError::Upgrade)
+    );
+    let huge = format!("HTTP/1.1 200 OK\r\nx: {}", "a".repeat(MAX_HEAD + 1));
+    assert_eq!(head(&huge).err(), Some(WireError::HeadTooLarge));
+}
+
+#[test]
+fn chunked_bodies_decode_with_extensions_and_trailers() {
+    let wire =
+        b"5;name=value\r\nhello\r\n1 \r\n!\r\nA\r\n0123456789\r\n0\r\nx-trailer: 1\r\n\r\nNEXT";
+    let (body, rest) = decode_in_pieces(BodyDecoder::new(Framing::Chunked), wire, &[]).expect("ok");
+    assert_eq!(body, b"hello!0123456789");
+    assert_eq!(rest, b"NEXT", "what follows the body stays in the buffer");
+}
+
+#[test]
+fn broken_chunked_bodies_are_errors() {
+    let cases: [(&[u8], &str); 6] = [
+        (b"zz\r\nab\r\n0\r\n\r\n", "size line without a size"),
+        (b"2x\r\nab\r\n0\r\n\r\n", "invalid character in a size line"),
+        (b"2\r\nabXY0\r\n\r\n", "chunk data not followed by CRLF"),
+        (b"2\nab\r\n0\r\n\r\n", "size line not ended by CRLF"),
+        (b"ffffffffffffffff\r\n", "chunk size too large"),
+        (b"\r\n", "size line without a size"),
+    ];
+    for (wire, why) in cases {
+        assert_eq!(
+            decode_in_pieces(BodyDecoder::new(Framing::Chunked), wire, &[]).err(),
+            Some(WireError::Chunk(why)),
+            "{}",
+            String::from_utf8_lossy(wire)
+        );
+    }
+    let long = vec![b'1'; MAX_LINE + 1];
+    assert_eq!(
+        decode_in_pieces(BodyDecoder::new(Framing::Chunked), &long, &[]).err(),
+        Some(WireError::Chunk("size line too long"))
+    );
+}
+
+#[test]
+fn length_and_close_bodies_take_what_is_theirs() {
+    let (body, rest) =
+        decode_in_pieces(BodyDecoder::new(Framing::Length(5)), b"helloNEXT", &[2]).expect("ok");
+    assert_eq!(
+        (body.as_slice(), rest.as_slice()),
+        (&b"hello"[..], &b"NEXT"[..])
+    );
+    let mut empty = BodyDecoder::new(Framing::Length(0));
+    assert!(empty.is_end());
+    assert_eq!(
+        empty.decode(&mut BytesMut::from(&b"x"[..])),
+        Ok(Decoded::End)
+    );
+    let mut close = BodyDecoder::new(Framing::Close);
+    let mut buf = BytesMut::from(&b"all of it"[..]);
+    assert_eq!(
+        close.decode(&mut buf),
+        Ok(Decoded::Data(Bytes::from_static(b"all of it")))
+    );
+    assert_eq!(close.decode(&mut buf), Ok(Decoded::More));
+    assert!(!close.is_end());
+}
+
+proptest! {
+    /// However the wire is cut into reads, a chunked body decodes to the same bytes and leaves
+    /// what follows it untouched.
+    #[test]
+    fn chunked_decoding_does_not_depend_on_how_reads_split_the_wire(
+        pieces in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..300), 0..8),
+        cuts in proptest::collection::vec(0usize..3000, 0..12),
+        upper in any::<bool>(),
+    ) {
+        let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+        let mut wire = chunked(&refs, upper);
+        wire.extend_from_slice(b"HTTP/1.1");
+        let (body, rest) = decode_in_pieces(BodyDecoder::new(Framing::Chunked), &wire, &cuts)
+            .expect("decodes");
+        prop_assert_eq!(body, pieces.concat());
+        prop_assert_eq!(rest, b"HTTP/1.1".to_vec());
+    }
+
+    /// Whatever the instance sends, the decoders return an answer or an error, never panic,
+    /// and never hand out more body than was fed.
+    #[test]
+    fn arbitrary_bytes_never_panic(wire in proptest::collection::vec(any::<u8>(), 0..600),
+                                   cuts in proptest::collection::vec(0usize..600, 0..6)) {
+        let _ = parse_head(&wire, false);
+        if let Ok((body, _)) = decode_in_pieces(BodyDecoder::new(Framing::Chunked), &wire, &cuts) {
+            prop_assert!(body.len() <= wire.len());
+        }
+    }
+}
