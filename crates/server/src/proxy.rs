@@ -30,6 +30,10 @@ use crate::upstream::{build_request, strip_hop_by_hop};
 pub const INSTANCE_HEADER: &str = "x-prefix-router-instance";
 /// Response header with the routing decision's reason (`preferred`, `overflow`, ...).
 pub const DECISION_HEADER: &str = "x-prefix-router-decision";
+/// The two as header names, parsed once: inserting by `&str` parses the name on every response
+/// (about 900 instructions each under callgrind).
+static INSTANCE_NAME: http::HeaderName = http::HeaderName::from_static(INSTANCE_HEADER);
+static DECISION_NAME: http::HeaderName = http::HeaderName::from_static(DECISION_HEADER);
 
 /// Proxies one request; every failure becomes an OpenAI-shaped error response.
 pub async fn proxy(
@@ -229,11 +233,12 @@ fn relay(
     strip_hop_by_hop(&mut parts.headers);
     parts.version = Version::default();
     if let Ok(v) = HeaderValue::from_str(routed.id()) {
-        parts.headers.insert(INSTANCE_HEADER, v);
+        parts.headers.insert(INSTANCE_NAME.clone(), v);
     }
-    parts
-        .headers
-        .insert(DECISION_HEADER, HeaderValue::from_static(routed.reason));
+    parts.headers.insert(
+        DECISION_NAME.clone(),
+        HeaderValue::from_static(routed.reason),
+    );
     let sse = parts
         .headers
         .get(http::header::CONTENT_TYPE)

@@ -32,7 +32,7 @@ pub fn client(connect: Duration, tls: rustls::ClientConfig, io_threads: usize) -
 const HOPS: usize = 8;
 
 /// Headers that belong to one connection, never forwarded (RFC 9110 section 7.6.1).
-const HOP_BY_HOP: [HeaderName; HOPS] = [
+static HOP_BY_HOP: [HeaderName; HOPS] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
