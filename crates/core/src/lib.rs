@@ -12,6 +12,7 @@ pub mod extract;
 pub mod fleet;
 pub mod group;
 pub mod key;
+pub mod prehashed;
 pub mod prewarm;
 pub mod reported;
 pub mod residency;

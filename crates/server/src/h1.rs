@@ -17,8 +17,8 @@ use http::{HeaderMap, Method, StatusCode, Version};
 
 /// Largest response head accepted (status line and headers).
 pub const MAX_HEAD: usize = 64 * 1024;
-/// Most response headers accepted.
-const MAX_HEADERS: usize = 128;
+/// Most response headers accepted (hyper's client default too). Engines send a dozen.
+const MAX_HEADERS: usize = 100;
 /// Longest chunk size line (size, extensions, CRLF) and longest trailer section.
 const MAX_LINE: usize = 4 * 1024;
 const MAX_TRAILERS: usize = 16 * 1024;
@@ -117,13 +117,14 @@ pub struct Head {
     pub keep_alive: bool,
 }
 
-/// Parses the response head at the start of `buf`: the head and its length in bytes, `None`
-/// while incomplete. Interim answers (`1xx` but 101) come back as heads too: the caller skips
-/// them. `head_request`: the request was `HEAD` (its answer has no body whatever it says).
-pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(usize, Head)>, WireError> {
+/// Parses the response head at the start of `buf` and takes it from there; `None` (and `buf`
+/// untouched) while incomplete. Interim answers (`1xx` but 101) come back as heads too: the
+/// caller skips them. `head_request`: the request was `HEAD` (its answer has no body whatever
+/// it says). Header values share the head's bytes instead of each being copied.
+pub fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, WireError> {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut slots);
-    let len = match resp.parse(buf) {
+    let len = match resp.parse(&buf[..]) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
             return Err(WireError::HeadTooLarge)
@@ -145,22 +146,39 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(usize, Head)
     } else {
         Version::HTTP_11
     };
-    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+    // Where each name and value lies in `buf`, so that the head can be split off (frozen) and
+    // the values made slices of it once httparse's borrow of `buf` ends.
+    // Kept small (u32, within MAX_HEAD): zeroing a larger array per answer showed under
+    // callgrind.
+    let base = buf.as_ptr() as usize;
+    let at = |s: &[u8]| ((s.as_ptr() as usize - base) as u32, s.len() as u32);
+    let mut spans = [((0u32, 0u32), (0u32, 0u32)); MAX_HEADERS];
+    let count = resp.headers.len();
+    for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
+        *span = (at(h.name.as_bytes()), at(h.value));
+    }
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(count);
     let (mut chunked, mut coded, mut length) = (false, false, None::<u64>);
     let (mut close, mut keep) = (false, false);
-    for h in resp.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
-            .map_err(|_| WireError::Head(format!("header name {:?}", h.name)))?;
-        let value = HeaderValue::from_bytes(h.value)
-            .map_err(|_| WireError::Head(format!("value of header {}", h.name)))?;
+    for &((ns, nl), (vs, vl)) in &spans[..count] {
+        let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
+        let raw_name = &head[ns..ns + nl];
+        let raw_value = &head[vs..vs + vl];
+        let name = HeaderName::from_bytes(raw_name).map_err(|_| {
+            WireError::Head(format!(
+                "header name {:?}",
+                String::from_utf8_lossy(raw_name)
+            ))
+        })?;
         if name == TRANSFER_ENCODING {
             // The last coding decides: chunked last is chunked framing, anything else after it
             // leaves the body to end with the connection.
-            let last = tokens(h.value).last().unwrap_or_default();
+            let last = tokens(raw_value).last().unwrap_or_default();
             coded = true;
             chunked = last.eq_ignore_ascii_case(b"chunked");
         } else if name == CONTENT_LENGTH {
-            let n = std::str::from_utf8(h.value)
+            let n = std::str::from_utf8(raw_value)
                 .ok()
                 .map(str::trim)
                 .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
@@ -171,11 +189,13 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(usize, Head)
             }
             length = Some(n);
         } else if name == CONNECTION {
-            for t in tokens(h.value) {
+            for t in tokens(raw_value) {
                 close |= t.eq_ignore_ascii_case(b"close");
                 keep |= t.eq_ignore_ascii_case(b"keep-alive");
             }
         }
+        let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
+            .map_err(|_| WireError::Head(format!("value of header {name}")))?;
         headers.append(name, value);
     }
     let bodiless = head_request
@@ -194,16 +214,13 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(usize, Head)
         length.map_or(Framing::Close, Framing::Length)
     };
     let keep_alive = framing != Framing::Close && !close && (version == Version::HTTP_11 || keep);
-    Ok(Some((
-        len,
-        Head {
-            status,
-            version,
-            headers,
-            framing,
-            keep_alive,
-        },
-    )))
+    Ok(Some(Head {
+        status,
+        version,
+        headers,
+        framing,
+        keep_alive,
+    }))
 }
 
 /// The comma-separated tokens of a header value, trimmed.

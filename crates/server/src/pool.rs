@@ -142,8 +142,7 @@ impl Link {
     async fn read_head(&mut self, head_request: bool) -> Result<h1::Head, SendError> {
         loop {
             if !self.buf.is_empty() {
-                if let Some((len, head)) = h1::parse_head(&self.buf, head_request)? {
-                    self.buf.advance(len);
+                if let Some(head) = h1::parse_head(&mut self.buf, head_request)? {
                     if head.status.is_informational() {
                         continue;
                     }

@@ -48,7 +48,7 @@ pub mod table;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use self::choose::Candidate;
@@ -234,7 +234,7 @@ impl CacheAwareConfig {
 struct State {
     index: BlockIndex,
     slots: Slots,
-    slot_of: HashMap<u64, u16>,
+    slot_of: crate::prehashed::PreHashedMap<u16>,
     loads: Vec<InstanceLoad>,
     /// The fleet's cost fit, which each instance's is blended with.
     pool: Pool,
@@ -325,7 +325,7 @@ impl CacheAware {
         let state = State {
             index: BlockIndex::new(config.index_blocks),
             slots: Slots::default(),
-            slot_of: HashMap::new(),
+            slot_of: Default::default(),
             loads: Vec::new(),
             pool: Pool::new(config.prior),
             pending: Vec::new(),

@@ -1,12 +1,12 @@
 use super::*;
 use proptest::prelude::*;
 
-fn head(text: &str) -> Result<Option<(usize, Head)>, WireError> {
-    parse_head(text.as_bytes(), false)
+fn head(text: &str) -> Result<Option<Head>, WireError> {
+    parse_head(&mut BytesMut::from(text.as_bytes()), false)
 }
 
 fn framing(text: &str) -> (Framing, bool) {
-    let (_, h) = head(text).expect("parses").expect("complete");
+    let h = head(text).expect("parses").expect("complete");
     (h.framing, h.keep_alive)
 }
 
@@ -105,10 +105,22 @@ fn a_request_head_is_framed_by_the_router() {
 fn heads_parse_only_when_complete() {
     let text = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\nabc";
     for end in 0..text.len() - 3 {
-        assert!(head(&text[..end]).expect("no error").is_none(), "{end}");
+        let mut partial = BytesMut::from(&text.as_bytes()[..end]);
+        assert!(
+            parse_head(&mut partial, false).expect("no error").is_none(),
+            "{end}"
+        );
+        assert_eq!(partial.len(), end, "an incomplete head stays in the buffer");
     }
-    let (len, h) = head(text).expect("parses").expect("complete");
-    assert_eq!(len, text.len() - 3);
+    let mut buf = BytesMut::from(text.as_bytes());
+    let h = parse_head(&mut buf, false)
+        .expect("parses")
+        .expect("complete");
+    assert_eq!(
+        &buf[..],
+        b"abc",
+        "what follows the head stays in the buffer"
+    );
     assert_eq!(h.status, StatusCode::OK);
     assert_eq!(h.version, Version::HTTP_11);
     assert_eq!(h.headers["content-type"], "text/event-stream");
@@ -162,7 +174,8 @@ fn framing_follows_rfc_9112() {
             (Framing::Length(0), true)
         );
     }
-    let (_, h) = parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n", true)
+    let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n"[..]);
+    let h = parse_head(&mut buf, true)
         .expect("parses")
         .expect("complete");
     assert_eq!(
@@ -277,7 +290,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(wire in proptest::collection::vec(any::<u8>(), 0..600),
                                    cuts in proptest::collection::vec(0usize..600, 0..6)) {
-        let _ = parse_head(&wire, false);
+        let _ = parse_head(&mut BytesMut::from(&wire[..]), false);
         if let Ok((body, _)) = decode_in_pieces(BodyDecoder::new(Framing::Chunked), &wire, &cuts) {
             prop_assert!(body.len() <= wire.len());
         }
