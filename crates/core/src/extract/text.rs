@@ -117,9 +117,6 @@ pub(crate) fn count_char_starts(bytes: &[u8]) -> usize {
     count_matching(bytes, |b| (b as i8) >= -0x40)
 }
 
-/// Bytes per block of the vectorisable scans below.
-const BLOCK: usize = 32;
-
 /// Number of bytes of `bytes` for which `pred` holds. Counts each block of up to 128 bytes
 /// (the last one too: runs between escapes are short) into a byte-wide counter, which the
 /// compiler turns into 16-lane SIMD adds; a plain `filter().count()` accumulates into 64-bit
@@ -288,32 +285,11 @@ pub(crate) fn decode_owned(raw: &str, field: &'static str) -> Result<String, Ext
     Ok(out)
 }
 
-/// Position of the first `needle` byte in `hay` at or after `from`. The first bytes are
-/// looked at one by one (escapes and quotes often come close together); then blocks of 32
-/// bytes are tested with an OR of byte compares, which the compiler vectorises.
+/// Position of the first `needle` byte in `hay` at or after `from`.
 pub(crate) fn find_byte(hay: &[u8], from: usize, needle: u8) -> Option<usize> {
-    let rest = hay.get(from..)?;
-    let head = rest.len().min(8);
-    if let Some(i) = rest[..head].iter().position(|&b| b == needle) {
-        return Some(from + i);
-    }
-    let mut offset = from + head;
-    let mut chunks = rest[head..].chunks_exact(BLOCK);
-    for chunk in &mut chunks {
-        let mut hit = false;
-        for &b in chunk {
-            hit |= b == needle;
-        }
-        if hit {
-            return chunk.iter().position(|&b| b == needle).map(|i| offset + i);
-        }
-        offset += BLOCK;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|&b| b == needle)
-        .map(|i| offset + i)
+    // memchr picks AVX2 or SSE2 at run time: on a 16 KiB chat body under callgrind, the
+    // hand-written 32-byte block scan this replaced was ~9% of the router's instructions.
+    memchr::memchr(needle, hay.get(from..)?).map(|i| from + i)
 }
 
 /// Whether the body nests deeper than `limit` arrays/objects (outside strings). A cheap count of brackets
