@@ -315,6 +315,10 @@ fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded,
                     }
                     return Ok(Decoded::More);
                 };
+                if nl > MAX_LINE {
+                    // The same refusal however the reads cut the line.
+                    return Err(WireError::Chunk("size line too long"));
+                }
                 let line = buf
                     .get(..nl)
                     .and_then(|l| l.strip_suffix(b"\r"))
