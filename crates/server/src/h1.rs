@@ -35,6 +35,9 @@ pub enum WireError {
     /// `101 Switching Protocols`: the router relays requests, not upgraded connections.
     #[error("the instance switched protocols (101), which the router does not relay")]
     Upgrade,
+    /// More headers than a first, small parse had room for (retried with room for all).
+    #[error("too many headers")]
+    TooManyHeaders,
     /// A chunked body broke its framing.
     #[error("malformed chunked body: {0}")]
     Chunk(&'static str),
@@ -71,13 +74,14 @@ pub fn encode_request(
     );
     if body_len > 0 || has_body_method {
         out.extend_from_slice(b"content-length: ");
-        out.extend_from_slice(itoa(body_len as u64).as_bytes());
+        push_decimal(out, body_len as u64);
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
 }
 
-fn itoa(mut n: u64) -> String {
+/// Writes `n` in decimal (no `String` per request).
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
@@ -88,7 +92,7 @@ fn itoa(mut n: u64) -> String {
             break;
         }
     }
-    String::from_utf8_lossy(&digits[i..]).into_owned()
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// How the body of an answer ends.
@@ -122,10 +126,25 @@ pub struct Head {
 /// caller skips them. `head_request`: the request was `HEAD` (its answer has no body whatever
 /// it says). Header values share the head's bytes instead of each being copied.
 pub fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, WireError> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    // Engines send a handful of headers: room for 16 first (the arrays are set up on every
+    // answer), and for all MAX_HEADERS only when that is too few.
+    match parse_head_in::<16>(buf, head_request) {
+        Err(WireError::TooManyHeaders) => parse_head_in::<MAX_HEADERS>(buf, head_request),
+        other => other,
+    }
+}
+
+fn parse_head_in<const N: usize>(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<Head>, WireError> {
+    let mut slots = [httparse::EMPTY_HEADER; N];
     let mut resp = httparse::Response::new(&mut slots);
     let len = match resp.parse(&buf[..]) {
         Ok(httparse::Status::Complete(len)) => len,
+        Err(httparse::Error::TooManyHeaders) if N < MAX_HEADERS => {
+            return Err(WireError::TooManyHeaders)
+        }
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
             return Err(WireError::HeadTooLarge)
         }
@@ -152,7 +171,7 @@ pub fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>
     // callgrind.
     let base = buf.as_ptr() as usize;
     let at = |s: &[u8]| ((s.as_ptr() as usize - base) as u32, s.len() as u32);
-    let mut spans = [((0u32, 0u32), (0u32, 0u32)); MAX_HEADERS];
+    let mut spans = [((0u32, 0u32), (0u32, 0u32)); N];
     let count = resp.headers.len();
     for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
         *span = (at(h.name.as_bytes()), at(h.value));

@@ -97,8 +97,11 @@ fn a_request_head_is_framed_by_the_router() {
     out.clear();
     encode_request(&post, &HeaderValue::from_static("h"), 0, &mut out);
     assert!(String::from_utf8_lossy(&out).ends_with("content-length: 0\r\n\r\n"));
-    assert_eq!(itoa(0), "0");
-    assert_eq!(itoa(1234567890), "1234567890");
+    for n in [0u64, 7, 10, 1234567890, u64::MAX] {
+        out.clear();
+        push_decimal(&mut out, n);
+        assert_eq!(String::from_utf8_lossy(&out), n.to_string());
+    }
 }
 
 #[test]
@@ -295,4 +298,23 @@ proptest! {
             prop_assert!(body.len() <= wire.len());
         }
     }
+}
+
+#[test]
+fn a_head_with_many_headers_parses_and_too_many_is_an_error() {
+    let many: String = (0..40).map(|i| format!("x-h{i}: v{i}\r\n")).collect();
+    let h = head(&format!(
+        "HTTP/1.1 200 OK\r\n{many}content-length: 2\r\n\r\n"
+    ))
+    .expect("parses")
+    .expect("complete");
+    assert_eq!(h.headers.len(), 41);
+    assert_eq!(h.headers["x-h39"], "v39");
+    assert_eq!(h.framing, Framing::Length(2));
+    let too_many: String = (0..101).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let err = head(&format!("HTTP/1.1 200 OK\r\n{too_many}\r\n")).err();
+    assert!(
+        matches!(&err, Some(WireError::Head(m)) if m.contains("too many headers")),
+        "{err:?}"
+    );
 }
