@@ -74,25 +74,10 @@ pub fn encode_request(
     );
     if body_len > 0 || has_body_method {
         out.extend_from_slice(b"content-length: ");
-        push_decimal(out, body_len as u64);
+        out.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
-}
-
-/// Writes `n` in decimal (no `String` per request).
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
 }
 
 /// How the body of an answer ends.
@@ -328,16 +313,9 @@ fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded,
     loop {
         match *state {
             ChunkState::Size => {
-                let Some(nl) = memchr::memchr(b'\n', buf) else {
-                    if buf.len() > MAX_LINE {
-                        return Err(WireError::Chunk("size line too long"));
-                    }
+                let Some(nl) = line_end(buf, MAX_LINE, "size line too long")? else {
                     return Ok(Decoded::More);
                 };
-                if nl > MAX_LINE {
-                    // The same refusal however the reads cut the line.
-                    return Err(WireError::Chunk("size line too long"));
-                }
                 let line = buf
                     .get(..nl)
                     .and_then(|l| l.strip_suffix(b"\r"))
@@ -372,15 +350,9 @@ fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded,
                 *state = ChunkState::Size;
             }
             ChunkState::Trailers => {
-                let Some(nl) = memchr::memchr(b'\n', buf) else {
-                    if buf.len() > MAX_TRAILERS {
-                        return Err(WireError::Chunk("trailers too long"));
-                    }
+                let Some(nl) = line_end(buf, MAX_TRAILERS, "trailers too long")? else {
                     return Ok(Decoded::More);
                 };
-                if nl > MAX_TRAILERS {
-                    return Err(WireError::Chunk("trailers too long"));
-                }
                 let empty = nl == 0 || (nl == 1 && buf[0] == b'\r');
                 // Trailers are read past and dropped: engines send none that a client needs.
                 buf.advance(nl + 1);
@@ -390,6 +362,17 @@ fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded,
             }
             ChunkState::Done => return Ok(Decoded::End),
         }
+    }
+}
+
+/// Where the line at the start of `buf` ends (its `\n`), `None` while it has not arrived; a
+/// line longer than `max` is refused whether or not its end is buffered yet, so the outcome
+/// does not depend on how reads cut it.
+fn line_end(buf: &[u8], max: usize, too_long: &'static str) -> Result<Option<usize>, WireError> {
+    match memchr::memchr(b'\n', buf) {
+        Some(nl) if nl <= max => Ok(Some(nl)),
+        None if buf.len() <= max => Ok(None),
+        _ => Err(WireError::Chunk(too_long)),
     }
 }
 
@@ -410,6 +393,9 @@ fn chunk_size(line: &[u8]) -> Result<u64, WireError> {
     if !rest.is_empty() && !matches!(rest[0], b';' | b' ' | b'\t') {
         return Err(WireError::Chunk("invalid character in a size line"));
     }
+    // Digits already checked, at most 15: no overflow. By hand rather than
+    // `u64::from_str_radix` over `str::from_utf8`: this runs once per streamed token, and that
+    // version counted 6% more instructions per streamed request in bench/instructions.sh.
     let mut size = 0u64;
     for &b in &line[..digits] {
         let d = match b {

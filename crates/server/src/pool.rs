@@ -198,10 +198,8 @@ impl Upstreams {
                 Some(link) => link,
                 None => self.connect(base).await?,
             };
-            let mut head = std::mem::take(&mut link.head);
-            head.clear();
-            h1::encode_request(&parts, &link.host, body.len(), &mut head);
-            link.head = head;
+            link.head.clear();
+            h1::encode_request(&parts, &link.host, body.len(), &mut link.head);
             if let Err(e) = link.write(&body).await {
                 // The instance closed a reused connection before it read the request: it never
                 // saw it, so it goes out again, on a new connection.
@@ -216,7 +214,6 @@ impl Upstreams {
                 keep_alive: head.keep_alive,
                 link: Some(link),
                 pool: std::sync::Arc::clone(self),
-                done: false,
             };
             let mut resp = Response::new(leased);
             *resp.status_mut() = head.status;
@@ -293,21 +290,20 @@ impl Upstreams {
 /// A response body read from the connection it arrives on by the task that polls it; the end
 /// of the body returns the connection to the pool.
 pub struct Leased {
-    /// `None` once returned to the pool, or dropped after a failure.
+    /// `None` once the body ended (the link returned to the pool or closed) or failed: nothing
+    /// more comes.
     link: Option<Link>,
     decoder: BodyDecoder,
     /// Whether the connection can carry another request after this answer.
     keep_alive: bool,
     pool: std::sync::Arc<Upstreams>,
-    /// The body ended (or failed): nothing more comes.
-    done: bool,
 }
 
 impl std::fmt::Debug for Leased {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Leased")
             .field("decoder", &self.decoder)
-            .field("done", &self.done)
+            .field("ended", &self.link.is_none())
             .finish_non_exhaustive()
     }
 }
@@ -324,7 +320,6 @@ impl Leased {
     }
 
     fn fail(&mut self, e: SendError) -> Poll<Option<Result<Frame<Bytes>, SendError>>> {
-        self.done = true;
         self.link = None;
         Poll::Ready(Some(Err(e)))
     }
@@ -340,17 +335,12 @@ impl Body for Leased {
     ) -> Poll<Option<Result<Frame<Bytes>, SendError>>> {
         let this = self.get_mut();
         loop {
-            if this.done {
-                return Poll::Ready(None);
-            }
             let Some(link) = this.link.as_mut() else {
-                this.done = true;
                 return Poll::Ready(None);
             };
             match this.decoder.decode(&mut link.buf) {
                 Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
                 Ok(Decoded::End) => {
-                    this.done = true;
                     this.release();
                     return Poll::Ready(None);
                 }
@@ -361,7 +351,6 @@ impl Body for Leased {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(0)) if this.decoder == BodyDecoder::Close => {
                     // The body that ends with the connection ended.
-                    this.done = true;
                     this.link = None;
                     return Poll::Ready(None);
                 }
@@ -373,7 +362,7 @@ impl Body for Leased {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done || self.decoder.is_end()
+        self.link.is_none() || self.decoder.is_end()
     }
 
     fn size_hint(&self) -> SizeHint {
