@@ -57,9 +57,17 @@ pub struct Chain {
 impl Chain {
     /// The chain of `text` (characters are Unicode scalar values) under `group`.
     pub fn of_chars(group: Option<&str>, text: &str, spec: ChainSpec) -> Chain {
+        Self::of_text(group, text, text.is_ascii(), spec)
+    }
+
+    /// [`Chain::of_chars`] for a text whose ASCII-ness its builder already knows (`ascii` must
+    /// be `text.is_ascii()`): the extractor tracks it while copying, so the chain does not
+    /// read the text an extra time to find out.
+    pub(crate) fn of_text(group: Option<&str>, text: &str, ascii: bool, spec: ChainSpec) -> Chain {
+        debug_assert_eq!(ascii, text.is_ascii());
         let mut blocks = Vec::new();
         let seed = group_seed(group);
-        let units = chars_into(seed, text, spec, &mut blocks);
+        let units = chars_into(seed, text, ascii, spec, &mut blocks);
         Chain {
             blocks,
             units,
@@ -95,7 +103,7 @@ fn group_seed(group: Option<&str>) -> u64 {
 
 /// Appends the block hashes of `text`, chained from `seed` (the group's), to `out`; returns the
 /// characters read.
-fn chars_into(seed: u64, text: &str, spec: ChainSpec, out: &mut Vec<u64>) -> u32 {
+fn chars_into(seed: u64, text: &str, ascii: bool, spec: ChainSpec, out: &mut Vec<u64>) -> u32 {
     let block = spec.block_units.max(1) as usize;
     let mut seed = seed;
     let mut read = 0usize;
@@ -103,7 +111,7 @@ fn chars_into(seed: u64, text: &str, spec: ChainSpec, out: &mut Vec<u64>) -> u32
     let mut rest = text;
     // At most one block per `block` bytes: reserved once, not grown push by push.
     out.reserve(text.len().min(max) / block);
-    if text.is_ascii() {
+    if ascii {
         // Fast path: one byte per character.
         let cut = &text.as_bytes()[..text.len().min(max)];
         for b in cut.chunks_exact(block) {

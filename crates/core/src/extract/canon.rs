@@ -464,13 +464,18 @@ impl<'b> Canon<'b> {
             return Err(ExtractError::Missing(self.api.main_field()));
         }
         let text = self.text.as_str();
-        let (prefix, _) = super::text::take_chars(text, opts.prefix_length.get());
+        let ascii = self.text.is_ascii();
+        let prefix = if ascii {
+            &text[..text.len().min(opts.prefix_length.get())]
+        } else {
+            super::text::take_chars(text, opts.prefix_length.get()).0
+        };
         let group = self.group.as_deref();
         Ok(RequestInfo {
             key: KeyHash::new(group, prefix.as_bytes()),
             chain: opts
                 .chain
-                .map(|spec| Chain::of_chars(group, text, spec))
+                .map(|spec| Chain::of_text(group, text, ascii, spec))
                 .unwrap_or_default(),
             model: self.model,
             stream: self.stream,

@@ -12,6 +12,9 @@ pub(crate) const NO_LONE_SURROGATE: &str = "a string without unpaired UTF-16 sur
 pub(crate) struct PrefixText<'b> {
     buf: &'b mut String,
     remaining: usize,
+    /// Whether every character taken is ASCII (the chain then cuts blocks by bytes without
+    /// looking at the text again).
+    ascii: bool,
 }
 
 impl<'b> PrefixText<'b> {
@@ -21,7 +24,13 @@ impl<'b> PrefixText<'b> {
         Self {
             buf,
             remaining: max_chars,
+            ascii: true,
         }
+    }
+
+    /// Whether the text taken so far is all ASCII.
+    pub(crate) fn is_ascii(&self) -> bool {
+        self.ascii
     }
 
     /// Whether `prefix_length` characters have been taken (everything else is ignored).
@@ -39,6 +48,7 @@ impl<'b> PrefixText<'b> {
         if self.remaining > 0 {
             self.buf.push(c);
             self.remaining -= 1;
+            self.ascii &= c.is_ascii();
         }
     }
 
@@ -47,7 +57,14 @@ impl<'b> PrefixText<'b> {
         if self.remaining == 0 {
             return;
         }
-        let (head, n) = take_chars(s, self.remaining);
+        // Most text is ASCII: one vectorised check answers the count, and the chain later
+        // skips its own pass over the text.
+        let (head, n) = if s.len() <= self.remaining && s.is_ascii() {
+            (s, s.len())
+        } else {
+            take_chars(s, self.remaining)
+        };
+        self.ascii &= n == head.len();
         self.buf.push_str(head);
         self.remaining -= n;
     }
@@ -68,14 +85,12 @@ impl<'b> PrefixText<'b> {
         while pos < bytes.len() && self.remaining > 0 {
             if bytes[pos] == b'\\' {
                 if let Some(c) = bmp_escape(bytes, pos) {
-                    self.buf.push(c);
-                    self.remaining -= 1;
+                    self.push_char(c);
                     pos += 6;
                     continue;
                 }
                 let (c, used) = decode_escape(bytes, pos, field)?;
-                self.buf.push(c);
-                self.remaining -= 1;
+                self.push_char(c);
                 pos += used;
             } else {
                 let run_end = find_byte(bytes, pos, b'\\').unwrap_or(bytes.len());
@@ -295,7 +310,9 @@ pub(crate) fn find_byte(hay: &[u8], from: usize, needle: u8) -> Option<usize> {
 /// Whether the body nests deeper than `limit` arrays/objects (outside strings). A cheap count of brackets
 /// answers "no" for most bodies; otherwise a string-aware scan measures the depth.
 pub(crate) fn nests_deeper_than(body: &[u8], limit: usize) -> bool {
-    let brackets = count_matching(body, |b| b == b'[' || b == b'{');
+    // memchr2 (AVX2 where the CPU has it) stops at the (limit + 1)-th opening bracket: a chat
+    // body has a handful, so this is a fraction of an instruction per byte.
+    let brackets = memchr::memchr2_iter(b'[', b'{', body).take(limit + 1).count();
     if brackets <= limit {
         return false;
     }
