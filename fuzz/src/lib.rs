@@ -53,3 +53,26 @@ pub fn assert_back_ends_agree(
         );
     }
 }
+
+/// The own reader (`scan_impl`) against serde_json: the same `Ok` value, and the same typed
+/// error (both read in document order and stop at the first problem); two JSON syntax errors
+/// may word their messages differently. Panics, naming the body, otherwise.
+pub fn assert_reader_agrees(
+    what: &str,
+    body: &[u8],
+    len: PrefixLength,
+    serde: &Result<RequestInfo, ExtractError>,
+    scan: &Result<RequestInfo, ExtractError>,
+) {
+    let agree = match (serde, scan) {
+        (Err(ExtractError::Json(_)), Err(ExtractError::Json(_))) => true,
+        (a, b) => a == b,
+    };
+    if !agree {
+        panic!(
+            "{what}: serde_impl and scan_impl disagree (prefix length {})\n  serde: {serde:?}\n  scan: {scan:?}\n  body: {:?}",
+            len.get(),
+            String::from_utf8_lossy(body),
+        );
+    }
+}

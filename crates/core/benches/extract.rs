@@ -1,4 +1,5 @@
-//! Chat key extraction, serde_json against sonic-rs, on three labelled kinds of body:
+//! Chat key extraction, the own reader (`scan_impl`, the default) against serde_json and
+//! sonic-rs, on three labelled kinds of body:
 //!
 //! - `english`: the typical case. A system prompt, then user/assistant turns of English-like
 //!   prose (paragraph breaks and list items, so strings carry `\n` escapes, an occasional quoted
@@ -15,7 +16,7 @@
 //! serde_json (`IgnoredAny`), iterating it with sonic-rs, and UTF-8 validation alone.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use prefix_router_core::extract::{serde_impl, sonic_impl};
+use prefix_router_core::extract::{scan_impl, serde_impl, sonic_impl};
 use prefix_router_core::PrefixLength;
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
@@ -389,6 +390,14 @@ fn bench(c: &mut Criterion) {
                 let a = serde_impl::chat_request(bytes, len);
                 assert!(a.is_ok(), "{a:?}");
                 assert_eq!(a, sonic_impl::chat_request(bytes, len));
+                assert_eq!(a, scan_impl::chat_request(bytes, len));
+                group.bench_with_input(
+                    BenchmarkId::new(format!("own_reader/prefix_{prefix}"), body.size),
+                    bytes,
+                    |b, body| {
+                        b.iter(|| black_box(scan_impl::chat_request(black_box(body), len).ok()))
+                    },
+                );
                 group.bench_with_input(
                     BenchmarkId::new(format!("serde_json/prefix_{prefix}"), body.size),
                     bytes,

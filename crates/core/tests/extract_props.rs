@@ -1,8 +1,9 @@
-//! Property tests of key extraction: the serde_json and sonic-rs back ends agree on generated
-//! bodies (valid, mistyped, truncated or corrupted), and no input makes any extractor panic.
+//! Property tests of key extraction: the serde_json, sonic-rs and own-reader (`scan_impl`) back
+//! ends agree on generated bodies (valid, mistyped, truncated or corrupted), and no input makes
+//! any extractor panic.
 
 use prefix_router_core::extract::{
-    chat_request, completion_request, native_key, serde_impl, sonic_impl,
+    chat_request, completion_request, native_key, scan_impl, serde_impl, sonic_impl,
 };
 use prefix_router_core::{ExtractError, PrefixLength};
 use proptest::prelude::*;
@@ -187,6 +188,23 @@ fn agree(
     }
 }
 
+/// The own reader against serde_json: both read the body in document order and stop at the
+/// first problem, so they must give the same typed error even on a malformed body; two syntax
+/// errors only need to both be syntax errors.
+fn agree_strictly(
+    serde: &Result<prefix_router_core::RequestInfo, ExtractError>,
+    scan: &Result<prefix_router_core::RequestInfo, ExtractError>,
+    body: &[u8],
+) -> Result<(), TestCaseError> {
+    if !matches!(
+        (serde, scan),
+        (Err(ExtractError::Json(_)), Err(ExtractError::Json(_)))
+    ) {
+        prop_assert_eq!(serde, scan, "body: {}", String::from_utf8_lossy(body));
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(384))]
 
@@ -196,6 +214,7 @@ proptest! {
         let a = serde_impl::chat_request(&body, len(l));
         let b = sonic_impl::chat_request(&body, len(l));
         agree(&a, &b, &body)?;
+        agree_strictly(&a, &scan_impl::chat_request(&body, len(l)), &body)?;
     }
 
     #[test]
@@ -204,13 +223,14 @@ proptest! {
         let a = serde_impl::completion_request(&body, len(l));
         let b = sonic_impl::completion_request(&body, len(l));
         agree(&a, &b, &body)?;
+        agree_strictly(&a, &scan_impl::completion_request(&body, len(l)), &body)?;
     }
 
     #[test]
     fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512), header in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..80))) {
         let l = len(1024);
         let _ = native_key(&body, header.as_deref(), l);
-        for f in [chat_request, completion_request, serde_impl::chat_request, sonic_impl::chat_request, serde_impl::completion_request, sonic_impl::completion_request] {
+        for f in [chat_request, completion_request, serde_impl::chat_request, sonic_impl::chat_request, scan_impl::chat_request, serde_impl::completion_request, sonic_impl::completion_request, scan_impl::completion_request] {
             let _ = f(&body, l);
         }
     }
@@ -218,8 +238,15 @@ proptest! {
     #[test]
     fn json_like_bytes_never_panic(body in "[\\[\\]{}\":,\\\\u0-9a-z \\n]{0,300}") {
         let l = len(1024);
-        for f in [serde_impl::chat_request, sonic_impl::chat_request, serde_impl::completion_request, sonic_impl::completion_request] {
+        for f in [serde_impl::chat_request, sonic_impl::chat_request, scan_impl::chat_request, serde_impl::completion_request, sonic_impl::completion_request, scan_impl::completion_request] {
             let _ = f(body.as_bytes(), l);
+        }
+        // On JSON-like noise too, the own reader gives serde_json's typed errors.
+        for (a, b) in [
+            (serde_impl::chat_request(body.as_bytes(), l), scan_impl::chat_request(body.as_bytes(), l)),
+            (serde_impl::completion_request(body.as_bytes(), l), scan_impl::completion_request(body.as_bytes(), l)),
+        ] {
+            agree_strictly(&a, &b, body.as_bytes())?;
         }
     }
 }

@@ -9,7 +9,7 @@
 
 use super::canon::{Api, Canon, JsonNode, MessageFields, TopField};
 use super::text::nests_deeper_than;
-use super::{with_prefix_buffer, ExtractError, KeyOptions, RequestInfo, MAX_DEPTH};
+use super::{checked_text, with_prefix_buffer, ExtractError, KeyOptions, RequestInfo, MAX_DEPTH};
 use crate::PrefixLength;
 use serde::de::{DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -32,9 +32,8 @@ pub(crate) fn extract(
     api: Api,
 ) -> Result<RequestInfo, ExtractError> {
     // One UTF-8 check up front; serde_json's slice reader would otherwise skip it for ignored
-    // strings. The `str` reader then borrows every string without re-checking. simdutf8 picks
-    // AVX2/SSE4.2 at run time: ~10x faster than `std::str::from_utf8` on non-ASCII text.
-    let text = simdutf8::basic::from_utf8(body).map_err(|_| utf8_error(body))?;
+    // strings. The `str` reader then borrows every string without re-checking.
+    let text = checked_text(body)?;
     // serde_json limits the nesting of what it parses, not of what it skips (an unused field,
     // a raw value): a body nested 10,000 deep would pass and may crash the engine's parser.
     if nests_deeper_than(body, MAX_DEPTH) {
@@ -55,16 +54,6 @@ pub(crate) fn extract(
         }
         st.canon.finish(opts)
     })
-}
-
-/// The error for a body that is not UTF-8, with the position (found again, on this rare path
-/// only, by the standard library's validator, which reports it).
-#[cold]
-fn utf8_error(body: &[u8]) -> ExtractError {
-    let at = std::str::from_utf8(body)
-        .err()
-        .map_or(0, |e| e.valid_up_to());
-    ExtractError::Json(format!("invalid UTF-8 at byte {at}"))
 }
 
 /// What the visitors share: the canonical text, the first typed error, and the typed error to

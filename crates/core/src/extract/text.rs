@@ -312,7 +312,9 @@ pub(crate) fn find_byte(hay: &[u8], from: usize, needle: u8) -> Option<usize> {
 pub(crate) fn nests_deeper_than(body: &[u8], limit: usize) -> bool {
     // memchr2 (AVX2 where the CPU has it) stops at the (limit + 1)-th opening bracket: a chat
     // body has a handful, so this is a fraction of an instruction per byte.
-    let brackets = memchr::memchr2_iter(b'[', b'{', body).take(limit + 1).count();
+    let brackets = memchr::memchr2_iter(b'[', b'{', body)
+        .take(limit + 1)
+        .count();
     if brackets <= limit {
         return false;
     }
