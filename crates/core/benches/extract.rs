@@ -15,7 +15,7 @@
 //! maximum). With `BASELINE=1` in the environment, the floors instead: skipping the body with
 //! serde_json (`IgnoredAny`), iterating it with sonic-rs, and UTF-8 validation alone.
 
-use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{black_box, criterion_group, BenchmarkId, Criterion, Throughput};
 use prefix_router_core::extract::{scan_impl, serde_impl, sonic_impl};
 use prefix_router_core::PrefixLength;
 use rand::{Rng, SeedableRng};
@@ -418,5 +418,39 @@ fn bench(c: &mut Criterion) {
     }
 }
 
+/// `EXTRACT_LOOP="<back end> <kind> <size> <n>"` (back end `own_reader`, `serde_json` or
+/// `sonic_rs`; kind and size as in the groups): extracts that body `n` times with a 4,096
+/// character prefix and exits, for counting instructions under callgrind
+/// (`bench/extract-instructions.sh` runs it at two values of `n` and takes the difference).
+fn extraction_loop(spec: &str) {
+    let parts: Vec<&str> = spec.split_whitespace().collect();
+    let [back_end, kind, size, n] = parts.as_slice() else {
+        panic!("EXTRACT_LOOP wants '<back end> <kind> <size> <n>', got {spec:?}");
+    };
+    let n: usize = n.parse().unwrap_or_else(|e| panic!("EXTRACT_LOOP n: {e}"));
+    let extract = match *back_end {
+        "own_reader" => scan_impl::chat_request,
+        "serde_json" => serde_impl::chat_request,
+        "sonic_rs" => sonic_impl::chat_request,
+        other => panic!("EXTRACT_LOOP: unknown back end {other:?}"),
+    };
+    let bodies = bodies();
+    let Some(body) = bodies.iter().find(|b| b.kind == *kind && b.size == *size) else {
+        panic!("EXTRACT_LOOP: no body {kind} {size}");
+    };
+    let len = PrefixLength::new(4096).unwrap_or_else(|e| panic!("{e}"));
+    for _ in 0..n {
+        assert!(extract(black_box(&body.bytes), len).is_ok());
+    }
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(spec) = std::env::var("EXTRACT_LOOP") {
+        extraction_loop(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

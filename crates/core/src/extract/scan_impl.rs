@@ -18,7 +18,7 @@
 //! is a syntax error) before the typed error is given.
 
 use super::canon::{Api, Canon, JsonNode, MessageFields, TopField};
-use super::text::{decode_json_str, nests_deeper_than};
+use super::text::{decode_json_str, hex4, nests_deeper_than};
 use super::{checked_text, with_prefix_buffer, ExtractError, KeyOptions, RequestInfo, MAX_DEPTH};
 use crate::PrefixLength;
 use std::borrow::Cow;
@@ -282,18 +282,26 @@ impl<'a> Reader<'a> {
                 b'\\' => {}
                 _ => return Err(self.syntax("control character in a string")),
             }
-            self.pos += match self.b.get(self.pos + 1) {
-                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => 2,
-                Some(b'u')
-                    if self
-                        .b
-                        .get(self.pos + 2..self.pos + 6)
-                        .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) =>
-                {
-                    6
+            // Escapes back to back (text sent ASCII-only is one `\uXXXX` after another) are
+            // crossed here, without a search between them.
+            loop {
+                self.pos += self.escape_len()?;
+                if self.b.get(self.pos) != Some(&b'\\') {
+                    break;
                 }
-                _ => return Err(self.syntax("invalid escape")),
-            };
+            }
+        }
+    }
+
+    /// The length of the escape at `pos` (a backslash), checked. `\u` first and its digits
+    /// through a table: a jump table over the escape letter and four branchy digit tests
+    /// mispredicted enough to make a 1 MiB all-escaped body twice as slow as serde_json.
+    #[inline(always)]
+    fn escape_len(&self) -> Result<usize, ExtractError> {
+        match self.b.get(self.pos + 1) {
+            Some(b'u') if hex4(self.b, self.pos + 2).is_some() => Ok(6),
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(2),
+            _ => Err(self.syntax("invalid escape")),
         }
     }
 
@@ -427,10 +435,6 @@ fn stops_a_run(c: u8) -> bool {
 /// compares and ors with one horizontal step at the end; [`first_stop`] then finds it.
 #[inline]
 fn find_stop(bytes: &[u8]) -> Option<usize> {
-    // Escapes back to back (text sent ASCII-only is one `\uXXXX` after another): no block.
-    if bytes.first() == Some(&b'\\') {
-        return Some(0);
-    }
     let mut blocks = bytes.chunks_exact(SCAN);
     let mut base = 0usize;
     for block in &mut blocks {

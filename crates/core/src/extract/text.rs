@@ -270,7 +270,7 @@ const HEX_DIGIT: [u8; 256] = {
 };
 
 #[inline(always)]
-fn hex4(bytes: &[u8], at: usize) -> Option<u16> {
+pub(crate) fn hex4(bytes: &[u8], at: usize) -> Option<u16> {
     let d = bytes.get(at..at + 4)?;
     let [a, b, c, e] = [d[0], d[1], d[2], d[3]].map(|x| HEX_DIGIT[usize::from(x)]);
     if (a | b | c | e) & 0xF0 != 0 {
