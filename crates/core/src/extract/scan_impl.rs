@@ -18,8 +18,8 @@
 //! is a syntax error) before the typed error is given.
 
 use super::canon::{Api, Canon, JsonNode, MessageFields, TopField};
-use super::text::{decode_json_str, hex4, nests_deeper_than};
-use super::{checked_text, with_prefix_buffer, ExtractError, KeyOptions, RequestInfo, MAX_DEPTH};
+use super::text::{decode_json_str, hex4};
+use super::{checked_body, with_prefix_buffer, ExtractError, KeyOptions, RequestInfo, MAX_DEPTH};
 use crate::PrefixLength;
 use std::borrow::Cow;
 
@@ -38,11 +38,7 @@ pub(crate) fn extract(
     opts: &KeyOptions,
     api: Api,
 ) -> Result<RequestInfo, ExtractError> {
-    let text = checked_text(body)?;
-    // Checked up front, as the serde_json reader does, so that both give this error first.
-    if nests_deeper_than(body, MAX_DEPTH) {
-        return Err(ExtractError::too_deep());
-    }
+    let text = checked_body(body)?;
     with_prefix_buffer(|buf| {
         let mut canon = Canon::new(api, buf, opts.max_chars());
         let mut r = Reader::new(text);
@@ -55,7 +51,7 @@ pub(crate) fn extract(
         }
         r.object(|r, key| top_entry(r, &mut canon, &key))?;
         r.ws();
-        if r.pos != r.b.len() {
+        if r.pos != text.len() {
             return Err(r.syntax("trailing characters"));
         }
         canon.finish(opts)
@@ -67,13 +63,13 @@ fn top_entry(r: &mut Reader<'_>, canon: &mut Canon<'_>, key: &str) -> Result<(),
     canon.mark(field)?;
     match field {
         TopField::Main if canon.api() == Api::Chat => {
-            r.ws();
-            if r.peek() != Some(b'[') {
-                return Err(r.wrong_type(ExtractError::FieldType {
+            r.open(
+                b'[',
+                ExtractError::FieldType {
                     field: "messages",
                     expected: "an array of message objects",
-                }));
-            }
+                },
+            )?;
             r.array(|r| message(r, canon))
         }
         TopField::Other => r.value().map(drop),
@@ -90,13 +86,13 @@ fn top_entry(r: &mut Reader<'_>, canon: &mut Canon<'_>, key: &str) -> Result<(),
 }
 
 fn message(r: &mut Reader<'_>, canon: &mut Canon<'_>) -> Result<(), ExtractError> {
-    r.ws();
-    if r.peek() != Some(b'{') {
-        return Err(r.wrong_type(ExtractError::FieldType {
+    r.open(
+        b'{',
+        ExtractError::FieldType {
             field: "messages[]",
             expected: "an object",
-        }));
-    }
+        },
+    )?;
     let mut fields: MessageFields<Raw<'_>> = MessageFields::default();
     r.object(|r, key| {
         if MessageFields::<Raw<'_>>::wants(&key) {
@@ -150,7 +146,6 @@ impl JsonNode for Raw<'_> {
 /// A cursor over JSON text. Every method leaves `pos` just past what it read.
 struct Reader<'a> {
     s: &'a str,
-    b: &'a [u8],
     pos: usize,
     depth: usize,
 }
@@ -159,14 +154,17 @@ impl<'a> Reader<'a> {
     fn new(s: &'a str) -> Self {
         Self {
             s,
-            b: s.as_bytes(),
             pos: 0,
             depth: 0,
         }
     }
 
+    fn bytes(&self) -> &'a [u8] {
+        self.s.as_bytes()
+    }
+
     fn peek(&self) -> Option<u8> {
-        self.b.get(self.pos).copied()
+        self.bytes().get(self.pos).copied()
     }
 
     fn ws(&mut self) {
@@ -185,7 +183,7 @@ impl<'a> Reader<'a> {
         self.ws();
         let start = self.pos;
         match self.peek() {
-            Some(b'"') => self.string()?,
+            Some(b'"') => self.string().map(drop)?,
             Some(b'{') => self.nested(|r| r.skip_object())?,
             Some(b'[') => self.nested(|r| r.array(|r| r.value().map(drop)))?,
             Some(b't') => self.literal(b"true")?,
@@ -213,7 +211,7 @@ impl<'a> Reader<'a> {
     }
 
     fn literal(&mut self, word: &[u8]) -> Result<(), ExtractError> {
-        if self.b.get(self.pos..self.pos + word.len()) == Some(word) {
+        if self.bytes().get(self.pos..self.pos + word.len()) == Some(word) {
             self.pos += word.len();
             Ok(())
         } else {
@@ -265,11 +263,13 @@ impl<'a> Reader<'a> {
     }
 
     /// Crosses a string (at its opening quote): each run of plain text up to the next quote,
-    /// backslash or control character ([`find_stop`]), each escape checked.
-    fn string(&mut self) -> Result<(), ExtractError> {
+    /// backslash or control character ([`find_stop`]), each escape checked. Whether it held an
+    /// escape.
+    fn string(&mut self) -> Result<bool, ExtractError> {
         self.pos += 1;
+        let mut escaped = false;
         loop {
-            let rest = self.b.get(self.pos..).unwrap_or_default();
+            let rest = self.bytes().get(self.pos..).unwrap_or_default();
             let Some(at) = find_stop(rest) else {
                 return Err(self.syntax("unterminated string"));
             };
@@ -277,16 +277,16 @@ impl<'a> Reader<'a> {
             match rest[at] {
                 b'"' => {
                     self.pos += 1;
-                    return Ok(());
+                    return Ok(escaped);
                 }
-                b'\\' => {}
+                b'\\' => escaped = true,
                 _ => return Err(self.syntax("control character in a string")),
             }
             // Escapes back to back (text sent ASCII-only is one `\uXXXX` after another) are
             // crossed here, without a search between them.
             loop {
                 self.pos += self.escape_len()?;
-                if self.b.get(self.pos) != Some(&b'\\') {
+                if self.bytes().get(self.pos) != Some(&b'\\') {
                     break;
                 }
             }
@@ -298,8 +298,8 @@ impl<'a> Reader<'a> {
     /// mispredicted enough to make a 1 MiB all-escaped body twice as slow as serde_json.
     #[inline(always)]
     fn escape_len(&self) -> Result<usize, ExtractError> {
-        match self.b.get(self.pos + 1) {
-            Some(b'u') if hex4(self.b, self.pos + 2).is_some() => Ok(6),
+        match self.bytes().get(self.pos + 1) {
+            Some(b'u') if hex4(self.bytes(), self.pos + 2).is_some() => Ok(6),
             Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(2),
             _ => Err(self.syntax("invalid escape")),
         }
@@ -308,10 +308,10 @@ impl<'a> Reader<'a> {
     /// An object key (at its opening quote), unescaped; refused unless it is valid Unicode.
     fn key(&mut self) -> Result<Cow<'a, str>, ExtractError> {
         let start = self.pos;
-        self.string()?;
+        let escaped = self.string()?;
         let raw = &self.s[start..self.pos];
         let inner = &raw[1..raw.len() - 1];
-        if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
+        if !escaped {
             return Ok(Cow::Borrowed(inner));
         }
         let mut key = String::with_capacity(inner.len());
@@ -342,63 +342,70 @@ impl<'a> Reader<'a> {
         read_keys: bool,
         mut f: impl FnMut(&mut Self, Cow<'a, str>) -> Result<(), ExtractError>,
     ) -> Result<(), ExtractError> {
-        self.pos += 1;
-        self.ws();
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
-            return Ok(());
-        }
-        loop {
-            self.ws();
-            if self.peek() != Some(b'"') {
-                return Err(self.syntax("expected an object key"));
+        self.items(b'}', |r| {
+            r.ws();
+            if r.peek() != Some(b'"') {
+                return Err(r.syntax("expected an object key"));
             }
             let key = if read_keys {
-                self.key()?
+                r.key()?
             } else {
-                self.string()?;
+                r.string()?;
                 Cow::Borrowed("")
             };
-            self.ws();
-            if self.peek() != Some(b':') {
-                return Err(self.syntax("expected ':'"));
+            r.ws();
+            if r.peek() != Some(b':') {
+                return Err(r.syntax("expected ':'"));
             }
-            self.pos += 1;
-            f(self, key)?;
-            self.ws();
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                Some(b'}') => {
-                    self.pos += 1;
-                    return Ok(());
-                }
-                _ => return Err(self.syntax("expected ',' or '}'")),
-            }
-        }
+            r.pos += 1;
+            f(r, key)
+        })
     }
 
     /// An array's elements (at `[`): `f` reads each one.
     fn array(
         &mut self,
-        mut f: impl FnMut(&mut Self) -> Result<(), ExtractError>,
+        f: impl FnMut(&mut Self) -> Result<(), ExtractError>,
+    ) -> Result<(), ExtractError> {
+        self.items(b']', f)
+    }
+
+    /// A container's items (at its opening bracket), separated by commas, up to `close` (`]` or
+    /// `}`); `item` reads each one.
+    fn items(
+        &mut self,
+        close: u8,
+        mut item: impl FnMut(&mut Self) -> Result<(), ExtractError>,
     ) -> Result<(), ExtractError> {
         self.pos += 1;
         self.ws();
-        if self.peek() == Some(b']') {
+        if self.peek() == Some(close) {
             self.pos += 1;
             return Ok(());
         }
         loop {
-            f(self)?;
+            item(self)?;
             self.ws();
             match self.peek() {
                 Some(b',') => self.pos += 1,
-                Some(b']') => {
+                Some(c) if c == close => {
                     self.pos += 1;
                     return Ok(());
                 }
-                _ => return Err(self.syntax("expected ',' or ']'")),
+                _ if close == b']' => return Err(self.syntax("expected ',' or ']'")),
+                _ => return Err(self.syntax("expected ',' or '}'")),
             }
+        }
+    }
+
+    /// Whitespace, then the opening bracket `open` of the container a field must hold; for any
+    /// other value, the `typed` error once the value is read as serde_json reads it.
+    fn open(&mut self, open: u8, typed: ExtractError) -> Result<(), ExtractError> {
+        self.ws();
+        if self.peek() == Some(open) {
+            Ok(())
+        } else {
+            Err(self.wrong_type(typed))
         }
     }
 

@@ -8,8 +8,7 @@
 //! are walked by a second, nested parse of their raw text.
 
 use super::canon::{Api, Canon, JsonNode, MessageFields, TopField};
-use super::text::nests_deeper_than;
-use super::{checked_text, with_prefix_buffer, ExtractError, KeyOptions, RequestInfo, MAX_DEPTH};
+use super::{checked_body, with_prefix_buffer, ExtractError, KeyOptions, RequestInfo};
 use crate::PrefixLength;
 use serde::de::{DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -31,14 +30,8 @@ pub(crate) fn extract(
     opts: &KeyOptions,
     api: Api,
 ) -> Result<RequestInfo, ExtractError> {
-    // One UTF-8 check up front; serde_json's slice reader would otherwise skip it for ignored
-    // strings. The `str` reader then borrows every string without re-checking.
-    let text = checked_text(body)?;
-    // serde_json limits the nesting of what it parses, not of what it skips (an unused field,
-    // a raw value): a body nested 10,000 deep would pass and may crash the engine's parser.
-    if nests_deeper_than(body, MAX_DEPTH) {
-        return Err(ExtractError::too_deep());
-    }
+    // The `str` reader then borrows every string without re-checking.
+    let text = checked_body(body)?;
     with_prefix_buffer(|buf| {
         let mut st = State {
             canon: Canon::new(api, buf, opts.max_chars()),
