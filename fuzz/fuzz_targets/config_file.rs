@@ -13,9 +13,12 @@ fuzz_target!(|data: &[u8]| {
     let path = std::path::Path::new("fuzz.toml");
     match settings_from_text(text, path) {
         Ok(settings) => {
-            assert!(settings.strategy.build().is_ok(), "accepted, then unbuildable");
+            assert!(
+                settings.routing.strategy.build().is_ok(),
+                "accepted, then unbuildable"
+            );
             let again = settings_from_text(text, path).expect("accepted once, refused again");
-            assert_eq!(again.strategy, settings.strategy);
+            assert_eq!(again.routing.strategy, settings.routing.strategy);
         }
         Err(e) => {
             // Every refusal is one line that names where.

@@ -18,7 +18,11 @@ fn read(wire: &[u8], step: usize) -> Option<(u16, Framing, Vec<u8>, bool)> {
         if fed == wire.len() {
             return false;
         }
-        let n = if step == 0 { wire.len() - fed } else { step.min(wire.len() - fed) };
+        let n = if step == 0 {
+            wire.len() - fed
+        } else {
+            step.min(wire.len() - fed)
+        };
         buf.extend_from_slice(&wire[fed..fed + n]);
         fed += n;
         true
