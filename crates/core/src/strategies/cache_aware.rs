@@ -479,30 +479,24 @@ impl Strategy for CacheAware {
         let st = &mut *st;
         let slot = st.slot(instance.id_hash(), cfg);
         let predicted_blocks = (decision.predicted_cached_units / cfg.chain.block_units) as usize;
+        let start = st.slots.counter[slot];
+        // Blocks past the prediction that the index has sent there but takes for evicted (if
+        // the engine reports them cached, the cache is at least as large as their distance), and
+        // the deepest predicted block's stamp, both as they were before this request.
+        let before = st
+            .index
+            .touch(req.chain, slot, &mut st.slots, predicted_blocks);
         // How many blocks the instance cached since the deepest predicted block was last used:
         // feedback compares it with the estimated cache size. Unknown (`u32::MAX`) when that
         // block was sent after a request that has no first token yet started: it may still be
         // being computed, and an engine does not share a prefix it has not finished, so a miss
         // then says nothing about evictions.
-        let slots = &st.slots;
-        let distance = predicted_blocks
-            .checked_sub(1)
-            .and_then(|b| req.chain.get(b))
-            .and_then(|h| st.index.stamp(*h, slot))
-            .map(|stamp| slots.distance(slot, stamp))
-            .filter(|&d| {
-                st.pending[slot]
-                    .iter()
-                    .all(|&p| d >= slots.distance(slot, p))
-            })
+        let distance = before
+            .last_predicted
+            .map(|stamp| start.wrapping_sub(stamp))
+            .filter(|&d| st.pending[slot].iter().all(|&p| d >= start.wrapping_sub(p)))
             .unwrap_or(u32::MAX);
-        // Blocks past the prediction that the index has sent there but takes for evicted: if
-        // the engine reports them cached, the cache is at least as large as their distance.
-        let (beyond, beyond_distance) =
-            st.index
-                .stamped_from(req.chain, predicted_blocks, slot, &st.slots);
-        let start = st.slots.counter[slot];
-        st.index.touch(req.chain, slot, &mut st.slots);
+        let (beyond, beyond_distance) = (before.beyond, before.beyond_distance);
         let keep = 1.0 - 1.0 / (SHARE_WINDOW * st.recent.len() as f64);
         st.recent.iter_mut().for_each(|r| *r *= keep);
         st.recent[slot] += 1.0;

@@ -89,6 +89,19 @@ impl Slots {
     }
 }
 
+/// What the index had for an instance before [`BlockIndex::touch`] sent it a chain.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Before {
+    /// The stamp of the last block a decision predicted cached (block `from - 1`), if listed.
+    pub last_predicted: Option<u32>,
+    /// How many blocks from `from` on were stamped since the instance was last forgotten
+    /// (resident or not), in a row.
+    pub beyond: u32,
+    /// The largest distance of those stamps: what the engine must have kept for it still to
+    /// hold them all.
+    pub beyond_distance: u32,
+}
+
 /// The index.
 #[derive(Debug, Clone)]
 pub struct BlockIndex {
@@ -268,39 +281,86 @@ impl BlockIndex {
 
     /// Records that every block of `chain` was sent to `slot` now: each becomes the most recently
     /// used (the head most of all), and blocks the instance did not (probably) hold advance its
-    /// counter.
-    pub fn touch(&mut self, chain: &[u64], slot: usize, slots: &mut Slots) {
+    /// counter. Returns what the index had for `slot` before, past block `from` (the blocks a
+    /// decision predicted cached): read in the same pass, so a decision looks each block up
+    /// once.
+    pub fn touch(&mut self, chain: &[u64], slot: usize, slots: &mut Slots, from: usize) -> Before {
         let tag = slot as u16 + 1;
+        // A slot never made room for holds nothing (capacity 0).
+        slots.ensure(slot, 0);
+        // Only this slot's counter moves during the pass: its values are read once.
+        let (cap, forgotten, start) = (
+            slots.capacity[slot],
+            slots.forgotten_at[slot],
+            slots.counter[slot],
+        );
+        let mut counter = start;
+        let mut before = Before::default();
+        // Chain blocks already in place, not yet moved to the LRU front: a run of the list, its
+        // first and last entries. A chain sent before lies on the list as one run (or a few,
+        // where it shares blocks with others), so it moves as a few splices instead of an unlink
+        // and relink per block, each in random memory on a large index.
+        let mut run: Option<(u32, u32)> = None;
         // Last block first: the chain's head ends up the most recently used, both on the LRU
         // list and in the stamps, so the index (and its picture of the engine, whose LRU frees
         // a request's blocks tail first, as vLLM does) loses a prefix's tail before its head;
         // otherwise a long prompt's first blocks would be forgotten while its later ones, now
         // unreachable by a walk from the start, stayed.
-        for &h in chain.iter().rev() {
+        for (i, &h) in chain.iter().enumerate().rev() {
             let e = match self.lookup(h) {
-                Some(e) => {
-                    self.unlink(e);
+                // Just before the run on the list: it joins it.
+                Some(e) if run.is_some_and(|(first, _)| self.entries[e as usize].next == first) => {
+                    run = run.map(|(_, last)| (e, last));
                     e
                 }
-                None => self.insert(h),
+                Some(e) => {
+                    self.splice_front(run);
+                    run = Some((e, e));
+                    e
+                }
+                None => {
+                    // What was visited goes to the front first: the budget evicts from the tail.
+                    self.splice_front(run.take());
+                    let e = self.insert(h);
+                    self.push_front(e);
+                    e
+                }
             };
-            self.push_front(e);
             let crowded = self.is_crowded(e);
             let entry = &mut self.entries[e as usize];
             let listed = entry.holders.iter().position(|x| x.slot == tag);
-            // An unlisted instance sent a crowded block most likely holds it already.
-            let had = listed.map_or(crowded, |p| slots.resident(slot, entry.holders[p].stamp));
-            if !had {
-                if let Some(c) = slots.counter.get_mut(slot) {
-                    *c = c.wrapping_add(1);
+            let then = listed.map(|p| entry.holders[p].stamp);
+            // What was there before, measured at the counter before this touch. Walking back,
+            // a block without a known stamp restarts the run that ends at `from`.
+            if i + 1 == from {
+                before.last_predicted = then;
+            } else if i >= from {
+                match then.filter(|&s| start.wrapping_sub(s) < start.wrapping_sub(forgotten)) {
+                    Some(s) => {
+                        before.beyond += 1;
+                        before.beyond_distance = before.beyond_distance.max(start.wrapping_sub(s));
+                    }
+                    None => (before.beyond, before.beyond_distance) = (0, 0),
                 }
             }
-            let stamp = slots.counter.get(slot).copied().unwrap_or(0);
+            // Resident (see `Slots::resident`); an unlisted instance sent a crowded block most
+            // likely holds it already.
+            let had = then.map_or(crowded, |s| {
+                let d = counter.wrapping_sub(s);
+                d < cap && d < counter.wrapping_sub(forgotten)
+            });
+            if !had {
+                counter = counter.wrapping_add(1);
+            }
             let at = listed
                 .or_else(|| entry.holders.iter().position(|x| x.slot == 0))
                 .unwrap_or_else(|| oldest(&entry.holders, slots));
             let displaced = entry.holders[at];
-            entry.holders[at] = Holder { slot: tag, stamp };
+            entry.holders[at] = Holder {
+                slot: tag,
+                stamp: counter,
+            };
+            // Other instances' counters do not move here: `slots` still holds theirs.
             if displaced.slot != 0
                 && displaced.slot != tag
                 && slots.resident(usize::from(displaced.slot - 1), displaced.stamp)
@@ -308,6 +368,9 @@ impl BlockIndex {
                 self.set_crowded(e, true);
             }
         }
+        self.splice_front(run);
+        slots.counter[slot] = counter;
+        before
     }
 
     /// Whether block `hash` is listed at all (sent to some instance and not yet dropped from
@@ -317,6 +380,7 @@ impl BlockIndex {
     }
 
     /// The stamp `slot` has on block `hash`, if it is listed as a holder.
+    #[cfg(test)]
     pub fn stamp(&self, hash: u64, slot: usize) -> Option<u32> {
         let tag = slot as u16 + 1;
         let e = self.lookup(hash)?;
@@ -329,7 +393,9 @@ impl BlockIndex {
 
     /// How far past block `from` the index has `chain` stamped for `slot` (since it was last
     /// forgotten, resident or not), and the largest distance of those stamps: what the engine
-    /// must have kept for it still to hold them all.
+    /// must have kept for it still to hold them all. The reference [`BlockIndex::touch`]'s
+    /// report is checked against.
+    #[cfg(test)]
     pub fn stamped_from(
         &self,
         chain: &[u64],
@@ -427,6 +493,32 @@ impl BlockIndex {
         x.next = NIL;
     }
 
+    /// Moves the list's run from `first` to `last` (linked in that order) to the front.
+    fn splice_front(&mut self, run: Option<(u32, u32)>) {
+        let Some((first, last)) = run else {
+            return;
+        };
+        if self.head == first {
+            return;
+        }
+        let (prev, next) = (
+            self.entries[first as usize].prev,
+            self.entries[last as usize].next,
+        );
+        // Not the head, so it has a predecessor.
+        self.entries[prev as usize].next = next;
+        if next != NIL {
+            self.entries[next as usize].prev = prev;
+        } else {
+            self.tail = prev;
+        }
+        self.entries[last as usize].next = self.head;
+        let old = self.head;
+        self.entries[old as usize].prev = last;
+        self.entries[first as usize].prev = NIL;
+        self.head = first;
+    }
+
     fn push_front(&mut self, e: u32) {
         let old = self.head;
         {
@@ -478,7 +570,7 @@ mod tests {
             for c in 0..chains {
                 let chain: Vec<u64> = (next..next + 50).collect();
                 next += 50;
-                ix.touch(&chain, c % 4, s);
+                ix.touch(&chain, c % 4, s, 0);
             }
         };
         fill(&mut ix, &mut s, 100);
@@ -502,14 +594,14 @@ mod tests {
     fn longest_match_per_instance() {
         let mut ix = BlockIndex::new(100);
         let mut s = slots(3);
-        ix.touch(&[1, 2, 3, 4], 0, &mut s);
-        ix.touch(&[1, 2, 9], 1, &mut s);
+        ix.touch(&[1, 2, 3, 4], 0, &mut s, 0);
+        ix.touch(&[1, 2, 9], 1, &mut s, 0);
         assert_eq!(matches(&ix, &[1, 2, 3, 4, 5], &s, 3), vec![4, 2, 0]);
         assert_eq!(matches(&ix, &[1, 2, 9], &s, 3), vec![2, 3, 0]);
         assert_eq!(matches(&ix, &[7, 1], &s, 3), vec![0, 0, 0]);
         assert_eq!(s.counter, vec![4, 3, 0]);
         // Re-sending what it holds does not advance the counter.
-        ix.touch(&[1, 2, 3], 0, &mut s);
+        ix.touch(&[1, 2, 3], 0, &mut s, 0);
         assert_eq!(s.counter[0], 4);
     }
 
@@ -517,8 +609,8 @@ mod tests {
     fn the_budget_evicts_the_least_recently_used_block() {
         let mut ix = BlockIndex::new(3);
         let mut s = slots(1);
-        ix.touch(&[1, 2, 3], 0, &mut s); // the tail, 3, is the least recent
-        ix.touch(&[5], 0, &mut s);
+        ix.touch(&[1, 2, 3], 0, &mut s, 0); // the tail, 3, is the least recent
+        ix.touch(&[5], 0, &mut s, 0);
         assert_eq!(ix.len(), 3);
         assert_eq!(
             matches(&ix, &[1, 2, 3], &s, 1),
@@ -526,8 +618,8 @@ mod tests {
             "the tail goes first"
         );
         assert_eq!(matches(&ix, &[5], &s, 1), vec![1]);
-        ix.touch(&[1], 0, &mut s); // now 2 is the least recent
-        ix.touch(&[6], 0, &mut s);
+        ix.touch(&[1], 0, &mut s, 0); // now 2 is the least recent
+        ix.touch(&[6], 0, &mut s, 0);
         assert_eq!(matches(&ix, &[1, 2], &s, 1), vec![1]);
         assert_eq!(matches(&ix, &[5], &s, 1), vec![1]);
     }
@@ -536,12 +628,12 @@ mod tests {
     fn capacity_and_forgetting_hide_blocks_the_engine_evicted() {
         let mut ix = BlockIndex::new(100);
         let mut s = slots(2);
-        ix.touch(&[1, 2], 0, &mut s);
-        ix.touch(&[1, 2], 1, &mut s);
+        ix.touch(&[1, 2], 0, &mut s, 0);
+        ix.touch(&[1, 2], 1, &mut s, 0);
         s.capacity[0] = 3;
         // Distances of blocks 1 and 2 are now 2 and 3: an LRU cache of 3 blocks that loses each
         // chain's tail first holds 1, 10 and 11, so only the first block matches.
-        ix.touch(&[10, 11], 0, &mut s);
+        ix.touch(&[10, 11], 0, &mut s, 0);
         assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![1, 2]);
         s.capacity[0] = 4;
         assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![2, 2]);
@@ -553,11 +645,11 @@ mod tests {
             vec![2, 0],
             "a second forget keeps it gone"
         );
-        ix.touch(&[1, 2], 1, &mut s);
+        ix.touch(&[1, 2], 1, &mut s, 0);
         s.forget(0);
         s.forget(0);
         assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![0, 2]);
-        ix.touch(&[1, 2], 0, &mut s);
+        ix.touch(&[1, 2], 0, &mut s, 0);
         assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![2, 2]);
         s.capacity[0] = u32::MAX;
         ix.remove_holder(&[1], 0);
@@ -570,11 +662,11 @@ mod tests {
         let n = HOLDERS + 2;
         let mut s = slots(n);
         for slot in 0..n {
-            ix.touch(&[42], slot, &mut s);
+            ix.touch(&[42], slot, &mut s, 0);
             // Age the others: each instance caches some other blocks.
             for other in 0..n {
                 if other != slot {
-                    ix.touch(&[1000 + other as u64 * 100 + slot as u64], other, &mut s);
+                    ix.touch(&[1000 + other as u64 * 100 + slot as u64], other, &mut s, 0);
                 }
             }
         }
@@ -643,7 +735,7 @@ mod tests {
                 if action == 0 {
                     s.forget(slot);
                 } else {
-                    ix.touch(&chain, slot, &mut s);
+                    ix.touch(&chain, slot, &mut s, 0);
                 }
                 // Probe every document at full length, and this one cut short.
                 for probe_doc in 0..6 {
@@ -665,6 +757,85 @@ mod tests {
     }
 
     proptest! {
+        /// What `touch` reports having had before equals the separate walks it replaced
+        /// (`stamp` of the deepest predicted block, `stamped_from` past it), under forgotten
+        /// instances, small caches, shared openings and predictions past the chain's end. The
+        /// budget holds every block: a touch that evicts its own chain's older blocks before
+        /// reaching them (an index smaller than its traffic's working set) reports them missing.
+        #[test]
+        fn touch_reports_what_the_index_had(
+            ops in proptest::collection::vec((0u64..6, 1usize..40, 0usize..5, 0u8..20, 0usize..45), 1..120),
+            opening in 0usize..6,
+            caps in proptest::collection::vec(4u32..300, 5),
+        ) {
+            let mut ix = BlockIndex::new(1 << 12);
+            let mut s = slots(5);
+            s.capacity = caps;
+            for (doc, len, slot, action, from) in ops {
+                let chain: Vec<u64> = (0..len).map(|b| block(doc, opening, b)).collect();
+                if action == 0 {
+                    s.forget(slot);
+                    continue;
+                }
+                let last = from.checked_sub(1).and_then(|b| chain.get(b));
+                let want_last = last.and_then(|h| ix.stamp(*h, slot));
+                let (beyond, beyond_distance) = ix.stamped_from(&chain, from, slot, &s);
+                let got = ix.touch(&chain, slot, &mut s, from);
+                prop_assert_eq!(got, Before { last_predicted: want_last, beyond, beyond_distance });
+            }
+        }
+    }
+
+    /// The LRU list head to tail, checked against its backward links.
+    fn list(ix: &BlockIndex) -> Vec<u64> {
+        let mut order = Vec::new();
+        let mut at = ix.head;
+        let mut prev = NIL;
+        while at != NIL {
+            let e = &ix.entries[at as usize];
+            assert_eq!(e.prev, prev, "backward link of {}", e.hash);
+            order.push(e.hash);
+            prev = at;
+            at = e.next;
+        }
+        assert_eq!(ix.tail, prev);
+        order
+    }
+
+    proptest! {
+        /// The list order after each touch is the one a block-by-block LRU gives (each block,
+        /// last first, moved or added to the front; the least recent dropped when full), though
+        /// chains already on the list in order move as whole runs. Chains share openings, are
+        /// cut short, and repeat a block (a hash collision) now and then.
+        #[test]
+        fn runs_move_as_a_block_by_block_lru_would(
+            ops in proptest::collection::vec((0u64..8, 1usize..30, 0usize..3, any::<bool>()), 1..120),
+            opening in 0usize..5,
+            budget in 4usize..200,
+        ) {
+            let mut ix = BlockIndex::new(budget);
+            let mut s = slots(3);
+            let mut model: std::collections::VecDeque<u64> = Default::default();
+            for (doc, len, slot, repeat) in ops {
+                let mut chain: Vec<u64> = (0..len).map(|b| block(doc, opening, b)).collect();
+                if repeat && len > 2 {
+                    chain[len / 2] = chain[len / 2 - 1];
+                }
+                ix.touch(&chain, slot, &mut s, 0);
+                for &h in chain.iter().rev() {
+                    if let Some(at) = model.iter().position(|&x| x == h) {
+                        model.remove(at);
+                    } else if model.len() >= budget {
+                        model.pop_back();
+                    }
+                    model.push_front(h);
+                }
+                prop_assert_eq!(list(&ix), Vec::from(model.clone()));
+            }
+        }
+    }
+
+    proptest! {
         #[test]
         fn never_exceeds_the_budget_and_lists_stay_consistent(
             ops in proptest::collection::vec((0u64..50, 1usize..6, 0usize..4), 1..200),
@@ -674,7 +845,7 @@ mod tests {
             let mut s = slots(4);
             for (start, len, slot) in ops {
                 let chain: Vec<u64> = (start..start + len as u64).collect();
-                ix.touch(&chain, slot, &mut s);
+                ix.touch(&chain, slot, &mut s, 0);
                 prop_assert!(ix.len() <= budget);
                 // Walk the LRU list: it holds exactly the table's entries.
                 let mut n = 0;
