@@ -1,8 +1,11 @@
 //! Cache-aware decision cost: a 64 KiB native prompt (its byte chain computed in the loop) and
 //! the expected-TTFT choice, against an index already holding 1 Mi tracked blocks, on 7 and 64
 //! instances. Half of the measured prompts share a long prefix with indexed traffic (a deep
-//! match), half are new (the walk stops at once). `select` only: dispatching would grow the
-//! index further with every iteration.
+//! match), half are new (the walk stops at once). `instances` measures `select` alone;
+//! `dispatch_instances` the whole dispatch a server's decision histogram times (the choice, then
+//! the index stamping every block of the prompt on the chosen instance) and the ticket's
+//! finish: the same probes, each a revisit of its own first round after that (the index, full,
+//! evicts as it inserts, and stays at its budget).
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use prefix_router_core::extract::native_route;
@@ -86,6 +89,23 @@ fn bench(c: &mut Criterion) {
                     tokens: None,
                 };
                 black_box(strategy.select(&req, &snap, &mut rng).ok())
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("dispatch_instances", n), &n, |b, _| {
+            b.iter(|| {
+                at = (at + 1) % probes.len();
+                let (key, chain) =
+                    native_route(black_box(&probes[at]), None, &opts).expect("routes");
+                let req = RouteRequest {
+                    key: Some(key),
+                    chain: &chain.blocks,
+                    prompt_units: chain.units,
+                    model: None,
+                    now: 1.0,
+                    tokens: None,
+                };
+                let d = dispatch(&strategy, &req, &snap, &mut rng).expect("dispatches");
+                d.ticket.finish(End::Finished { usage: None }, 1.1);
             })
         });
     }

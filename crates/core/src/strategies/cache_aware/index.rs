@@ -197,8 +197,17 @@ impl BlockIndex {
         // Where the current run of crowded blocks started.
         let mut crowd_from: Option<u32> = None;
         let mut i = 0usize;
+        // After a crowded block, the next one's likely entry: its successor on the LRU list,
+        // where a chain touched as a whole lies in order (checked by its hash; a shared opening
+        // sent to many instances is walked block by block, each otherwise a table probe).
+        let mut hint = NIL;
         while i < chain.len() {
-            let Some(e) = self.lookup(chain[i]) else {
+            let found = if hint != NIL && self.entries[hint as usize].hash == chain[i] {
+                Some(hint)
+            } else {
+                self.lookup(chain[i])
+            };
+            let Some(e) = found else {
                 return;
             };
             let at = i as u32;
@@ -223,9 +232,11 @@ impl BlockIndex {
             }
             if crowded {
                 crowd_from = crowd_from.or(Some(at));
+                hint = entry.next;
                 i += 1;
                 continue;
             }
+            hint = NIL;
             if !advanced {
                 return;
             }
@@ -301,13 +312,22 @@ impl BlockIndex {
         // where it shares blocks with others), so it moves as a few splices instead of an unlink
         // and relink per block, each in random memory on a large index.
         let mut run: Option<(u32, u32)> = None;
+        // The list predecessor of the block just visited: in a chain sent before, most likely
+        // this block's entry (checked by its hash), found without probing the table (a random
+        // read) and with the entry it is read from already needed.
+        let mut hint = NIL;
         // Last block first: the chain's head ends up the most recently used, both on the LRU
         // list and in the stamps, so the index (and its picture of the engine, whose LRU frees
         // a request's blocks tail first, as vLLM does) loses a prefix's tail before its head;
         // otherwise a long prompt's first blocks would be forgotten while its later ones, now
         // unreachable by a walk from the start, stayed.
         for (i, &h) in chain.iter().enumerate().rev() {
-            let e = match self.lookup(h) {
+            let found = if hint != NIL && self.entries[hint as usize].hash == h {
+                Some(hint)
+            } else {
+                self.lookup(h)
+            };
+            let e = match found {
                 // Just before the run on the list: it joins it.
                 Some(e) if run.is_some_and(|(first, _)| self.entries[e as usize].next == first) => {
                     run = run.map(|(_, last)| (e, last));
@@ -367,6 +387,7 @@ impl BlockIndex {
             {
                 self.set_crowded(e, true);
             }
+            hint = self.entries[e as usize].prev;
         }
         self.splice_front(run);
         slots.counter[slot] = counter;
