@@ -102,6 +102,48 @@ pub struct Before {
     pub beyond_distance: u32,
 }
 
+impl Before {
+    /// Notes block `i`'s stamp from before the touch, if listed (`then`), and the instance's
+    /// counter then (`start`) and when it was last forgotten. The touch walks back, so a block
+    /// without a stamp since then restarts the run that ends at `from`.
+    fn note(&mut self, i: usize, from: usize, then: Option<u32>, start: u32, forgotten: u32) {
+        if i + 1 == from {
+            self.last_predicted = then;
+        } else if i >= from {
+            match then.filter(|&s| start.wrapping_sub(s) < start.wrapping_sub(forgotten)) {
+                Some(s) => {
+                    self.beyond += 1;
+                    self.beyond_distance = self.beyond_distance.max(start.wrapping_sub(s));
+                }
+                None => (self.beyond, self.beyond_distance) = (0, 0),
+            }
+        }
+    }
+}
+
+/// Where a touch is on the LRU list.
+#[derive(Debug)]
+struct ListWalk {
+    /// Chain blocks already in place, not yet moved to the front: a run of the list, its first
+    /// and last entries. A chain sent before lies on the list as one run (or a few, where it
+    /// shares blocks with others), so it moves as a few splices instead of an unlink and
+    /// relink per block, each in random memory on a large index.
+    run: Option<(u32, u32)>,
+    /// The list predecessor of the block just visited: in a chain sent before, most likely the
+    /// next block's entry (checked by its hash), found without probing the table (a random
+    /// read) and with the entry it is read from already needed.
+    hint: u32,
+}
+
+impl Default for ListWalk {
+    fn default() -> Self {
+        Self {
+            run: None,
+            hint: NIL,
+        }
+    }
+}
+
 /// The index.
 #[derive(Debug, Clone)]
 pub struct BlockIndex {
@@ -307,62 +349,19 @@ impl BlockIndex {
         );
         let mut counter = start;
         let mut before = Before::default();
-        // Chain blocks already in place, not yet moved to the LRU front: a run of the list, its
-        // first and last entries. A chain sent before lies on the list as one run (or a few,
-        // where it shares blocks with others), so it moves as a few splices instead of an unlink
-        // and relink per block, each in random memory on a large index.
-        let mut run: Option<(u32, u32)> = None;
-        // The list predecessor of the block just visited: in a chain sent before, most likely
-        // this block's entry (checked by its hash), found without probing the table (a random
-        // read) and with the entry it is read from already needed.
-        let mut hint = NIL;
+        let mut walk = ListWalk::default();
         // Last block first: the chain's head ends up the most recently used, both on the LRU
         // list and in the stamps, so the index (and its picture of the engine, whose LRU frees
         // a request's blocks tail first, as vLLM does) loses a prefix's tail before its head;
         // otherwise a long prompt's first blocks would be forgotten while its later ones, now
         // unreachable by a walk from the start, stayed.
         for (i, &h) in chain.iter().enumerate().rev() {
-            let found = if hint != NIL && self.entries[hint as usize].hash == h {
-                Some(hint)
-            } else {
-                self.lookup(h)
-            };
-            let e = match found {
-                // Just before the run on the list: it joins it.
-                Some(e) if run.is_some_and(|(first, _)| self.entries[e as usize].next == first) => {
-                    run = run.map(|(_, last)| (e, last));
-                    e
-                }
-                Some(e) => {
-                    self.splice_front(run);
-                    run = Some((e, e));
-                    e
-                }
-                None => {
-                    // What was visited goes to the front first: the budget evicts from the tail.
-                    self.splice_front(run.take());
-                    let e = self.insert(h);
-                    self.push_front(e);
-                    e
-                }
-            };
+            let e = self.visit(h, &mut walk);
             let crowded = self.is_crowded(e);
-            let entry = &mut self.entries[e as usize];
-            let listed = entry.holders.iter().position(|x| x.slot == tag);
-            let then = listed.map(|p| entry.holders[p].stamp);
-            // What was there before, measured at the counter before this touch. Walking back,
-            // a block without a known stamp restarts the run that ends at `from`.
-            if i + 1 == from {
-                before.last_predicted = then;
-            } else if i >= from {
-                match then.filter(|&s| start.wrapping_sub(s) < start.wrapping_sub(forgotten)) {
-                    Some(s) => {
-                        before.beyond += 1;
-                        before.beyond_distance = before.beyond_distance.max(start.wrapping_sub(s));
-                    }
-                    None => (before.beyond, before.beyond_distance) = (0, 0),
-                }
-            }
+            let holders = &self.entries[e as usize].holders;
+            let listed = holders.iter().position(|x| x.slot == tag);
+            let then = listed.map(|p| holders[p].stamp);
+            before.note(i, from, then, start, forgotten);
             // Resident (see `Slots::resident`); an unlisted instance sent a crowded block most
             // likely holds it already.
             let had = then.map_or(crowded, |s| {
@@ -372,70 +371,78 @@ impl BlockIndex {
             if !had {
                 counter = counter.wrapping_add(1);
             }
-            let at = listed
-                .or_else(|| entry.holders.iter().position(|x| x.slot == 0))
-                .unwrap_or_else(|| oldest(&entry.holders, slots));
-            let displaced = entry.holders[at];
-            entry.holders[at] = Holder {
-                slot: tag,
-                stamp: counter,
-            };
-            // Other instances' counters do not move here: `slots` still holds theirs.
-            if displaced.slot != 0
-                && displaced.slot != tag
-                && slots.resident(usize::from(displaced.slot - 1), displaced.stamp)
-            {
-                self.set_crowded(e, true);
-            }
-            hint = self.entries[e as usize].prev;
+            self.list_holder(
+                e,
+                listed,
+                Holder {
+                    slot: tag,
+                    stamp: counter,
+                },
+                slots,
+            );
+            walk.hint = self.entries[e as usize].prev;
         }
-        self.splice_front(run);
+        self.splice_front(walk.run);
         slots.counter[slot] = counter;
         before
+    }
+
+    /// The entry of block `hash` during a touch, found or added, its place on the LRU list
+    /// settled as far as `walk` allows.
+    fn visit(&mut self, hash: u64, walk: &mut ListWalk) -> u32 {
+        let hint = walk.hint;
+        let found = if hint != NIL && self.entries[hint as usize].hash == hash {
+            Some(hint)
+        } else {
+            self.lookup(hash)
+        };
+        match found {
+            // Just before the run on the list: it joins it.
+            Some(e)
+                if walk
+                    .run
+                    .is_some_and(|(first, _)| self.entries[e as usize].next == first) =>
+            {
+                walk.run = walk.run.map(|(_, last)| (e, last));
+                e
+            }
+            Some(e) => {
+                self.splice_front(walk.run);
+                walk.run = Some((e, e));
+                e
+            }
+            None => {
+                // What was visited goes to the front first: the budget evicts from the tail.
+                self.splice_front(walk.run.take());
+                let e = self.insert(hash);
+                self.push_front(e);
+                e
+            }
+        }
+    }
+
+    /// Lists `holder` on entry `e`: in its own place (`listed`), else an empty one, else the
+    /// one its instance cached longest ago. Displacing an instance that still holds the block
+    /// makes the block crowded. Only the new holder's instance's counter moved during the touch,
+    /// so `slots` still holds every other instance's.
+    fn list_holder(&mut self, e: u32, listed: Option<usize>, holder: Holder, slots: &Slots) {
+        let holders = &mut self.entries[e as usize].holders;
+        let at = listed
+            .or_else(|| holders.iter().position(|x| x.slot == 0))
+            .unwrap_or_else(|| oldest(holders, slots));
+        let displaced = std::mem::replace(&mut holders[at], holder);
+        if displaced.slot != 0
+            && displaced.slot != holder.slot
+            && slots.resident(usize::from(displaced.slot - 1), displaced.stamp)
+        {
+            self.set_crowded(e, true);
+        }
     }
 
     /// Whether block `hash` is listed at all (sent to some instance and not yet dropped from
     /// the budget, resident there or not).
     pub fn contains(&self, hash: u64) -> bool {
         self.lookup(hash).is_some()
-    }
-
-    /// The stamp `slot` has on block `hash`, if it is listed as a holder.
-    #[cfg(test)]
-    pub fn stamp(&self, hash: u64, slot: usize) -> Option<u32> {
-        let tag = slot as u16 + 1;
-        let e = self.lookup(hash)?;
-        self.entries[e as usize]
-            .holders
-            .iter()
-            .find(|x| x.slot == tag)
-            .map(|x| x.stamp)
-    }
-
-    /// How far past block `from` the index has `chain` stamped for `slot` (since it was last
-    /// forgotten, resident or not), and the largest distance of those stamps: what the engine
-    /// must have kept for it still to hold them all. The reference [`BlockIndex::touch`]'s
-    /// report is checked against.
-    #[cfg(test)]
-    pub fn stamped_from(
-        &self,
-        chain: &[u64],
-        from: usize,
-        slot: usize,
-        slots: &Slots,
-    ) -> (u32, u32) {
-        let mut blocks = 0u32;
-        let mut oldest = 0u32;
-        for h in chain.iter().skip(from) {
-            match self.stamp(*h, slot).filter(|&s| slots.known(slot, s)) {
-                Some(stamp) => {
-                    blocks += 1;
-                    oldest = oldest.max(slots.distance(slot, stamp));
-                }
-                None => break,
-            }
-        }
-        (blocks, oldest)
     }
 
     /// Drops `slot` from every block of `chain` (the engine said it does not hold them).
@@ -572,319 +579,4 @@ fn oldest(holders: &[Holder; HOLDERS], slots: &Slots) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn slots(n: usize) -> Slots {
-        let mut s = Slots::default();
-        s.ensure(n - 1, u32::MAX);
-        s
-    }
-
-    #[test]
-    fn bytes_stay_fixed_once_full_however_much_churns_through() {
-        let mut ix = BlockIndex::new(5_000);
-        let mut s = slots(4);
-        let mut next = 0u64;
-        let mut fill = |ix: &mut BlockIndex, s: &mut Slots, chains: usize| {
-            for c in 0..chains {
-                let chain: Vec<u64> = (next..next + 50).collect();
-                next += 50;
-                ix.touch(&chain, c % 4, s, 0);
-            }
-        };
-        fill(&mut ix, &mut s, 100);
-        assert_eq!(ix.len(), 5_000);
-        let full = ix.bytes();
-        // 48 B per entry and 2-4 table slots of 4 B per block.
-        assert!(full <= 5_000 * 64 + 4096, "{full}");
-        // Twenty times the budget evicted and replaced (a swiss table doubled here).
-        fill(&mut ix, &mut s, 2_000);
-        assert_eq!(ix.len(), 5_000);
-        assert_eq!(ix.bytes(), full);
-    }
-
-    fn matches(ix: &BlockIndex, chain: &[u64], s: &Slots, n: usize) -> Vec<u32> {
-        let mut m = vec![0; n];
-        ix.longest_matches(chain, s, &mut m);
-        m
-    }
-
-    #[test]
-    fn longest_match_per_instance() {
-        let mut ix = BlockIndex::new(100);
-        let mut s = slots(3);
-        ix.touch(&[1, 2, 3, 4], 0, &mut s, 0);
-        ix.touch(&[1, 2, 9], 1, &mut s, 0);
-        assert_eq!(matches(&ix, &[1, 2, 3, 4, 5], &s, 3), vec![4, 2, 0]);
-        assert_eq!(matches(&ix, &[1, 2, 9], &s, 3), vec![2, 3, 0]);
-        assert_eq!(matches(&ix, &[7, 1], &s, 3), vec![0, 0, 0]);
-        assert_eq!(s.counter, vec![4, 3, 0]);
-        // Re-sending what it holds does not advance the counter.
-        ix.touch(&[1, 2, 3], 0, &mut s, 0);
-        assert_eq!(s.counter[0], 4);
-    }
-
-    #[test]
-    fn the_budget_evicts_the_least_recently_used_block() {
-        let mut ix = BlockIndex::new(3);
-        let mut s = slots(1);
-        ix.touch(&[1, 2, 3], 0, &mut s, 0); // the tail, 3, is the least recent
-        ix.touch(&[5], 0, &mut s, 0);
-        assert_eq!(ix.len(), 3);
-        assert_eq!(
-            matches(&ix, &[1, 2, 3], &s, 1),
-            vec![2],
-            "the tail goes first"
-        );
-        assert_eq!(matches(&ix, &[5], &s, 1), vec![1]);
-        ix.touch(&[1], 0, &mut s, 0); // now 2 is the least recent
-        ix.touch(&[6], 0, &mut s, 0);
-        assert_eq!(matches(&ix, &[1, 2], &s, 1), vec![1]);
-        assert_eq!(matches(&ix, &[5], &s, 1), vec![1]);
-    }
-
-    #[test]
-    fn capacity_and_forgetting_hide_blocks_the_engine_evicted() {
-        let mut ix = BlockIndex::new(100);
-        let mut s = slots(2);
-        ix.touch(&[1, 2], 0, &mut s, 0);
-        ix.touch(&[1, 2], 1, &mut s, 0);
-        s.capacity[0] = 3;
-        // Distances of blocks 1 and 2 are now 2 and 3: an LRU cache of 3 blocks that loses each
-        // chain's tail first holds 1, 10 and 11, so only the first block matches.
-        ix.touch(&[10, 11], 0, &mut s, 0);
-        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![1, 2]);
-        s.capacity[0] = 4;
-        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![2, 2]);
-        s.forget(1);
-        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![2, 0]);
-        s.forget(1);
-        assert_eq!(
-            matches(&ix, &[1, 2], &s, 2),
-            vec![2, 0],
-            "a second forget keeps it gone"
-        );
-        ix.touch(&[1, 2], 1, &mut s, 0);
-        s.forget(0);
-        s.forget(0);
-        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![0, 2]);
-        ix.touch(&[1, 2], 0, &mut s, 0);
-        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![2, 2]);
-        s.capacity[0] = u32::MAX;
-        ix.remove_holder(&[1], 0);
-        assert_eq!(matches(&ix, &[1, 2], &s, 2), vec![0, 2]);
-    }
-
-    #[test]
-    fn a_busy_block_keeps_its_most_recent_holders() {
-        let mut ix = BlockIndex::new(10);
-        let n = HOLDERS + 2;
-        let mut s = slots(n);
-        for slot in 0..n {
-            ix.touch(&[42], slot, &mut s, 0);
-            // Age the others: each instance caches some other blocks.
-            for other in 0..n {
-                if other != slot {
-                    ix.touch(&[1000 + other as u64 * 100 + slot as u64], other, &mut s, 0);
-                }
-            }
-        }
-        let m = matches(&ix, &[42], &s, n);
-        assert_eq!(m.iter().sum::<u32>(), HOLDERS as u32);
-        assert_eq!(m[n - 1], 1, "the latest holder is kept");
-    }
-
-    /// The walk before galloping, block by block: the reference the gallop must agree with.
-    fn linear_matches(ix: &BlockIndex, chain: &[u64], slots: &Slots, matched: &mut [u32]) {
-        let mut crowd_from: Option<u32> = None;
-        for (i, h) in chain.iter().enumerate() {
-            let Some(e) = ix.lookup(*h) else {
-                return;
-            };
-            let i = i as u32;
-            let entry = &ix.entries[e as usize];
-            let crowded = ix.is_crowded(e);
-            let reached = |m: u32| m == i || crowd_from.is_some_and(|from| m >= from);
-            let mut advanced = false;
-            for holder in entry.holders.iter().filter(|h| h.slot != 0) {
-                let slot = usize::from(holder.slot - 1);
-                if let Some(m) = matched.get_mut(slot) {
-                    if reached(*m) && slots.resident(slot, holder.stamp) {
-                        *m = i + 1;
-                        advanced = true;
-                    }
-                }
-            }
-            if crowded {
-                crowd_from = crowd_from.or(Some(i));
-            } else if !advanced {
-                return;
-            } else {
-                crowd_from = None;
-            }
-        }
-    }
-
-    /// Block `b` of a chain over document `doc` behind a shared opening of `opening` blocks:
-    /// a block's hash stands for everything before it, as a real chain's does.
-    fn block(doc: u64, opening: usize, b: usize) -> u64 {
-        if b < opening {
-            b as u64
-        } else {
-            1_000 + doc * 1_000 + b as u64
-        }
-    }
-
-    proptest! {
-        /// Galloping gives the same matches as the block-by-block walk, under budget evictions,
-        /// small caches, forgotten instances, crowded shared openings (more instances than
-        /// holders) and chains that share prefixes of every length.
-        #[test]
-        fn galloping_agrees_with_the_block_by_block_walk(
-            ops in proptest::collection::vec((0u64..6, 1usize..40, 0usize..7, 0u8..20), 1..150),
-            opening in 0usize..6,
-            budget in 8usize..400,
-            caps in proptest::collection::vec(4u32..300, 7),
-        ) {
-            let mut ix = BlockIndex::new(budget);
-            let mut s = slots(7);
-            s.capacity = caps;
-            for (doc, len, slot, action) in ops {
-                let chain: Vec<u64> = (0..len).map(|b| block(doc, opening, b)).collect();
-                if action == 0 {
-                    s.forget(slot);
-                } else {
-                    ix.touch(&chain, slot, &mut s, 0);
-                }
-                // Probe every document at full length, and this one cut short.
-                for probe_doc in 0..6 {
-                    let probe: Vec<u64> = (0..45).map(|b| block(probe_doc, opening, b)).collect();
-                    let mut fast = vec![0; 7];
-                    let mut slow = vec![0; 7];
-                    ix.longest_matches(&probe, &s, &mut fast);
-                    linear_matches(&ix, &probe, &s, &mut slow);
-                    prop_assert_eq!(fast, slow, "doc {}", probe_doc);
-                }
-                let cut = &chain[..len / 2];
-                let mut fast = vec![0; 7];
-                let mut slow = vec![0; 7];
-                ix.longest_matches(cut, &s, &mut fast);
-                linear_matches(&ix, cut, &s, &mut slow);
-                prop_assert_eq!(fast, slow);
-            }
-        }
-    }
-
-    proptest! {
-        /// What `touch` reports having had before equals the separate walks it replaced
-        /// (`stamp` of the deepest predicted block, `stamped_from` past it), under forgotten
-        /// instances, small caches, shared openings and predictions past the chain's end. The
-        /// budget holds every block: a touch that evicts its own chain's older blocks before
-        /// reaching them (an index smaller than its traffic's working set) reports them missing.
-        #[test]
-        fn touch_reports_what_the_index_had(
-            ops in proptest::collection::vec((0u64..6, 1usize..40, 0usize..5, 0u8..20, 0usize..45), 1..120),
-            opening in 0usize..6,
-            caps in proptest::collection::vec(4u32..300, 5),
-        ) {
-            let mut ix = BlockIndex::new(1 << 12);
-            let mut s = slots(5);
-            s.capacity = caps;
-            for (doc, len, slot, action, from) in ops {
-                let chain: Vec<u64> = (0..len).map(|b| block(doc, opening, b)).collect();
-                if action == 0 {
-                    s.forget(slot);
-                    continue;
-                }
-                let last = from.checked_sub(1).and_then(|b| chain.get(b));
-                let want_last = last.and_then(|h| ix.stamp(*h, slot));
-                let (beyond, beyond_distance) = ix.stamped_from(&chain, from, slot, &s);
-                let got = ix.touch(&chain, slot, &mut s, from);
-                prop_assert_eq!(got, Before { last_predicted: want_last, beyond, beyond_distance });
-            }
-        }
-    }
-
-    /// The LRU list head to tail, checked against its backward links.
-    fn list(ix: &BlockIndex) -> Vec<u64> {
-        let mut order = Vec::new();
-        let mut at = ix.head;
-        let mut prev = NIL;
-        while at != NIL {
-            let e = &ix.entries[at as usize];
-            assert_eq!(e.prev, prev, "backward link of {}", e.hash);
-            order.push(e.hash);
-            prev = at;
-            at = e.next;
-        }
-        assert_eq!(ix.tail, prev);
-        order
-    }
-
-    proptest! {
-        /// The list order after each touch is the one a block-by-block LRU gives (each block,
-        /// last first, moved or added to the front; the least recent dropped when full), though
-        /// chains already on the list in order move as whole runs. Chains share openings, are
-        /// cut short, and repeat a block (a hash collision) now and then.
-        #[test]
-        fn runs_move_as_a_block_by_block_lru_would(
-            ops in proptest::collection::vec((0u64..8, 1usize..30, 0usize..3, any::<bool>()), 1..120),
-            opening in 0usize..5,
-            budget in 4usize..200,
-        ) {
-            let mut ix = BlockIndex::new(budget);
-            let mut s = slots(3);
-            let mut model: std::collections::VecDeque<u64> = Default::default();
-            for (doc, len, slot, repeat) in ops {
-                let mut chain: Vec<u64> = (0..len).map(|b| block(doc, opening, b)).collect();
-                if repeat && len > 2 {
-                    chain[len / 2] = chain[len / 2 - 1];
-                }
-                ix.touch(&chain, slot, &mut s, 0);
-                for &h in chain.iter().rev() {
-                    if let Some(at) = model.iter().position(|&x| x == h) {
-                        model.remove(at);
-                    } else if model.len() >= budget {
-                        model.pop_back();
-                    }
-                    model.push_front(h);
-                }
-                prop_assert_eq!(list(&ix), Vec::from(model.clone()));
-            }
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn never_exceeds_the_budget_and_lists_stay_consistent(
-            ops in proptest::collection::vec((0u64..50, 1usize..6, 0usize..4), 1..200),
-            budget in 1usize..40,
-        ) {
-            let mut ix = BlockIndex::new(budget);
-            let mut s = slots(4);
-            for (start, len, slot) in ops {
-                let chain: Vec<u64> = (start..start + len as u64).collect();
-                ix.touch(&chain, slot, &mut s, 0);
-                prop_assert!(ix.len() <= budget);
-                // Walk the LRU list: it holds exactly the table's entries.
-                let mut n = 0;
-                let mut at = ix.head;
-                while at != NIL {
-                    let e = &ix.entries[at as usize];
-                    prop_assert_eq!(ix.lookup(e.hash), Some(at));
-                    n += 1;
-                    at = e.next;
-                }
-                prop_assert_eq!(n, ix.len());
-                // The most recent chain's last block is always matched on its slot... when it fits.
-                if len <= budget {
-                    let mut m = vec![0; 4];
-                    ix.longest_matches(&chain, &s, &mut m);
-                    prop_assert_eq!(m[slot] as usize, len);
-                }
-            }
-        }
-    }
-}
+mod tests;
