@@ -110,7 +110,7 @@ async fn list(State(admin): State<Admin>) -> Response {
         .instances()
         .iter()
         .map(|i| {
-            let stats = admin.state.stats.get(i.id().as_str());
+            let stats = admin.state.stats.get(i);
             json!({
                 "url": i.spec().url,
                 "weight": i.weight(),

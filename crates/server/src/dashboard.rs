@@ -63,7 +63,7 @@ fn snapshot(state: &AppState) -> Vec<Counters> {
         .instances()
         .iter()
         .map(|i| {
-            let s = state.stats.get(i.id().as_str());
+            let s = state.stats.get(i);
             let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
             Counters {
                 id: Arc::clone(&i.id().0),

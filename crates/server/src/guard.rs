@@ -37,7 +37,7 @@ impl InFlightGuard {
     /// Takes over the ticket [`prefix_router_core::dispatch`] returned.
     pub fn new(state: Arc<AppState>, ticket: Ticket, api: Api, received: Instant) -> Self {
         let instance = Arc::clone(ticket.instance());
-        let stats = state.stats.get(instance.id().as_str());
+        let stats = state.stats.get(&instance);
         Self {
             state,
             ticket: Some(ticket),

@@ -68,7 +68,7 @@ async fn probe(state: &AppState, inst: &Instance) -> bool {
 /// Applies one probe result to `inst`.
 fn record_probe(state: &AppState, inst: &Instance, ok: bool) {
     let h = &state.settings.health;
-    let stats = state.stats.get(inst.id().as_str());
+    let stats = state.stats.get(inst);
     let mut rec = stats.health();
     if ok && inst.state() == InstanceState::Unknown {
         // A new member's first passed probe: it takes requests from now on.
@@ -125,7 +125,7 @@ fn record_probe(state: &AppState, inst: &Instance, ok: bool) {
 /// Without active probes, a passively ejected instance comes back on probation when its backoff
 /// is over: one more failure ejects it again, for twice as long.
 fn end_backoff(state: &AppState, inst: &Instance) {
-    let stats = state.stats.get(inst.id().as_str());
+    let stats = state.stats.get(inst);
     let mut rec = stats.health();
     if inst.state() == InstanceState::Ejected
         && rec.ejected_until.is_some_and(|t| Instant::now() >= t)

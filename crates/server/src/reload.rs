@@ -50,7 +50,9 @@ pub async fn edit_members<R>(state: &AppState, edit: impl FnOnce(&mut Membership
             membership::announce(state, inst.id(), MembershipChange::Removed);
         }
     }
-    state.stats.retain(|id| after.get(id).is_some());
+    state
+        .stats
+        .retain(|key| after.instances().iter().any(|i| i.id_hash() == key));
     result
 }
 

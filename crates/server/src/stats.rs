@@ -1,8 +1,11 @@
 //! Per-instance counters for the admin API, and each instance's health record.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use prefix_router_core::prehashed::PreHashedMap;
+use prefix_router_core::Instance;
 use std::time::{Duration, Instant};
 
 /// Upper bounds, in seconds, of the per-instance TTFT buckets the live page reads (one more,
@@ -78,27 +81,87 @@ pub struct HealthRecord {
     pub next_backoff: Option<Duration>,
 }
 
-/// Stats of every instance the router has seen, by id.
+/// Stats of every instance the router has seen, by its id's hash ([`Instance::id_hash`]: the
+/// identity the strategies key their learned state by too). Read once per request without a
+/// lock or a string hash: the map is replaced whole when an instance first shows up or leaves
+/// (rare) and read through an `ArcSwap`.
 #[derive(Debug, Default)]
 pub struct StatsTable {
-    map: RwLock<HashMap<String, Arc<InstanceStats>>>,
+    map: ArcSwap<PreHashedMap<Arc<InstanceStats>>>,
 }
 
 impl StatsTable {
-    /// The stats of `id`, created on first use.
-    pub fn get(&self, id: &str) -> Arc<InstanceStats> {
-        if let Some(s) = self.map.read().unwrap_or_else(|p| p.into_inner()).get(id) {
-            return Arc::clone(s);
+    /// The stats of `inst`, created on first use.
+    pub fn get(&self, inst: &Instance) -> Arc<InstanceStats> {
+        let key = inst.id_hash();
+        loop {
+            if let Some(s) = self.map.load().get(&key) {
+                return Arc::clone(s);
+            }
+            // Two threads adding the same instance at once: the second's copy finds the first's.
+            self.map.rcu(|m| {
+                let mut m = PreHashedMap::clone(m);
+                m.entry(key).or_default();
+                m
+            });
         }
-        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(map.entry(id.to_string()).or_default())
     }
 
-    /// Forgets instances no longer in the fleet.
-    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.map
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|id, _| keep(id));
+    /// Forgets instances no longer in the fleet (`keep`: whether the instance with this id
+    /// hash stays).
+    pub fn retain(&self, keep: impl Fn(u64) -> bool) {
+        self.map.rcu(|m| {
+            let mut m = PreHashedMap::clone(m);
+            m.retain(|&key, _| keep(key));
+            m
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefix_router_core::InstanceSpec;
+
+    fn inst(url: &str) -> Instance {
+        Instance::new(InstanceSpec::from_url(url.to_string()))
+    }
+
+    #[test]
+    fn one_record_per_instance_kept_until_it_leaves() {
+        let table = StatsTable::default();
+        let (a, b) = (inst("http://127.0.0.1:9001"), inst("http://127.0.0.1:9002"));
+        let first = table.get(&a);
+        InstanceStats::bump(&first.requests);
+        // The same instance rebuilt (a spec change keeps its id) finds the same record.
+        let again = table.get(&inst("http://127.0.0.1:9001"));
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(again.requests.load(Ordering::Relaxed), 1);
+        assert!(!Arc::ptr_eq(&first, &table.get(&b)));
+        table.retain(|key| key == b.id_hash());
+        assert_eq!(
+            table.get(&a).requests.load(Ordering::Relaxed),
+            0,
+            "a left: a fresh record"
+        );
+        assert!(Arc::ptr_eq(&table.get(&b), &table.get(&b)));
+    }
+
+    #[test]
+    fn threads_adding_the_same_instance_share_one_record() {
+        let table = Arc::new(StatsTable::default());
+        let got: Vec<Arc<InstanceStats>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    let table = Arc::clone(&table);
+                    s.spawn(move || table.get(&inst("http://127.0.0.1:9003")))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("joins"))
+                .collect()
+        });
+        assert!(got.iter().all(|s| Arc::ptr_eq(s, &got[0])));
     }
 }
