@@ -17,13 +17,23 @@ const EMPTY: u32 = 0;
 pub const ENTRY_BITS: u32 = 28;
 const ENTRY_MASK: u32 = (1 << ENTRY_BITS) - 1;
 
-/// Fibonacci hashing: spreads sequential keys (Mooncake's small `hash_ids`) as well as xxh3's.
-const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+/// A random odd multiplier per table (multiply-shift hashing): spreads sequential keys
+/// (Mooncake's small `hash_ids`) as well as xxh3's, and a client cannot pick prompts whose
+/// blocks share a home. Block hashes are xxh3 under a fixed seed (router replicas must agree
+/// on them), so with a fixed multiplier anyone could search offline for blocks that land in one
+/// run of the table and make every probe walk it. Where an entry sits never changes what a
+/// lookup finds, so decisions stay deterministic.
+fn random_mix() -> u64 {
+    use std::hash::BuildHasher;
+    // The standard library's per-process random keys (as every `HashMap` uses).
+    std::collections::hash_map::RandomState::new().hash_one(0x9e37_79b9_7f4a_7c15u64) | 1
+}
 
 /// See the module documentation.
 #[derive(Debug, Clone)]
 pub struct BlockTable {
     slots: Vec<u32>,
+    mix: u64,
     mask: usize,
     shift: u32,
     len: usize,
@@ -36,6 +46,7 @@ impl BlockTable {
         let n = max_items.max(8).saturating_mul(2).next_power_of_two();
         Self {
             slots: vec![EMPTY; n],
+            mix: random_mix(),
             mask: n - 1,
             shift: 64 - n.trailing_zeros(),
             len: 0,
@@ -56,7 +67,7 @@ impl BlockTable {
     }
 
     fn home(&self, hash: u64) -> usize {
-        (hash.wrapping_mul(MIX) >> self.shift) as usize
+        (hash.wrapping_mul(self.mix) >> self.shift) as usize
     }
     /// The tag bits of `hash` (from its low bits: `home` uses the high bits of the product).
     fn tag(hash: u64) -> u32 {
@@ -157,6 +168,27 @@ mod tests {
             }
             prop_assert_eq!(t.bytes(), size);
         }
+    }
+
+    #[test]
+    fn each_table_places_keys_its_own_way_and_finds_them_all() {
+        // Sequential keys, as Mooncake's hash ids are.
+        let keys: Vec<u64> = (0..1000).collect();
+        let (mut a, mut b) = (BlockTable::new(1024), BlockTable::new(1024));
+        for (e, &k) in keys.iter().enumerate() {
+            a.insert(k, e as u32);
+            b.insert(k, e as u32);
+        }
+        assert_ne!(a.mix, b.mix, "two tables drew the same multiplier");
+        assert_ne!(
+            a.slots, b.slots,
+            "the same layout under different multipliers"
+        );
+        for (e, &k) in keys.iter().enumerate() {
+            assert_eq!(a.get(k, |i| keys[i as usize]), Some(e as u32));
+            assert_eq!(b.get(k, |i| keys[i as usize]), Some(e as u32));
+        }
+        assert_eq!(a.mix & 1, 1, "odd: a multiplier that loses no bit");
     }
 
     #[test]
