@@ -10,12 +10,24 @@
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use prefix_router_core::extract::native_route;
 use prefix_router_core::{
-    dispatch, End, Fleet, InstanceSpec, KeyOptions, PrefixLength, RouteRequest, RouteRng,
-    StrategyConfig, StrategyKind,
+    dispatch, Chain, End, Fleet, InstanceSpec, KeyHash, KeyOptions, PrefixLength, RouteRequest,
+    RouteRng, StrategyConfig, StrategyKind,
 };
 use rand::{Rng, SeedableRng};
 
 const PROMPT: usize = 64 * 1024;
+
+/// A native request with its key and chain, at `now`.
+fn request(key: KeyHash, chain: &Chain, now: f64) -> RouteRequest<'_> {
+    RouteRequest {
+        key: Some(key),
+        chain: &chain.blocks,
+        prompt_units: chain.units,
+        model: None,
+        now,
+        tokens: None,
+    }
+}
 
 fn bench(c: &mut Criterion) {
     let mut rng = RouteRng::seed_from_u64(11);
@@ -45,14 +57,7 @@ fn bench(c: &mut Criterion) {
         for _ in 0..2100 {
             let body: Vec<u8> = (0..PROMPT).map(|_| rng.gen_range(0x20..0x7f)).collect();
             let (key, chain) = native_route(&body, None, &opts).expect("routes");
-            let req = RouteRequest {
-                key: Some(key),
-                chain: &chain.blocks,
-                prompt_units: chain.units,
-                model: None,
-                now: 0.0,
-                tokens: None,
-            };
+            let req = request(key, &chain, 0.0);
             let d = dispatch(&strategy, &req, &snap, &mut rng).expect("dispatches");
             d.ticket.finish(End::Finished { usage: None }, 0.1);
             docs.push(body);
@@ -80,14 +85,7 @@ fn bench(c: &mut Criterion) {
                 at = (at + 1) % probes.len();
                 let (key, chain) =
                     native_route(black_box(&probes[at]), None, &opts).expect("routes");
-                let req = RouteRequest {
-                    key: Some(key),
-                    chain: &chain.blocks,
-                    prompt_units: chain.units,
-                    model: None,
-                    now: 1.0,
-                    tokens: None,
-                };
+                let req = request(key, &chain, 1.0);
                 black_box(strategy.select(&req, &snap, &mut rng).ok())
             })
         });
@@ -96,14 +94,7 @@ fn bench(c: &mut Criterion) {
                 at = (at + 1) % probes.len();
                 let (key, chain) =
                     native_route(black_box(&probes[at]), None, &opts).expect("routes");
-                let req = RouteRequest {
-                    key: Some(key),
-                    chain: &chain.blocks,
-                    prompt_units: chain.units,
-                    model: None,
-                    now: 1.0,
-                    tokens: None,
-                };
+                let req = request(key, &chain, 1.0);
                 let d = dispatch(&strategy, &req, &snap, &mut rng).expect("dispatches");
                 d.ticket.finish(End::Finished { usage: None }, 1.1);
             })
