@@ -280,7 +280,7 @@ HZ=$(getconf CLK_TCK)
 
 : >"$OUT/raw.txt"
 run() { # round stream kib conns target
-    local round=$1 stream=$2 kib=$3 conns=$4 t=$5 before after line
+    local round=$1 stream=$2 kib=$3 conns=$4 t=$5 before before_user after after_user line
     local pid=${pid_of[$t]:-}
     read -r before before_user < <([[ -n "$pid" ]] && ticks "$pid" || echo 0 0)
     line=$(PEERS_BODIES="$OUT/bodies-$kib-$stream" wrk -t1 -c"$conns" -d"${SECONDS_PER_RUN}s" \
