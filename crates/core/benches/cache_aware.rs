@@ -29,6 +29,12 @@ fn request(key: KeyHash, chain: &Chain, now: f64) -> RouteRequest<'_> {
     }
 }
 
+/// The next of `probes` in turn (`at` moves on), routed: its key and chain.
+fn next_probe(probes: &[Vec<u8>], at: &mut usize, opts: &KeyOptions) -> (KeyHash, Chain) {
+    *at = (*at + 1) % probes.len();
+    native_route(black_box(&probes[*at]), None, opts).expect("routes")
+}
+
 fn bench(c: &mut Criterion) {
     let mut rng = RouteRng::seed_from_u64(11);
     let mut group = c.benchmark_group("cache_aware_decision_64KiB_index_1Mi_blocks");
@@ -82,18 +88,14 @@ fn bench(c: &mut Criterion) {
         let mut at = 0usize;
         group.bench_with_input(BenchmarkId::new("instances", n), &n, |b, _| {
             b.iter(|| {
-                at = (at + 1) % probes.len();
-                let (key, chain) =
-                    native_route(black_box(&probes[at]), None, &opts).expect("routes");
+                let (key, chain) = next_probe(&probes, &mut at, &opts);
                 let req = request(key, &chain, 1.0);
                 black_box(strategy.select(&req, &snap, &mut rng).ok())
             })
         });
         group.bench_with_input(BenchmarkId::new("dispatch_instances", n), &n, |b, _| {
             b.iter(|| {
-                at = (at + 1) % probes.len();
-                let (key, chain) =
-                    native_route(black_box(&probes[at]), None, &opts).expect("routes");
+                let (key, chain) = next_probe(&probes, &mut at, &opts);
                 let req = request(key, &chain, 1.0);
                 let d = dispatch(&strategy, &req, &snap, &mut rng).expect("dispatches");
                 d.ticket.finish(End::Finished { usage: None }, 1.1);

@@ -2,11 +2,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use prefix_router_core::prehashed::PreHashedMap;
 use prefix_router_core::Instance;
-use std::time::{Duration, Instant};
 
 /// Upper bounds, in seconds, of the per-instance TTFT buckets the live page reads (one more,
 /// open bucket follows). Cumulative counts: the page takes differences over its own window.
