@@ -80,7 +80,7 @@ pub enum Feedback {
 }
 
 /// Words a strategy keeps on a ticket ([`Strategy::dispatched`]).
-pub const NOTE_WORDS: usize = 3;
+pub const NOTE_WORDS: usize = 4;
 /// What a strategy keeps on a ticket: opaque to everyone else.
 pub type Note = [u64; NOTE_WORDS];
 

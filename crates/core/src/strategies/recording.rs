@@ -53,7 +53,7 @@ pub struct Recording {
 
 impl Recording {
     /// The note every dispatch returns, so a test can check that tickets hand it back.
-    pub const NOTE: Note = [7, 0, 0];
+    pub const NOTE: Note = [7, 0, 0, 0];
 
     /// A recorder that sends everything to the `pick` eligible instance.
     pub fn new(pick: Pick) -> Self {

@@ -517,3 +517,44 @@ fn a_revisit_only_its_home_holds_stays_there_past_the_share_bound() {
         "{per:?} (mean {mean})"
     );
 }
+
+/// Where each of ten new documents goes when instance `x`'s one queued request was sent long
+/// ago and the other's a moment ago, both the same size and neither answered.
+fn new_documents_beside_an_old_and_a_fresh_request(params: &[(&str, &str)]) -> (usize, Vec<usize>) {
+    let mut r = Router::new(2, params);
+    // First tokens 10 ms after each send: the fleet's cost is learned.
+    for d in 0..10 {
+        r.serve(&prompt("", 100 + d, d), None);
+    }
+    let (x, _, old) = r.send(&prompt("", 200, 0));
+    r.now += 1.0;
+    let (y, _, fresh) = r.send(&prompt("", 201, 0));
+    assert_ne!(x, y, "the second request avoids the first one's queue");
+    let chosen = (0..10)
+        .map(|d| {
+            let (i, _, t) = r.send(&prompt("", 300 + d, 0));
+            drop(t); // cancelled: its queue share leaves with it
+            i
+        })
+        .collect();
+    drop((old, fresh));
+    (x, chosen)
+}
+
+#[test]
+fn a_request_sent_long_ago_counts_less_of_its_queue_than_one_just_sent() {
+    // Ties and the share bound off: only the queue estimate decides.
+    let base = [
+        ("max-share", "0"),
+        ("tie-tolerance", "0"),
+        ("cold-tie-tolerance", "0"),
+    ];
+    let (x, chosen) = new_documents_beside_an_old_and_a_fresh_request(&base);
+    assert!(chosen.iter().all(|&i| i == x), "{chosen:?} (old request on {x})");
+    // Counting every queued request in full until its first token, the two look alike and
+    // the documents spread by their rendezvous scores.
+    let mut full = base.to_vec();
+    full.push(("progress-floor", "1"));
+    let (x, chosen) = new_documents_beside_an_old_and_a_fresh_request(&full);
+    assert!(chosen.iter().any(|&i| i != x), "{chosen:?} (old request on {x})");
+}
