@@ -555,8 +555,7 @@ impl Strategy for CacheAware {
         let load = &mut st.loads[slot];
         // What it waits behind, the two variables its time to first token is learned on: the
         // queued prefill (low 40 bits) and the requests decoding beside it (the rest).
-        let ahead =
-            queue_found.min((1 << 40) - 1) | (u64::from(decoding.min((1 << 24) - 1)) << 40);
+        let ahead = queue_found.min((1 << 40) - 1) | (u64::from(decoding.min((1 << 24) - 1)) << 40);
         let rate = load.join_queue(uncached, req.now, expected_s);
         st.stats.match_blocks_histogram[bucket(predicted_blocks as u32)] += 1;
         [

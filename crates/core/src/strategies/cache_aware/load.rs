@@ -332,6 +332,42 @@ mod tests {
         assert_eq!(l.queued_at(2.0, 0.0), 0.0);
     }
 
+    proptest::proptest! {
+        /// Whatever requests join and leave, and whenever: what is counted ahead stays within
+        /// the floor's share of the queue and the whole of it, and an emptied queue counts
+        /// nothing.
+        #[test]
+        fn queued_at_stays_within_the_floor_and_the_queue(
+            sends in proptest::collection::vec(
+                (1u64..100_000, 0.0f64..10.0, 0.0f64..2.0, proptest::bool::ANY),
+                1..40,
+            ),
+            floor in 0.0f64..=1.0,
+        ) {
+            let mut l = InstanceLoad::new(PRIOR);
+            let mut open = Vec::new();
+            let mut now = 0.0;
+            for (units, step, expected, leave_one) in sends {
+                now += step;
+                open.push((units, now, l.join_queue(units, now, expected)));
+                if leave_one && open.len() > 1 {
+                    let (u, at, rate) = open.remove(open.len() / 2);
+                    l.leave_queue(u, at, rate);
+                }
+                let all = open.iter().map(|o| o.0).sum::<u64>() as f64;
+                for t in [now, now + 0.5, now + 100.0] {
+                    let q = l.queued_at(t, floor);
+                    proptest::prop_assert!(q <= all + 1e-6 && q >= floor * all - 1e-6, "{q} of {all}");
+                }
+            }
+            for (u, at, rate) in open.drain(..) {
+                l.leave_queue(u, at, rate);
+            }
+            proptest::prop_assert_eq!(l.queued_at(now, floor), 0.0);
+            proptest::prop_assert_eq!((l.queued_units, l.waiting), (0, 0));
+        }
+    }
+
     #[test]
     fn learns_base_and_both_slopes() {
         let (mut l, mut pool) = (InstanceLoad::new(PRIOR), Pool::new(PRIOR));

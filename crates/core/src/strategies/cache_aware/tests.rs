@@ -550,11 +550,17 @@ fn a_request_sent_long_ago_counts_less_of_its_queue_than_one_just_sent() {
         ("cold-tie-tolerance", "0"),
     ];
     let (x, chosen) = new_documents_beside_an_old_and_a_fresh_request(&base);
-    assert!(chosen.iter().all(|&i| i == x), "{chosen:?} (old request on {x})");
+    assert!(
+        chosen.iter().all(|&i| i == x),
+        "{chosen:?} (old request on {x})"
+    );
     // Counting every queued request in full until its first token, the two look alike and
     // the documents spread by their rendezvous scores.
     let mut full = base.to_vec();
     full.push(("progress-floor", "1"));
     let (x, chosen) = new_documents_beside_an_old_and_a_fresh_request(&full);
-    assert!(chosen.iter().any(|&i| i != x), "{chosen:?} (old request on {x})");
+    assert!(
+        chosen.iter().any(|&i| i != x),
+        "{chosen:?} (old request on {x})"
+    );
 }
