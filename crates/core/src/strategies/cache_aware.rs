@@ -104,7 +104,7 @@ pub(crate) const PARAMS: &[ParamSpec] = &[
     },
     ParamSpec {
         name: "progress-floor",
-        default: "0.5",
+        default: "0.6",
         help: "share of a queued request's prefill still counted ahead of a new one however long ago it was sent; until then it shrinks with the time since it was sent over its expected time to first token (1: all of it until its first token)",
     },
     ParamSpec {
@@ -538,8 +538,8 @@ impl Strategy for CacheAware {
         // The cost is learned on the whole queue the request found, not on the part of it the
         // decision counted as still ahead. Learned on that part, a cold start moved documents
         // off their busy first homes (`crates/sim/tests/cold_start.rs`, seed 2: 3-6 documents
-        // per instance against the 4-5), though the Mooncake trace's P90 was lower
-        // (929 against 975 ms; both below the 943 ms before the progress estimate).
+        // per instance against the 4-5), though at a floor of 0.5 the Mooncake trace's
+        // P90 was lower (929 against 975 ms; BENCHMARKS.md).
         let (queue_found, _) = ahead(&st.loads[slot], instance, req.now, st.mean_uncached, 1.0);
         st.mean_uncached += MEAN_WEIGHT * (uncached as f64 - st.mean_uncached);
         // Its expected time to first token, as the decision priced it: what its share of the
