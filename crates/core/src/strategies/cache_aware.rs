@@ -13,10 +13,10 @@
 //!   offloaded to CPU memory count `offload-credit` of theirs as saved: loading them costs a
 //!   transfer, not a prefill);
 //! - `queued(i)`: the uncached units of requests sent to `i` that have not produced a first
-//!   token (the prefill work ahead of this one), each shrinking with the time since it was sent
-//!   over the time to first token expected for it, down to `progress-floor` of it (see
-//!   [`load`]: one sent a moment ago shares the engine's next steps with this request, one
-//!   sent its expected time ago is finishing);
+//!   token (the prefill work ahead of this one), less each one's progress (its units times the
+//!   time since it was sent over the time to first token expected for it), never below
+//!   `progress-floor` of the whole queue (see [`load`]: one sent a moment ago shares the
+//!   engine's next steps with this request, one sent its expected time ago is finishing);
 //! - `decoding(i)`: requests on `i` past their first token (they share every engine step with
 //!   the prefill, so each one slows it);
 //! - where the engines' queues are scraped, both also count what other routers sent: the
@@ -105,7 +105,7 @@ pub(crate) const PARAMS: &[ParamSpec] = &[
     ParamSpec {
         name: "progress-floor",
         default: "0.6",
-        help: "share of a queued request's prefill still counted ahead of a new one however long ago it was sent; until then it shrinks with the time since it was sent over its expected time to first token (1: all of it until its first token)",
+        help: "share of an instance's queued prefill always counted ahead of a new request; above it, each queued request counts less with the time since it was sent over its expected time to first token (1: all of it until first tokens)",
     },
     ParamSpec {
         name: "tie-tolerance",
@@ -148,8 +148,8 @@ pub struct CacheAwareConfig {
     pub chain: ChainSpec,
     /// Prior cost.
     pub prior: Cost,
-    /// Share of a queued request's prefill counted ahead of a new one however long ago it was
-    /// sent (see [`load`]).
+    /// Share of an instance's queued prefill always counted ahead of a new request (see
+    /// [`load`]).
     pub progress_floor: f64,
     /// Relative tolerance for ties.
     pub tie_tolerance: f64,
@@ -542,8 +542,10 @@ impl Strategy for CacheAware {
         // P90 was lower (929 against 975 ms; BENCHMARKS.md).
         let (queue_found, _) = ahead(&st.loads[slot], instance, req.now, st.mean_uncached, 1.0);
         st.mean_uncached += MEAN_WEIGHT * (uncached as f64 - st.mean_uncached);
-        // Its expected time to first token, as the decision priced it: what its share of the
-        // queue shrinks over.
+        // Its expected time to first token, on the queue estimate and cost the decision used:
+        // what its progress is counted over. For kv-aware, where the decision also counted a
+        // shared opening or offloaded blocks as saved, this prices the request's whole uncached
+        // prefix, so its progress is counted a little more slowly than the decision priced it.
         let instances = st.loads.len();
         let expected_s = if st.pool.learned() {
             st.loads[slot]

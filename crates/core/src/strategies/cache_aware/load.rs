@@ -4,10 +4,13 @@
 //! not produced their first token, each counted as the units the router expected the instance
 //! not to have cached. Decoding: requests past their first token and not finished.
 //!
-//! What of the queue is still ahead of a new request ([`InstanceLoad::queued_at`]): each queued
-//! request's units shrink in proportion to the time since it was sent over the time to first
-//! token expected for it then, down to a floor (`progress-floor`) that holds until its first
-//! token comes back. One sent a moment ago will share the engine's next prefill steps with a
+//! What of the queue is still ahead of a new request ([`InstanceLoad::queued_at`]): its units
+//! less each queued request's progress, its units times the time since it was sent over the
+//! time to first token expected for it then, and never less than a floor (`progress-floor`) of
+//! the whole queue's units. The floor is on the instance's queue, not on each request: a
+//! request past its expected time keeps counting as progress and eats into the others' share
+//! until the floor stops it (kept per request, in a list, it read within a millisecond of this
+//! on rag; see BENCHMARKS.md). One sent a moment ago will share the engine's next prefill steps with a
 //! new request; one sent nearly its expected time ago is finishing, and the new request reaches
 //! the engine after it. Counting both in full made every instance with one request in flight
 //! look alike, so a new request often went to the one whose request had just left: on `rag` at
@@ -137,7 +140,7 @@ impl InstanceLoad {
     }
 
     /// The queued units still ahead of a request sent at `now` (see the module documentation):
-    /// never less than `floor` of the queue, never more than all of it.
+    /// never less than `floor` of the whole queue, never more than all of it.
     pub fn queued_at(&self, now: f64, floor: f64) -> f64 {
         let all = self.queued_units as f64;
         let progress = now * self.progress_rate - self.progress_offset;
