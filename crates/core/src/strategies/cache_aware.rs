@@ -257,6 +257,9 @@ struct State {
     /// Per slot, the insertion counter at which each request still waiting for its first
     /// token started: blocks stamped after one of these may not be computed yet.
     pending: Vec<VecDeque<u32>>,
+    /// Per slot, when its load was last reset (the instance removed): feedback on requests sent
+    /// before then belongs to the load that was dropped.
+    reset_at: Vec<f64>,
     matched: Vec<u32>,
     /// Per slot, requests sent there recently (exponentially decayed over about
     /// [`SHARE_WINDOW`] requests per instance).
@@ -353,6 +356,7 @@ impl CacheAware {
             loads: Vec::new(),
             pool: Pool::new(config.prior),
             pending: Vec::new(),
+            reset_at: Vec::new(),
             matched: Vec::new(),
             recent: Vec::new(),
             cands: Vec::new(),
@@ -391,6 +395,7 @@ impl State {
         self.slot_of.insert(id_hash, s as u16);
         self.loads.push(InstanceLoad::new(config.prior));
         self.pending.push(VecDeque::new());
+        self.reset_at.push(f64::NEG_INFINITY);
         self.slots.ensure(s, config.cache_blocks);
         self.matched.push(0);
         self.recent.push(0.0);
@@ -575,6 +580,12 @@ impl Strategy for CacheAware {
             return;
         };
         let slot = usize::from(slot);
+        // Sent before the instance was removed (and its load reset): counting it out of the
+        // new load would take another request's place there (and the queue's progress sums,
+        // which it never joined, would drift).
+        if t.sent_at < st.reset_at[slot] {
+            return;
+        }
         let uncached = u64::from(t.prompt_units - t.predicted_cached_units.min(t.prompt_units));
         let load = &mut st.loads[slot];
         let before_first = t.first_token_at.is_none();
@@ -616,7 +627,7 @@ impl Strategy for CacheAware {
         }
     }
 
-    fn membership(&self, instance: &InstanceId, change: MembershipChange, _now: f64) {
+    fn membership(&self, instance: &InstanceId, change: MembershipChange, now: f64) {
         let hash = Instance::hash_of(instance.as_str());
         let mut st = self.lock();
         let Some(&slot) = st.slot_of.get(&hash) else {
@@ -630,6 +641,7 @@ impl Strategy for CacheAware {
                 if change == MembershipChange::Removed {
                     st.loads[slot] = InstanceLoad::new(self.config.prior);
                     st.pending[slot].clear();
+                    st.reset_at[slot] = now;
                 }
             }
             MembershipChange::Added | MembershipChange::Healthy | MembershipChange::Draining => {}

@@ -564,3 +564,40 @@ fn a_request_sent_long_ago_counts_less_of_its_queue_than_one_just_sent() {
         "{chosen:?} (old request on {x})"
     );
 }
+
+#[test]
+fn a_request_sent_before_its_instance_was_removed_does_not_empty_the_new_queue() {
+    // Ties, the share bound and the progress estimate off, and the prior cost (nothing learned):
+    // only the queues decide.
+    let mut r = Router::new(
+        2,
+        &[
+            ("max-share", "0"),
+            ("tie-tolerance", "0"),
+            ("cold-tie-tolerance", "0"),
+            ("progress-floor", "1"),
+        ],
+    );
+    let (x, _, old) = r.send(&prompt("", 200, 0));
+    let id = r.fleet.snapshot().instances()[x].id().clone();
+    // Removed with that request in flight, then back (a restart under the same URL).
+    r.now += 0.001;
+    r.strategy.membership(&id, MembershipChange::Removed, r.now);
+    r.strategy.membership(&id, MembershipChange::Added, r.now);
+    // Its new queue: one request, sent after it came back.
+    let fresh = (0..50)
+        .map(|d| r.send(&prompt("", 400 + d, 0)))
+        .find(|sent| sent.0 == x)
+        .expect("an idle instance takes a new document within 50");
+    drop(old); // the old request's end arrives
+    let chosen: Vec<usize> = (0..10)
+        .map(|d| {
+            let (i, _, t) = r.send(&prompt("", 300 + d, 0));
+            drop(t);
+            i
+        })
+        .collect();
+    // Still one request queued there: every new document goes to the other instance.
+    assert!(chosen.iter().all(|&i| i != x), "{chosen:?} (queued on {x})");
+    drop(fresh);
+}
