@@ -257,9 +257,6 @@ struct State {
     /// Per slot, the insertion counter at which each request still waiting for its first
     /// token started: blocks stamped after one of these may not be computed yet.
     pending: Vec<VecDeque<u32>>,
-    /// Per slot, when its load was last reset (the instance removed): feedback on requests sent
-    /// before then belongs to the load that was dropped.
-    reset_at: Vec<f64>,
     matched: Vec<u32>,
     /// Per slot, requests sent there recently (exponentially decayed over about
     /// [`SHARE_WINDOW`] requests per instance).
@@ -277,22 +274,34 @@ struct State {
 /// Weight of each request in [`State::mean_uncached`].
 const MEAN_WEIGHT: f64 = 0.02;
 
-/// The prefill units queued on an instance still ahead of a request sent `now`, and the
-/// requests decoding there, as the router knows them: its own (see
-/// [`InstanceLoad::queued_at`]), plus what the engine reports other routers sent while that
-/// report is fresh (each of their waiting requests taken at the mean uncached size of ours;
-/// their running ones as decoding). Without a report, only its own: unknown is never zero.
+/// What a request sent to an instance `now` finds there, as the router knows it: its own
+/// requests (see [`InstanceLoad::queued_at`]), plus what the engine reports other routers sent
+/// while that report is fresh (each of their waiting requests taken at the mean uncached size
+/// of ours; their running ones as decoding). Without a report, only its own: unknown is never
+/// zero.
+struct Ahead {
+    /// Prefill units still ahead of it (its own requests' progress taken off).
+    queued: u64,
+    /// All the prefill units queued there (what the cost is learned on).
+    found: u64,
+    /// Requests decoding there.
+    decoding: u32,
+}
+
 fn ahead(
     load: &InstanceLoad,
     inst: &Instance,
     now: f64,
     mean_uncached: f64,
     progress_floor: f64,
-) -> (u64, u32) {
+) -> Ahead {
     let others = inst.others(now).unwrap_or_default();
-    let own = load.queued_at(now, progress_floor) as u64;
-    let queued = own + (f64::from(others.waiting) * mean_uncached) as u64;
-    (queued, load.decoding.saturating_add(others.running))
+    let others_units = (f64::from(others.waiting) * mean_uncached) as u64;
+    Ahead {
+        queued: load.queued_at(now, progress_floor) as u64 + others_units,
+        found: load.queued_units + others_units,
+        decoding: load.decoding.saturating_add(others.running),
+    }
 }
 
 /// A prefix that more than half of the candidates hold and that is less than half of the
@@ -356,7 +365,6 @@ impl CacheAware {
             loads: Vec::new(),
             pool: Pool::new(config.prior),
             pending: Vec::new(),
-            reset_at: Vec::new(),
             matched: Vec::new(),
             recent: Vec::new(),
             cands: Vec::new(),
@@ -395,7 +403,6 @@ impl State {
         self.slot_of.insert(id_hash, s as u16);
         self.loads.push(InstanceLoad::new(config.prior));
         self.pending.push(VecDeque::new());
-        self.reset_at.push(f64::NEG_INFINITY);
         self.slots.ensure(s, config.cache_blocks);
         self.matched.push(0);
         self.recent.push(0.0);
@@ -455,8 +462,9 @@ impl Strategy for CacheAware {
                 }
             };
             let load = slot.map_or(&idle, |s| &st.loads[s]);
-            let (queued, decoding) =
-                ahead(load, inst, req.now, st.mean_uncached, cfg.progress_floor);
+            let Ahead {
+                queued, decoding, ..
+            } = ahead(load, inst, req.now, st.mean_uncached, cfg.progress_floor);
             cands.push(Candidate {
                 index,
                 matched_units,
@@ -533,19 +541,22 @@ impl Strategy for CacheAware {
         st.pending[slot].push_back(start);
         let uncached =
             u64::from(req.prompt_units - decision.predicted_cached_units.min(req.prompt_units));
-        let (queued, decoding) = ahead(
+        // The cost is learned on the whole queue the request found (`found`), not on the part
+        // of it the decision counted as still ahead (`queued`). Learned on that part, a cold
+        // start moved documents off their busy first homes (`crates/sim/tests/cold_start.rs`,
+        // seed 2: 3-6 documents per instance against the 4-5), though at a floor of 0.5
+        // the Mooncake trace's P90 was lower (929 against 975 ms; BENCHMARKS.md).
+        let Ahead {
+            queued,
+            found,
+            decoding,
+        } = ahead(
             &st.loads[slot],
             instance,
             req.now,
             st.mean_uncached,
             cfg.progress_floor,
         );
-        // The cost is learned on the whole queue the request found, not on the part of it the
-        // decision counted as still ahead. Learned on that part, a cold start moved documents
-        // off their busy first homes (`crates/sim/tests/cold_start.rs`, seed 2: 3-6 documents
-        // per instance against the 4-5), though at a floor of 0.5 the Mooncake trace's
-        // P90 was lower (929 against 975 ms; BENCHMARKS.md).
-        let (queue_found, _) = ahead(&st.loads[slot], instance, req.now, st.mean_uncached, 1.0);
         st.mean_uncached += MEAN_WEIGHT * (uncached as f64 - st.mean_uncached);
         // Its expected time to first token, on the queue estimate and cost the decision used:
         // what its progress is counted over. For kv-aware, where the decision also counted a
@@ -562,7 +573,7 @@ impl Strategy for CacheAware {
         let load = &mut st.loads[slot];
         // What it waits behind, the two variables its time to first token is learned on: the
         // queued prefill (low 40 bits) and the requests decoding beside it (the rest).
-        let ahead = queue_found.min((1 << 40) - 1) | (u64::from(decoding.min((1 << 24) - 1)) << 40);
+        let ahead = found.min((1 << 40) - 1) | (u64::from(decoding.min((1 << 24) - 1)) << 40);
         let rate = load.join_queue(uncached, req.now, expected_s);
         st.stats.match_blocks_histogram[bucket(predicted_blocks as u32)] += 1;
         [
@@ -583,7 +594,7 @@ impl Strategy for CacheAware {
         // Sent before the instance was removed (and its load reset): counting it out of the
         // new load would take another request's place there (and the queue's progress sums,
         // which it never joined, would drift).
-        if t.sent_at < st.reset_at[slot] {
+        if t.sent_at < st.loads[slot].since {
             return;
         }
         let uncached = u64::from(t.prompt_units - t.predicted_cached_units.min(t.prompt_units));
@@ -639,9 +650,8 @@ impl Strategy for CacheAware {
             MembershipChange::Ejected | MembershipChange::Removed => {
                 st.slots.forget(slot);
                 if change == MembershipChange::Removed {
-                    st.loads[slot] = InstanceLoad::new(self.config.prior);
+                    st.loads[slot] = InstanceLoad::since(self.config.prior, now);
                     st.pending[slot].clear();
-                    st.reset_at[slot] = now;
                 }
             }
             MembershipChange::Added | MembershipChange::Healthy | MembershipChange::Draining => {}

@@ -89,6 +89,9 @@ pub struct InstanceLoad {
     own: Cost,
     /// The pool's sample count at this instance's last sample.
     seen_at: u64,
+    /// When this load started (the instance was removed and its load reset then): feedback
+    /// on requests sent before belongs to the load that was dropped.
+    pub since: f64,
 }
 
 impl InstanceLoad {
@@ -103,6 +106,14 @@ impl InstanceLoad {
             fit: CostFit::new(prior),
             own: prior,
             seen_at: 0,
+            since: f64::NEG_INFINITY,
+        }
+    }
+    /// An idle instance's load that starts at `now`, after the one it replaces was dropped.
+    pub fn since(prior: Cost, now: f64) -> Self {
+        Self {
+            since: now,
+            ..Self::new(prior)
         }
     }
     /// A request of `units` sent at `now`, its first token expected `expected_s` later, joins the
