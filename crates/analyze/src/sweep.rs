@@ -280,5 +280,6 @@ fn sim_config(
         kv_events: Default::default(),
         routers: Default::default(),
         prewarm: None,
+        clairvoyant: false,
     })
 }

@@ -212,6 +212,14 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub prewarm: bool,
 
+    /// Also run a clairvoyant reference (a row named `clairvoyant`, not a strategy): each
+    /// request goes where its first token would come soonest, read exactly from a copy of
+    /// every engine (queue, batch, cache). No router can see that much; it shows how much of
+    /// the time to first token placement decides. Greedy, so not a bound. Slower: it runs
+    /// every engine forward once per request.
+    #[arg(long)]
+    pub clairvoyant: bool,
+
     /// Load sweep, e.g. `--load 0.5,0.8,0.95`: the generated workload at open-loop (Poisson)
     /// rates that are these fractions of the fleet's capacity, every strategy at each. Capacity
     /// is measured first: the same requests closed loop with 64 clients per instance through

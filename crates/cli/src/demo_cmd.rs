@@ -322,6 +322,7 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
             }),
         },
         prewarm: None,
+        clairvoyant: false,
     };
     // The simulator's view of the same runs: cheap, and the yardstick the demo should meet.
     let simulated = simulate(&workload, &sim_config, &mut |_| {}).context("simulate")?;

@@ -43,9 +43,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
 
     print!("{}", table::render(&report));
     eprintln!(
-        "simulated {} requests x {} strategies in {wall:.1} s",
+        "simulated {} requests x {} in {wall:.1} s",
         workload.requests.len(),
-        config.strategies.len()
+        runs(&config)
     );
     if let Some(path) = &args.json {
         crate::report_file::write_json(path, &report)?;
@@ -79,9 +79,9 @@ fn run_sweep(args: &SimulateArgs, workload: &SimWorkload) -> Result<()> {
     );
     print!("{}", sweep::render(&sweep));
     eprintln!(
-        "simulated {} loads x {} strategies (and the capacity run) in {:.1} s",
+        "simulated {} loads x {} (and the capacity run) in {:.1} s",
         args.load.len(),
-        config.strategies.len(),
+        runs(&config),
         started.elapsed().as_secs_f64()
     );
     if let Some(path) = &args.json {
@@ -91,6 +91,18 @@ fn run_sweep(args: &SimulateArgs, workload: &SimWorkload) -> Result<()> {
         plot::write_load_svg(&sweep, path).with_context(|| format!("--plot {}", path.display()))?;
     }
     Ok(())
+}
+
+/// What each load (or the one run) simulated: "4 strategies", "3 strategies and the clairvoyant
+/// reference".
+fn runs(config: &SimConfig) -> String {
+    let n = config.strategies.len();
+    let s = if n == 1 { "strategy" } else { "strategies" };
+    if config.clairvoyant {
+        format!("{n} {s} and the clairvoyant reference")
+    } else {
+        format!("{n} {s}")
+    }
 }
 
 /// `--write-trace`: the requests as our JSONL.
@@ -158,6 +170,7 @@ fn sim_config(args: &SimulateArgs, workload: &SimWorkload) -> Result<SimConfig> 
             }),
         },
         prewarm: args.prewarm.then(PrewarmConfig::default),
+        clairvoyant: args.clairvoyant,
     })
 }
 

@@ -71,7 +71,9 @@ pub struct PrefixMatch {
 }
 
 /// Block prefix cache: capacity accounting, reference counts and LRU eviction.
-#[derive(Debug)]
+/// Cloned only to look ahead (what a request would meet if sent now; see
+/// [`crate::Engine::first_token_if_sent`]).
+#[derive(Debug, Clone)]
 pub struct PrefixCache {
     capacity: u32,
     map: BlockMap,

@@ -289,7 +289,7 @@ pub struct EngineStats {
 }
 
 /// A submitted request not yet admitted.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Queued {
     /// When the scheduler may first see it (`submit` time plus the frontend overhead).
     ready_at: f64,
@@ -297,7 +297,7 @@ struct Queued {
 }
 
 /// A running sequence.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Seq {
     id: u64,
     block_hashes: Vec<u64>,
@@ -324,7 +324,7 @@ impl Seq {
 }
 
 /// One engine: FCFS waiting queue, continuous batching, prefix cache.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Engine {
     config: EngineConfig,
     cache: PrefixCache,
@@ -462,6 +462,35 @@ impl Engine {
         if now.is_finite() {
             self.clock = self.clock.max(now);
         }
+    }
+
+    /// When `req`'s first token would come if it were submitted at `now` and nothing else
+    /// arrived after it: the engine's own future, run on a copy. Requests that arrive later
+    /// queue behind it (first come, first served) and take only budget it leaves, so they
+    /// could add to at most the step its prefill ends in; a router that knew every engine's
+    /// state exactly would price a request this way (the simulator's `clairvoyant` reference).
+    /// `None` when `now` is not finite.
+    pub fn first_token_if_sent(&self, now: f64, req: &EngineRequest) -> Option<f64> {
+        if !now.is_finite() {
+            return None;
+        }
+        let mut ahead = self.clone();
+        ahead.submit(now, req.clone());
+        let mut out = Vec::new();
+        // Every step computes at least one token of some running sequence, and the request
+        // is admitted once those ahead of it have left, so this ends; the bound is a guard.
+        for _ in 0..10_000_000u64 {
+            let at = ahead.next_event_at()?;
+            out.clear();
+            ahead.advance(at, &mut out);
+            if let Some(EngineEvent::FirstToken { at, .. }) = out
+                .iter()
+                .find(|e| matches!(e, EngineEvent::FirstToken { id, .. } if *id == req.id))
+            {
+                return Some(*at);
+            }
+        }
+        None
     }
 
     /// Counters.

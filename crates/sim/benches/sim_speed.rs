@@ -37,6 +37,7 @@ fn config(kind: StrategyKind) -> SimConfig {
         kv_events: Default::default(),
         routers: Default::default(),
         prewarm: None,
+        clairvoyant: false,
     }
 }
 

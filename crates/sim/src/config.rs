@@ -45,6 +45,10 @@ pub struct SimConfig {
     /// Prewarm instances that join (scale events) with the hottest prefixes that will move to
     /// them; `None`: they take their share at once.
     pub prewarm: Option<prefix_router_core::prewarm::PrewarmConfig>,
+    /// Also run the clairvoyant reference after the strategies (a row named `clairvoyant`):
+    /// each request sent where its first token would come soonest, read from the engines
+    /// themselves ([`crate::run::run_clairvoyant`]).
+    pub clairvoyant: bool,
 }
 
 impl SimConfig {

@@ -52,6 +52,7 @@ mod tests {
             let w = shared_docs(400, 30, rate, 3);
             let mut c = config(3, &all);
             c.driver = driver;
+            c.clairvoyant = true;
             let report = simulate(&w, &c, &mut |_| {}).expect("runs");
             let floor = report
                 .ttft_floor_ms

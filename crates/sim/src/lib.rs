@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod clairvoyant;
 pub mod config;
 pub mod error;
 pub mod events;

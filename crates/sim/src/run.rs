@@ -148,6 +148,9 @@ struct Loop<'a> {
     tracked: usize,
     /// Prewarming of joining instances, when configured.
     warmer: Option<Warmer>,
+    /// The clairvoyant reference: each request goes where its first token would come soonest,
+    /// read from a copy of every engine ([`crate::clairvoyant`]), not where a strategy sends it.
+    clairvoyant: bool,
 }
 
 /// What routing reads from `req`, by the server's own extraction of its chat body: rendered
@@ -177,6 +180,15 @@ pub fn run_strategy(
 pub fn run_replicas(
     inputs: RunInputs<'_>,
     replicas: &[Arc<dyn Strategy>],
+    progress: &mut dyn FnMut(u64),
+) -> Result<RunOutcome, SimError> {
+    run_loop(inputs, replicas, false, progress)
+}
+
+pub(crate) fn run_loop(
+    inputs: RunInputs<'_>,
+    replicas: &[Arc<dyn Strategy>],
+    clairvoyant: bool,
     progress: &mut dyn FnMut(u64),
 ) -> Result<RunOutcome, SimError> {
     let config = inputs.config;
@@ -214,6 +226,7 @@ pub fn run_replicas(
             .then(|| SimViews::new(config.kv_events, config.seed)),
         tracked: 0,
         warmer: config.prewarm.map(Warmer::new),
+        clairvoyant,
     };
     lp.track_new();
     if config.routers.scrape.is_some() {
@@ -332,17 +345,27 @@ impl Loop<'_> {
         };
         let replica = request % self.replicas.len();
         let strategy = &self.replicas[replica];
-        let routed = dispatch(
-            strategy,
-            &route,
-            self.fleet.snapshot(replica),
-            &mut self.rngs[replica],
-        )
-        .map_err(|source| SimError::Route {
-            strategy: strategy.name().to_string(),
-            request,
-            source,
-        })?;
+        let routed = if self.clairvoyant {
+            let probe = EngineRequest {
+                id: request as u64,
+                block_hashes: block_hashes.clone(),
+                prompt_tokens: req.prompt_tokens(),
+                output_tokens: req.output_tokens,
+            };
+            crate::clairvoyant::soonest(&self.fleet, now, &probe, &route, strategy)
+        } else {
+            dispatch(
+                strategy,
+                &route,
+                self.fleet.snapshot(replica),
+                &mut self.rngs[replica],
+            )
+            .map_err(|source| SimError::Route {
+                strategy: strategy.name().to_string(),
+                request,
+                source,
+            })
+        }?;
         let instance =
             self.fleet
                 .instance_at(routed.index)
@@ -357,7 +380,12 @@ impl Loop<'_> {
         if routed.reason.is_overflow() {
             self.overflows += 1;
         }
-        *self.decisions.entry(routed.reason.label()).or_insert(0) += 1;
+        let label = if self.clairvoyant {
+            crate::clairvoyant::CLAIRVOYANT
+        } else {
+            routed.reason.label()
+        };
+        *self.decisions.entry(label).or_insert(0) += 1;
         self.tickets[request] = Some(routed.ticket);
 
         let record = &mut self.records[request];

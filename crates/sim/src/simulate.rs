@@ -5,6 +5,7 @@ use prefix_router_core::{KeyHash, KeyOptions, StrategyConfig};
 use prefix_router_engine_model::{EngineConfig, PRESETS};
 use prefix_router_workload::Request;
 
+use crate::clairvoyant::{run_clairvoyant, CLAIRVOYANT};
 use crate::metrics::summarize;
 use crate::report::{FleetSummary, Report, StrategySettings, WorkloadSummary};
 use crate::run::{run_replicas, Chains, RunInputs};
@@ -189,6 +190,27 @@ pub fn simulate_keyed(
         let outcome = run_replicas(inputs, replicas, &mut report)?;
         results.push(summarize(
             name,
+            requests,
+            &outcome,
+            config.hit_rate_buckets,
+            &config.scale,
+        ));
+    }
+    if config.clairvoyant {
+        let runs = strategies.len() + 1;
+        let mut report = |finished: u64| {
+            progress(Progress {
+                strategy: CLAIRVOYANT,
+                strategy_index: runs - 1,
+                strategies: runs,
+                finished,
+                requests: total,
+            })
+        };
+        report(0);
+        let outcome = run_clairvoyant(inputs, &mut report)?;
+        results.push(summarize(
+            CLAIRVOYANT,
             requests,
             &outcome,
             config.hit_rate_buckets,

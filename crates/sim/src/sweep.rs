@@ -11,6 +11,7 @@
 use prefix_router_core::{StrategyConfig, StrategyKind};
 use prefix_router_workload::{generators, Arrival, WorkloadSpec};
 
+use crate::clairvoyant::{CLAIRVOYANT, CLAIRVOYANT_NOTE};
 use crate::{simulate, Driver, Progress, Report, SimConfig, SimError, SimWorkload, WorkloadSource};
 
 /// Closed-loop clients per instance of the capacity run.
@@ -76,6 +77,7 @@ pub fn load_sweep(
     let capacity_config = SimConfig {
         strategies: vec![StrategyConfig::new(blind)],
         driver: Driver::ClosedLoop { clients },
+        clairvoyant: false,
         ..config.clone()
     };
     let capacity = simulate(
@@ -155,6 +157,15 @@ pub fn render(sweep: &LoadSweep) -> String {
                 100.0 * max_share
             ));
         }
+    }
+    let clairvoyant = sweep
+        .points
+        .iter()
+        .flat_map(|p| &p.report.results)
+        .any(|r| r.strategy == CLAIRVOYANT);
+    if clairvoyant {
+        out.push_str(CLAIRVOYANT_NOTE);
+        out.push('\n');
     }
     out
 }

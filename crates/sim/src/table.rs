@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use crate::clairvoyant::{CLAIRVOYANT, CLAIRVOYANT_NOTE};
 use crate::{Driver, Report, StrategyResult, WorkloadSource};
 
 /// Renders the report as a text table with a header that says what ran, one row per strategy,
@@ -83,6 +84,9 @@ pub fn render(report: &Report) -> String {
             "TTFT floor (each request alone on an idle engine holding every prefix sent before it: no router does better): p50 {:.1} / p90 {:.1} / p99 {:.1} ms",
             floor.p50, floor.p90, floor.p99
         );
+    }
+    if report.results.iter().any(|r| r.strategy == CLAIRVOYANT) {
+        let _ = writeln!(out, "{CLAIRVOYANT_NOTE}");
     }
     if let Some(line) = comparison(report) {
         let _ = writeln!(out, "{line}");

@@ -65,5 +65,6 @@ pub fn config(instances: u32, strategies: &[StrategyKind]) -> SimConfig {
         kv_events: Default::default(),
         routers: Default::default(),
         prewarm: None,
+        clairvoyant: false,
     }
 }

@@ -496,3 +496,53 @@ fn progress_counts_generated_tokens_step_by_step() {
     assert_eq!(seen, vec![vec![(1, 0)], vec![(1, 1)], vec![(1, 2)], vec![]]);
     assert!(finished(&out, 1) > first_token(&out, 1).0);
 }
+
+proptest! {
+    /// The look-ahead is the engine's own future: with nothing sent after it, the request's
+    /// first token comes exactly when predicted, whatever the engine was doing (queued,
+    /// prefilling, decoding, sharing its prefix), and predicting changes nothing.
+    #[test]
+    fn first_token_if_sent_is_exactly_what_happens_when_nothing_follows(
+        before in proptest::collection::vec((0.0f64..0.05, 0u64..3, 1u32..300, 1u32..10), 0..12),
+        at in 0.0f64..0.08,
+        shared in 0u64..3,
+        tokens in 1u32..400,
+    ) {
+        let mut e = Engine::new(config(64, 4, 128));
+        let mut arrivals: Vec<(f64, EngineRequest)> = before
+            .iter()
+            .enumerate()
+            .map(|(i, &(t, doc, tok, out))| (t, request(i as u64, &[doc * 100, doc * 100 + 1], tok, out)))
+            .collect();
+        arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut out = Vec::new();
+        for (t, req) in arrivals.into_iter().filter(|a| a.0 <= at) {
+            e.advance(t, &mut out);
+            e.submit(t, req);
+        }
+        e.advance(at, &mut out);
+        let probe = request(1_000, &[shared * 100, shared * 100 + 1], tokens, 2);
+        let stats = e.stats();
+        let predicted = e.first_token_if_sent(at, &probe).expect("finite time");
+        prop_assert_eq!(e.stats(), stats);
+        e.submit(at, probe);
+        let rest = run(&mut e, Vec::new());
+        prop_assert_eq!(predicted, first_token(&rest, 1_000).0);
+    }
+}
+
+#[test]
+fn first_token_if_sent_sees_the_queue_and_the_cache() {
+    let mut e = Engine::new(config(1000, 8, 512));
+    let idle = e.first_token_if_sent(0.0, &request(9, &[1, 2, 3], 64, 2));
+    // Busy with a long prefill: the same request starts later.
+    e.submit(0.0, request(1, &[], 4000, 2));
+    let mut out = Vec::new();
+    e.advance(0.0, &mut out);
+    let busy = e.first_token_if_sent(0.0, &request(9, &[1, 2, 3], 64, 2));
+    assert!(busy > idle, "{busy:?} against {idle:?}");
+    assert_eq!(
+        e.first_token_if_sent(f64::NAN, &request(9, &[], 64, 2)),
+        None
+    );
+}

@@ -42,5 +42,6 @@ pub fn config(preset: &str, strategy: &str, clients: u32, seed: u64) -> SimConfi
         kv_events: Default::default(),
         routers: Default::default(),
         prewarm: None,
+        clairvoyant: false,
     }
 }
