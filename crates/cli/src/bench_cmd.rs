@@ -317,6 +317,7 @@ pub fn strategy_result(outcome: &BenchOutcome, label: &str) -> StrategyResult {
         strategy_stats: None,
         affinity: None,
         after_scale: Vec::new(),
+        placement: None,
     }
 }
 

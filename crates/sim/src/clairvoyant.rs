@@ -45,43 +45,64 @@ pub fn run_clairvoyant(
     run_loop(inputs, std::slice::from_ref(&counter), true, progress)
 }
 
-/// The clairvoyant choice: the eligible instance where `probe`'s first token would come
-/// soonest (ties: fewer in flight, then the first), counted in flight through `strategy`.
-pub fn soonest(
+/// One eligible instance's first-token time for a request sent now.
+#[derive(Debug, Clone, Copy)]
+pub struct FirstToken {
+    /// Its position in the fleet snapshot.
+    pub position: usize,
+    /// When the request's first token would come there, seconds.
+    pub at: f64,
+    /// Requests in flight there.
+    pub in_flight: u32,
+}
+
+/// When `probe`, sent at `now`, would get its first token on each instance eligible for
+/// `model`, each engine run forward on a copy with nothing arriving after it.
+pub fn first_tokens(
     fleet: &SimFleet,
     now: f64,
     probe: &EngineRequest,
+    model: Option<&str>,
+) -> Vec<FirstToken> {
+    fleet
+        .snapshot(0)
+        .instances()
+        .iter()
+        .enumerate()
+        .filter(|(_, view)| view.is_eligible(model))
+        .filter_map(|(position, view)| {
+            let instance = fleet.instance_at(position)?;
+            let at = fleet.instances[instance]
+                .engine
+                .first_token_if_sent(now, probe)?;
+            Some(FirstToken {
+                position,
+                at,
+                in_flight: view.in_flight(),
+            })
+        })
+        .collect()
+}
+
+/// The clairvoyant choice among `times` ([`first_tokens`]): the soonest first token (ties:
+/// fewer in flight, then the first), counted in flight through `strategy`.
+pub fn soonest(
+    fleet: &SimFleet,
+    times: &[FirstToken],
     route: &RouteRequest<'_>,
     strategy: &Arc<dyn Strategy>,
 ) -> Result<Dispatched, SimError> {
-    let snapshot = fleet.snapshot(0);
-    let mut best: Option<(f64, u32, usize)> = None;
-    for (position, view) in snapshot.instances().iter().enumerate() {
-        if !view.is_eligible(route.model) {
-            continue;
-        }
-        let Some(instance) = fleet.instance_at(position) else {
-            continue;
-        };
-        let Some(at) = fleet.instances[instance]
-            .engine
-            .first_token_if_sent(now, probe)
-        else {
-            continue;
-        };
-        let candidate = (at, view.in_flight(), position);
-        if best.is_none_or(|b| (candidate.0, candidate.1) < (b.0, b.1)) {
-            best = Some(candidate);
-        }
-    }
-    let (_, _, position) = best.ok_or_else(|| SimError::InvalidConfig {
-        field: "strategies",
-        why: format!("{CLAIRVOYANT}: no eligible instance at {now} s"),
-    })?;
-    let view = Arc::clone(&snapshot.instances()[position]);
+    let best = times
+        .iter()
+        .min_by(|a, b| a.at.total_cmp(&b.at).then(a.in_flight.cmp(&b.in_flight)))
+        .ok_or_else(|| SimError::InvalidConfig {
+            field: "strategies",
+            why: format!("{CLAIRVOYANT}: no eligible instance at {} s", route.now),
+        })?;
+    let view = Arc::clone(&fleet.snapshot(0).instances()[best.position]);
     let ticket = dispatch_to(strategy, route, view, Reason::LeastOutstanding);
     Ok(Dispatched {
-        index: position,
+        index: best.position,
         reason: Reason::LeastOutstanding,
         ticket,
     })
@@ -127,6 +148,34 @@ mod tests {
         // The random run kept its place and its own numbers.
         assert_eq!(report.results[0].strategy, "random");
         assert!(report.results[0].ttft_ms.p90 > floor.p90);
+    }
+
+    #[test]
+    fn each_strategys_choices_are_read_against_the_soonest_start() {
+        // Alone on idle engines: prefix-aware keeps each document on its home, which is
+        // always the soonest start; random sends revisits to instances that must recompute.
+        let w = shared_docs(60, 4, 0.05, 5);
+        let mut c = config(3, &kinds(&["prefix-aware", "random"]));
+        let without = simulate(&w, &c, &mut |_| {}).expect("runs");
+        assert!(without.results.iter().all(|r| r.placement.is_none()));
+        c.clairvoyant = true;
+        let report = simulate(&w, &c, &mut |_| {}).expect("runs");
+        let [pa, rnd, cv] = &report.results[..] else {
+            panic!("three rows, got {}", report.results.len());
+        };
+        assert!(
+            cv.placement.is_none(),
+            "the reference is not read against itself"
+        );
+        let pa = pa.placement.as_ref().expect("read");
+        assert_eq!(pa.at_soonest, 1.0, "{pa:?}");
+        assert_eq!(pa.lost_ms.p99, 0.0, "{pa:?}");
+        let rnd = rnd.placement.as_ref().expect("read");
+        assert!(rnd.at_soonest < 0.95 && rnd.lost_ms.p90 > 1.0, "{rnd:?}");
+        // Reading the engines changes nothing the strategies do.
+        for (a, b) in without.results.iter().zip(&report.results) {
+            assert_eq!(a.ttft_percentiles_ms, b.ttft_percentiles_ms);
+        }
     }
 
     #[test]

@@ -33,7 +33,9 @@ pub use config::{Driver, SimConfig};
 pub use error::SimError;
 pub use events::KvEventModel;
 pub use input::{SimWorkload, WorkloadSource};
-pub use report::{FleetSummary, Report, StrategyResult, StrategySettings, WorkloadSummary};
+pub use report::{
+    FleetSummary, Placement, Report, StrategyResult, StrategySettings, WorkloadSummary,
+};
 pub use routers::{RouterModel, ScrapeModel};
 pub use simulate::{engine_config, routing_keys, simulate, simulate_keyed, Prepared, Progress};
 pub use stats::{HitRateBucket, LatencySummary};

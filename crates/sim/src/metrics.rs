@@ -5,8 +5,8 @@ use prefix_router_workload::{Affinity, Request};
 use prefix_router_workload::ScaleEvent;
 
 use crate::members::instance_id;
-use crate::report::{AfterScale, StrategyResult};
-use crate::run::RunOutcome;
+use crate::report::{AfterScale, Placement, StrategyResult};
+use crate::run::{RequestRecord, RunOutcome};
 use crate::stats::{hit_rate_series, percentile_curve, LatencySummary};
 
 /// Seconds on each side of a scale event that [`AfterScale`] compares.
@@ -148,5 +148,43 @@ pub fn summarize(
         ttft_percentiles_ms: percentile_curve(&ttft),
         hit_rate_over_time: series,
         strategy_stats: outcome.strategy_stats.clone(),
+        placement: placement(records, &ttft),
     }
+}
+
+/// Where a strategy sent each request against the soonest start on offer then (`None` when the
+/// run did not read the engines' times: no `--clairvoyant`, or the clairvoyant row itself).
+/// `sorted_ttft_ms`: the run's times to first token, sorted.
+fn placement(records: &[RequestRecord], sorted_ttft_ms: &[f64]) -> Option<Placement> {
+    let read: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.chosen_first_token_s.is_finite() && r.soonest_first_token_s.is_finite())
+        .collect();
+    if read.is_empty() {
+        return None;
+    }
+    let mut lost: Vec<f64> = read
+        .iter()
+        .map(|r| (1e3 * (r.chosen_first_token_s - r.soonest_first_token_s)).max(0.0))
+        .collect();
+    lost.sort_by(f64::total_cmp);
+    let at_soonest = lost.iter().filter(|&&l| l < 1.0).count() as f64 / lost.len() as f64;
+    let p90 = LatencySummary::from_sorted(sorted_ttft_ms).p90;
+    let slow: Vec<&&RequestRecord> = read
+        .iter()
+        .filter(|r| 1e3 * (r.first_token_s - r.start_s) >= p90)
+        .collect();
+    let placed = slow
+        .iter()
+        .filter(|r| 1e3 * (r.soonest_first_token_s - r.start_s) < p90)
+        .count();
+    Some(Placement {
+        at_soonest,
+        lost_ms: LatencySummary::from_sorted(&lost),
+        slow_placed: if slow.is_empty() {
+            0.0
+        } else {
+            placed as f64 / slow.len() as f64
+        },
+    })
 }

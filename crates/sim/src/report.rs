@@ -134,6 +134,24 @@ pub struct StrategyResult {
     /// What each scale event did to the requests around it (the simulator, with `--scale`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after_scale: Vec<AfterScale>,
+    /// How each decision compared with the soonest start any instance offered at that moment
+    /// (the simulator, with `--clairvoyant`; not for the clairvoyant row itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+}
+
+/// A strategy's decisions read against every engine's true state at each decision
+/// ([`crate::clairvoyant`]): where the request's first token would have come on the instance
+/// chosen and on the soonest one, each run forward with nothing arriving after it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Placement {
+    /// Share of requests sent where they would start within 1 ms of the soonest (0..1).
+    pub at_soonest: f64,
+    /// Time to first token lost to the choice (chosen minus soonest), milliseconds.
+    pub lost_ms: LatencySummary,
+    /// Of the requests at or above the run's P90 time to first token, the share that could
+    /// have started under it on another instance (0..1): a tail placement made, not load.
+    pub slow_placed: f64,
 }
 
 /// The requests around one scale event: the minute before against the minute after

@@ -37,6 +37,11 @@ pub struct RequestRecord {
     pub cached_tokens: u32,
     /// Instance it was dispatched to (`u32::MAX` until dispatched).
     pub instance: u32,
+    /// With `--clairvoyant`, read at its decision from copies of the engines: when its first
+    /// token would come on the instance chosen, and on the soonest one (NaN: not read).
+    pub chosen_first_token_s: f64,
+    /// See `chosen_first_token_s`.
+    pub soonest_first_token_s: f64,
 }
 
 impl RequestRecord {
@@ -46,6 +51,8 @@ impl RequestRecord {
         finish_s: f64::NAN,
         cached_tokens: 0,
         instance: u32::MAX,
+        chosen_first_token_s: f64::NAN,
+        soonest_first_token_s: f64::NAN,
     };
 }
 
@@ -345,14 +352,19 @@ impl Loop<'_> {
         };
         let replica = request % self.replicas.len();
         let strategy = &self.replicas[replica];
-        let routed = if self.clairvoyant {
+        // The engines' true first-token times for this request: what the clairvoyant
+        // reference chooses by, and what a strategy's choice is read against under it.
+        let times = (self.clairvoyant || inputs.config.clairvoyant).then(|| {
             let probe = EngineRequest {
                 id: request as u64,
                 block_hashes: block_hashes.clone(),
                 prompt_tokens: req.prompt_tokens(),
                 output_tokens: req.output_tokens,
             };
-            crate::clairvoyant::soonest(&self.fleet, now, &probe, &route, strategy)
+            crate::clairvoyant::first_tokens(&self.fleet, now, &probe, route.model)
+        });
+        let routed = if let (true, Some(times)) = (self.clairvoyant, &times) {
+            crate::clairvoyant::soonest(&self.fleet, times, &route, strategy)
         } else {
             dispatch(
                 strategy,
@@ -391,6 +403,11 @@ impl Loop<'_> {
         let record = &mut self.records[request];
         record.start_s = now;
         record.instance = instance as u32;
+        if let (false, Some(times)) = (self.clairvoyant, &times) {
+            let at = |p: usize| times.iter().find(|t| t.position == p).map(|t| t.at);
+            record.chosen_first_token_s = at(routed.index).unwrap_or(f64::NAN);
+            record.soonest_first_token_s = times.iter().map(|t| t.at).fold(f64::INFINITY, f64::min);
+        }
         let inst = &mut self.fleet.instances[instance];
         inst.dispatched += 1;
         inst.engine.submit(

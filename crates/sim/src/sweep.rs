@@ -166,6 +166,17 @@ pub fn render(sweep: &LoadSweep) -> String {
     if clairvoyant {
         out.push_str(CLAIRVOYANT_NOTE);
         out.push('\n');
+        for p in &sweep.points {
+            for r in &p.report.results {
+                if let Some(placed) = &r.placement {
+                    out.push_str(&format!(
+                        "at {}: {}\n",
+                        p.load,
+                        crate::table::placement_line(&r.strategy, placed)
+                    ));
+                }
+            }
+        }
     }
     out
 }

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::clairvoyant::{CLAIRVOYANT, CLAIRVOYANT_NOTE};
-use crate::{Driver, Report, StrategyResult, WorkloadSource};
+use crate::{Driver, Placement, Report, StrategyResult, WorkloadSource};
 
 /// Renders the report as a text table with a header that says what ran, one row per strategy,
 /// the oracle's ceiling, a legend and, when both ran, prefix-aware against random.
@@ -87,6 +87,11 @@ pub fn render(report: &Report) -> String {
     }
     if report.results.iter().any(|r| r.strategy == CLAIRVOYANT) {
         let _ = writeln!(out, "{CLAIRVOYANT_NOTE}");
+    }
+    for r in &report.results {
+        if let Some(p) = &r.placement {
+            let _ = writeln!(out, "{}", placement_line(&r.strategy, p));
+        }
     }
     if let Some(line) = comparison(report) {
         let _ = writeln!(out, "{line}");
@@ -202,6 +207,18 @@ fn comparison(report: &Report) -> Option<String> {
         })
         .collect();
     (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// One strategy's decisions against the soonest start on offer at each.
+pub fn placement_line(strategy: &str, p: &Placement) -> String {
+    format!(
+        "{strategy} placement: {} of requests sent where they would start soonest (within 1 ms); start lost to the choice P50 {:.1} / P90 {:.1} / P99 {:.1} ms; {} of its slowest 10% could have started under its P90 elsewhere",
+        pct(p.at_soonest),
+        p.lost_ms.p50,
+        p.lost_ms.p90,
+        p.lost_ms.p99,
+        pct(p.slow_placed)
+    )
 }
 
 /// Relative change from `before` to `after` as a signed percentage.
