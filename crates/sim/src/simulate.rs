@@ -16,9 +16,9 @@ use crate::{SimConfig, SimError, SimWorkload};
 pub struct Progress<'a> {
     /// Strategy running now.
     pub strategy: &'a str,
-    /// Its position among the strategies (0-based).
+    /// Its position among the runs (0-based).
     pub strategy_index: usize,
-    /// Number of strategies.
+    /// Runs in all: the strategies, then the clairvoyant reference when asked for.
     pub strategies: usize,
     /// Requests finished in this strategy's run.
     pub finished: u64,
@@ -174,14 +174,16 @@ pub fn simulate_keyed(
     };
 
     let total = requests.len() as u64;
-    let mut results = Vec::with_capacity(strategies.len());
+    // Every run the progress counts: the strategies', then the clairvoyant reference's.
+    let runs = strategies.len() + usize::from(config.clairvoyant);
+    let mut results = Vec::with_capacity(runs);
     for (index, replicas) in strategies.iter().enumerate() {
         let name = replicas.first().map_or("", |s| s.name());
         let mut report = |finished: u64| {
             progress(Progress {
                 strategy: name,
                 strategy_index: index,
-                strategies: strategies.len(),
+                strategies: runs,
                 finished,
                 requests: total,
             })
@@ -197,7 +199,6 @@ pub fn simulate_keyed(
         ));
     }
     if config.clairvoyant {
-        let runs = strategies.len() + 1;
         let mut report = |finished: u64| {
             progress(Progress {
                 strategy: CLAIRVOYANT,
