@@ -215,8 +215,10 @@ pub struct SimulateArgs {
     /// Also run a clairvoyant reference (a row named `clairvoyant`, not a strategy): each
     /// request goes where its first token would come soonest, read exactly from a copy of
     /// every engine (queue, batch, cache). No router can see that much; it shows how much of
-    /// the time to first token placement decides. Greedy, so not a bound. Slower: it runs
-    /// every engine forward once per request.
+    /// the time to first token placement decides. Greedy, so not a bound. Every strategy's
+    /// decisions are read against it too (a placement line each: how often it chose the
+    /// soonest start, what its choices cost). Slower: every engine runs forward once per
+    /// request and strategy.
     #[arg(long)]
     pub clairvoyant: bool,
 
