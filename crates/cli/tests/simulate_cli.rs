@@ -293,3 +293,54 @@ fn load_sweep_measures_capacity_and_runs_each_load() {
     let bad = run(&["simulate", "--trace", "x.jsonl", "--load", "0.5"]);
     assert!(!bad.status.success());
 }
+
+#[test]
+fn clairvoyant_adds_a_reference_row_and_reads_each_strategy_against_it() {
+    let json = tmp("clairvoyant.json");
+    let svg = tmp("clairvoyant.svg");
+    let out = small_run(
+        &[
+            "--strategies",
+            "random,cache-aware",
+            "--clairvoyant",
+            "--plot",
+            svg.to_str().expect("utf-8 temp path"),
+        ],
+        &json,
+    );
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("clairvoyant: not a router"), "{text}");
+    for name in ["random", "cache-aware"] {
+        assert!(
+            text.contains(&format!("{name} placement: ")),
+            "no placement line for {name}: {text}"
+        );
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("2 strategies and the clairvoyant reference"),
+        "{err}"
+    );
+    let v = read_json(&json);
+    let results = v["results"].as_array().expect("results");
+    let names: Vec<&str> = results
+        .iter()
+        .filter_map(|r| r["strategy"].as_str())
+        .collect();
+    assert_eq!(names, ["random", "cache-aware", "clairvoyant"]);
+    for r in &results[..2] {
+        let p = &r["placement"];
+        let share = p["at_soonest"].as_f64().expect("placement.at_soonest");
+        assert!((0.0..=1.0).contains(&share), "{p}");
+        assert!(p["lost_ms"]["p90"].as_f64().expect("lost_ms") >= 0.0);
+    }
+    assert!(results[2].get("placement").is_none(), "{}", results[2]);
+    // Without the flag: no reference row, no placement.
+    let plain = small_run(&["--strategies", "random"], &json);
+    assert_ok(&plain);
+    let v = read_json(&json);
+    let results = v["results"].as_array().expect("results");
+    assert_eq!(results.len(), 1);
+    assert!(results[0].get("placement").is_none());
+}
