@@ -290,6 +290,10 @@ fn load_sweep_measures_capacity_and_runs_each_load() {
     }
     let svg = std::fs::read_to_string(&svg).expect("svg written");
     assert!(svg.contains("<svg") && svg.contains("TTFT P90 against load"));
+    assert!(
+        svg.contains("floor (any router)"),
+        "the floor is drawn beside the strategies"
+    );
     let bad = run(&["simulate", "--trace", "x.jsonl", "--load", "0.5"]);
     assert!(!bad.status.success());
 }

@@ -5,6 +5,7 @@ use std::path::Path;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use crate::clairvoyant::CLAIRVOYANT;
 use crate::{Report, SimError};
 
 const WIDTH: u32 = 1100;
@@ -310,7 +311,6 @@ fn p90_against_load(sweep: &crate::sweep::LoadSweep, area: &Area<'_, '_>) -> Res
         })
         .unwrap_or_default();
     for (i, name) in names.iter().enumerate() {
-        let c = colour(i);
         let line: Vec<(f64, f64)> = sweep
             .points
             .iter()
@@ -322,6 +322,12 @@ fn p90_against_load(sweep: &crate::sweep::LoadSweep, area: &Area<'_, '_>) -> Res
                     .map(|r| (p.load, r.ttft_ms.p90))
             })
             .collect();
+        if *name == CLAIRVOYANT {
+            // Not a router: dashed, so it reads as a reference beside the strategies.
+            dashed(&mut chart, line, BLACK, name)?;
+            continue;
+        }
+        let c = colour(i);
         chart
             .draw_series(LineSeries::new(line.clone(), c.stroke_width(2)))
             .map_err(plot_err)?
@@ -331,5 +337,37 @@ fn p90_against_load(sweep: &crate::sweep::LoadSweep, area: &Area<'_, '_>) -> Res
             .draw_series(line.into_iter().map(|pt| Circle::new(pt, 4, c.filled())))
             .map_err(plot_err)?;
     }
+    let floor: Option<Vec<(f64, f64)>> = sweep
+        .points
+        .iter()
+        .map(|p| p.report.ttft_floor_ms.map(|f| (p.load, f.p90)))
+        .collect();
+    if let Some(floor) = floor {
+        dashed(
+            &mut chart,
+            floor,
+            RGBColor(150, 150, 150),
+            "floor (any router)",
+        )?;
+    }
     legend(&mut chart, SeriesLabelPosition::UpperLeft)
+}
+
+/// A dashed line with its legend entry: a reference, not a strategy.
+fn dashed(
+    chart: &mut ChartContext<
+        '_,
+        SVGBackend<'_>,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    line: Vec<(f64, f64)>,
+    c: RGBColor,
+    label: &str,
+) -> Result<(), SimError> {
+    chart
+        .draw_series(DashedLineSeries::new(line, 6, 4, c.stroke_width(2)))
+        .map_err(plot_err)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    Ok(())
 }
