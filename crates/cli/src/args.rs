@@ -226,7 +226,8 @@ pub struct SimulateArgs {
     /// rates that are these fractions of the fleet's capacity, every strategy at each. Capacity
     /// is measured first: the same requests closed loop with 64 clients per instance through
     /// least-outstanding, its completed requests per second. `--plot` then draws P90 TTFT
-    /// against load and `--json` writes the whole sweep.
+    /// against load (the floor, and the clairvoyant reference when asked for, dashed) and
+    /// `--json` writes the whole sweep.
     #[arg(long, value_name = "L,L,...", value_delimiter = ',', conflicts_with_all = ["trace", "rate", "concurrency"], value_parser = parse_rate)]
     pub load: Vec<f64>,
 
