@@ -334,7 +334,14 @@ impl Loop<'_> {
         if let Some(w) = self.warmer.as_mut() {
             w.record(key, now, request, &self.chain);
         }
-        let block_hashes = req.block_hashes(inputs.engine.block_tokens);
+        // What the engine is handed (and, under `--clairvoyant`, what every engine is probed
+        // with first).
+        let sent = EngineRequest {
+            id: request as u64,
+            block_hashes: req.block_hashes(inputs.engine.block_tokens),
+            prompt_tokens: req.prompt_tokens(),
+            output_tokens: req.output_tokens,
+        };
         let route = RouteRequest {
             key: Some(key),
             chain: &self.chain.blocks,
@@ -344,7 +351,7 @@ impl Loop<'_> {
             // What kv-aware reads: the request's token blocks (the workload's hashes name them
             // as the engine does) and the views the engines' events built.
             tokens: self.views.as_ref().map(|v| TokenRoute {
-                chain: &block_hashes,
+                chain: &sent.block_hashes,
                 block_tokens: inputs.engine.block_tokens,
                 prompt_tokens: req.prompt_tokens(),
                 residency: v,
@@ -354,15 +361,8 @@ impl Loop<'_> {
         let strategy = &self.replicas[replica];
         // The engines' true first-token times for this request: what the clairvoyant
         // reference chooses by, and what a strategy's choice is read against under it.
-        let times = (self.clairvoyant || inputs.config.clairvoyant).then(|| {
-            let probe = EngineRequest {
-                id: request as u64,
-                block_hashes: block_hashes.clone(),
-                prompt_tokens: req.prompt_tokens(),
-                output_tokens: req.output_tokens,
-            };
-            crate::clairvoyant::first_tokens(&self.fleet, now, &probe, route.model)
-        });
+        let times = (self.clairvoyant || inputs.config.clairvoyant)
+            .then(|| crate::clairvoyant::first_tokens(&self.fleet, now, &sent, route.model));
         let routed = if let (true, Some(times)) = (self.clairvoyant, &times) {
             crate::clairvoyant::soonest(&self.fleet, times, &route, strategy)
         } else {
@@ -410,15 +410,7 @@ impl Loop<'_> {
         }
         let inst = &mut self.fleet.instances[instance];
         inst.dispatched += 1;
-        inst.engine.submit(
-            now,
-            EngineRequest {
-                id: request as u64,
-                block_hashes,
-                prompt_tokens: req.prompt_tokens(),
-                output_tokens: req.output_tokens,
-            },
-        );
+        inst.engine.submit(now, sent);
         self.reschedule(instance, now, false)
     }
 

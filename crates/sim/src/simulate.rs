@@ -174,44 +174,30 @@ pub fn simulate_keyed(
     };
 
     let total = requests.len() as u64;
-    // Every run the progress counts: the strategies', then the clairvoyant reference's.
-    let runs = strategies.len() + usize::from(config.clairvoyant);
-    let mut results = Vec::with_capacity(runs);
-    for (index, replicas) in strategies.iter().enumerate() {
-        let name = replicas.first().map_or("", |s| s.name());
+    // Every run, in order: the strategies', then the clairvoyant reference's.
+    let names: Vec<&str> = strategies
+        .iter()
+        .map(|replicas| replicas.first().map_or("", |s| s.name()))
+        .chain(config.clairvoyant.then_some(CLAIRVOYANT))
+        .collect();
+    let mut results = Vec::with_capacity(names.len());
+    for (index, &name) in names.iter().enumerate() {
         let mut report = |finished: u64| {
             progress(Progress {
                 strategy: name,
                 strategy_index: index,
-                strategies: runs,
+                strategies: names.len(),
                 finished,
                 requests: total,
             })
         };
         report(0);
-        let outcome = run_replicas(inputs, replicas, &mut report)?;
+        let outcome = match strategies.get(index) {
+            Some(replicas) => run_replicas(inputs, replicas, &mut report)?,
+            None => run_clairvoyant(inputs, &mut report)?,
+        };
         results.push(summarize(
             name,
-            requests,
-            &outcome,
-            config.hit_rate_buckets,
-            &config.scale,
-        ));
-    }
-    if config.clairvoyant {
-        let mut report = |finished: u64| {
-            progress(Progress {
-                strategy: CLAIRVOYANT,
-                strategy_index: runs - 1,
-                strategies: runs,
-                finished,
-                requests: total,
-            })
-        };
-        report(0);
-        let outcome = run_clairvoyant(inputs, &mut report)?;
-        results.push(summarize(
-            CLAIRVOYANT,
             requests,
             &outcome,
             config.hit_rate_buckets,
