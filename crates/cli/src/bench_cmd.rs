@@ -184,7 +184,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let mut bar = Bar::new();
+    let mut bar = Bar::new(&args.target);
     let outcome = runtime.block_on(run_with_progress(&config, requests.clone(), |p| {
         bar.update(p)
     }));
@@ -495,19 +495,37 @@ fn render_extras(report: &BenchReport, outcome: &BenchOutcome) -> String {
     out
 }
 
-/// A progress bar on stderr, only when stderr is a terminal.
-struct Bar(Option<ProgressBar>);
+/// Progress on stderr: a bar when stderr is a terminal; otherwise (a CI log, a pipe, `nohup`)
+/// one plain line at the start and one every [`PLAIN_EVERY_S`] seconds, so a long run is never
+/// silent for minutes.
+struct Bar {
+    bar: Option<ProgressBar>,
+    terminal: bool,
+    /// `elapsed_s` of the last plain line; `None` before the first.
+    last_plain_s: Option<f64>,
+    /// Where the requests go, for the first plain line.
+    target: String,
+}
+
+/// Seconds between two plain progress lines.
+const PLAIN_EVERY_S: f64 = 30.0;
 
 impl Bar {
-    fn new() -> Self {
-        Bar(None)
+    fn new(target: &str) -> Self {
+        Bar {
+            bar: None,
+            terminal: std::io::stderr().is_terminal(),
+            last_plain_s: None,
+            target: target.to_string(),
+        }
     }
 
     fn update(&mut self, p: &Progress) {
-        if self.0.is_none() {
-            if !std::io::stderr().is_terminal() {
-                return;
-            }
+        if !self.terminal {
+            self.plain(p);
+            return;
+        }
+        if self.bar.is_none() {
             // With a duration the run ends on time, not on a count: the bar tracks seconds.
             let len = match p.stop_s {
                 Some(stop) => (stop * 10.0).ceil() as u64,
@@ -518,9 +536,9 @@ impl Bar {
                 ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
                     .unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
-            self.0 = Some(bar);
+            self.bar = Some(bar);
         }
-        if let Some(bar) = &self.0 {
+        if let Some(bar) = &self.bar {
             let pos = match p.stop_s {
                 Some(_) => (p.elapsed_s * 10.0) as u64,
                 None => p.completed + p.failed,
@@ -535,11 +553,45 @@ impl Bar {
         }
     }
 
+    fn plain(&mut self, p: &Progress) {
+        match self.last_plain_s {
+            None => eprintln!("{}", first_plain_line(p, &self.target)),
+            Some(last) if p.elapsed_s - last >= PLAIN_EVERY_S => eprintln!("{}", plain_line(p)),
+            Some(_) => return,
+        }
+        self.last_plain_s = Some(p.elapsed_s);
+    }
+
     fn finish(&mut self) {
-        if let Some(bar) = self.0.take() {
+        if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
     }
+}
+
+/// The first plain progress line: what the run will do.
+fn first_plain_line(p: &Progress, target: &str) -> String {
+    let what = match p.stop_s {
+        Some(stop) => format!("sending to {target} for {stop:.0} s"),
+        None => format!("sending {} requests to {target}", p.planned),
+    };
+    format!("bench: {what}; progress every {PLAIN_EVERY_S:.0} s")
+}
+
+/// One plain progress line: how far the run is and what ends it.
+fn plain_line(p: &Progress) -> String {
+    let done = p.completed + p.failed;
+    let goal = match p.stop_s {
+        Some(stop) => format!("sending until {stop:.0} s"),
+        None => format!("{done}/{} requests", p.planned),
+    };
+    format!(
+        "bench: {:.0} s, {goal}: done {}, in flight {}, failed {}",
+        p.elapsed_s,
+        p.completed,
+        p.in_flight(),
+        p.failed
+    )
 }
 
 #[cfg(test)]
@@ -604,6 +656,56 @@ mod tests {
             "router",
             &config,
         )
+    }
+
+    #[test]
+    fn plain_progress_lines_say_what_the_run_does_and_how_far_it_is() {
+        let mut p = Progress {
+            planned: 5400,
+            sent: 12,
+            completed: 9,
+            failed: 1,
+            elapsed_s: 61.4,
+            stop_s: None,
+        };
+        assert_eq!(
+            first_plain_line(&p, "http://127.0.0.1:8000"),
+            "bench: sending 5400 requests to http://127.0.0.1:8000; progress every 30 s"
+        );
+        assert_eq!(
+            plain_line(&p),
+            "bench: 61 s, 10/5400 requests: done 9, in flight 2, failed 1"
+        );
+        p.stop_s = Some(120.0);
+        assert_eq!(
+            first_plain_line(&p, "http://x"),
+            "bench: sending to http://x for 120 s; progress every 30 s"
+        );
+        assert!(plain_line(&p).contains("sending until 120 s"));
+    }
+
+    #[test]
+    fn without_a_terminal_plain_lines_come_at_the_start_and_then_every_30_s() {
+        let mut bar = Bar {
+            bar: None,
+            terminal: false,
+            last_plain_s: None,
+            target: "http://x".into(),
+        };
+        let mut printed = Vec::new();
+        for t in [0.0, 10.0, 29.9, 30.0, 45.0, 61.0] {
+            let before = bar.last_plain_s;
+            bar.update(&Progress {
+                planned: 10,
+                elapsed_s: t,
+                ..Progress::default()
+            });
+            if bar.last_plain_s != before {
+                printed.push(t);
+            }
+        }
+        assert_eq!(printed, vec![0.0, 30.0, 61.0]);
+        assert!(bar.bar.is_none());
     }
 
     #[test]
