@@ -28,6 +28,11 @@
 #                        (an older build, say) beside this tree's, for a before/after in one run
 #   The target `prefix-router-rr` (not in the default list) is this tree's `serve --strategy
 #   round-robin`: beside `haproxy-rr` it separates the HTTP path's cost from the strategy's.
+#   PEERS_COUNT=instructions   count instead of time: each proxy runs under valgrind's
+#                        callgrind and the table gives its user-space instructions per request
+#                        (the same on a busy VM as on a quiet one; the kernel's part is not
+#                        counted). Targets: prefix-router, prefix-router-rr, baseline, haproxy-rr,
+#                        haproxy-hash (valgrind from Debian). Each run follows a 1 s warm-up.
 # Everything listens on 127.0.0.1 and is stopped on exit. The raw lines are in target/peers/raw.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +44,28 @@ STREAMS="${PEERS_STREAMS:-false true}"
 TARGETS="${PEERS_TARGETS:-direct prefix-router haproxy-rr haproxy-hash nginx envoy sglang-router vllm-router}"
 if [[ -n "${PEERS_BASELINE_BIN:-}" && " $TARGETS " != *" baseline "* ]]; then
     TARGETS="$TARGETS baseline"
+fi
+COUNT="${PEERS_COUNT:-}"
+if [[ -n "$COUNT" ]]; then
+    if [[ "$COUNT" != instructions ]]; then
+        echo "peers: PEERS_COUNT=$COUNT: the only count is 'instructions'" >&2
+        exit 2
+    fi
+    counted=()
+    for t in $TARGETS; do
+        case "$t" in
+        direct) ;; # nothing between the client and the upstream: nothing to count
+        prefix-router | prefix-router-rr | baseline | haproxy-rr | haproxy-hash) counted+=("$t") ;;
+        *)
+            echo "peers: PEERS_COUNT=instructions counts prefix-router, prefix-router-rr, baseline, haproxy-rr and haproxy-hash, not $t" >&2
+            exit 2
+            ;;
+        esac
+    done
+    TARGETS="${counted[*]}"
+    for tool in valgrind callgrind_control; do
+        command -v "$tool" >/dev/null || { echo "peers: PEERS_COUNT=instructions needs $tool (Debian: apt-get install valgrind)" >&2; exit 2; }
+    done
 fi
 PORT="${PEERS_PORT:-18600}"
 OUT=target/peers
@@ -111,7 +138,12 @@ done
 port_of[direct]=$((PORT + 1))
 
 start() { # target
-    local t=$1 p=${port_of[$1]} log="$OUT/$1.log"
+    local t=$1 p=${port_of[$1]} log="$OUT/$1.log" wrap=() ready_s=30
+    if [[ -n "$COUNT" ]]; then
+        rm -f "$OUT/callgrind.$t".*
+        wrap=(valgrind --tool=callgrind "--callgrind-out-file=$OUT/callgrind.$t.%p")
+        ready_s=120
+    fi
     case "$t" in
     direct) return 0 ;;
     prefix-router | prefix-router-rr | baseline)
@@ -123,9 +155,9 @@ start() { # target
         if [[ "$t" == prefix-router-rr ]]; then
             inst+=(--strategy round-robin)
         fi
-        "$bin" serve --listen "127.0.0.1:$p" "${inst[@]}" >"$log" 2>&1 &
+        "${wrap[@]}" "$bin" serve --listen "127.0.0.1:$p" "${inst[@]}" >"$log" 2>&1 &
         pid_of[$t]=$!
-        wait_ready "http://127.0.0.1:$p/ready" "$t" "$log"
+        wait_ready "http://127.0.0.1:$p/ready" "$t" "$log" "$ready_s"
         ;;
     haproxy-rr | haproxy-hash)
         {
@@ -143,9 +175,9 @@ start() { # target
             for u in "${ups[@]}"; do printf '  server s%s %s\n' "$n" "$u"; n=$((n + 1)); done
         } >"$OUT/$t.cfg"
         haproxy -c -q -f "$OUT/$t.cfg" >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
-        haproxy -db -f "$OUT/$t.cfg" >>"$log" 2>&1 &
+        "${wrap[@]}" haproxy -db -f "$OUT/$t.cfg" >>"$log" 2>&1 &
         pid_of[$t]=$!
-        wait_ready "http://127.0.0.1:$p/health" "$t" "$log"
+        wait_ready "http://127.0.0.1:$p/health" "$t" "$log" "$ready_s"
         ;;
     nginx)
         mkdir -p "$OUT/nginx"
@@ -279,9 +311,31 @@ ticks() {
 HZ=$(getconf CLK_TCK)
 
 : >"$OUT/raw.txt"
+# Instructions per request of target $1's process under callgrind: zeroed, a wrk run, dumped.
+# Prints wrk's RESULT line with the instructions and a 0 after it (run's raw-line shape, the
+# count in the CPU-ticks column).
+count_run() { # target stream kib conns
+    local t=$1 stream=$2 kib=$3 conns=$4 pid=${pid_of[$1]} line dump
+    # Warm-up, not counted: connections to the upstreams, the strategy's first sight of the bodies.
+    PEERS_BODIES="$OUT/bodies-$kib-$stream" wrk -t1 -c"$conns" -d1s --timeout 10s \
+        -s "$OUT/client.lua" "http://127.0.0.1:${port_of[$t]}" >/dev/null
+    callgrind_control --zero "$pid" >/dev/null 2>&1
+    line=$(PEERS_BODIES="$OUT/bodies-$kib-$stream" wrk -t1 -c"$conns" -d"${SECONDS_PER_RUN}s" \
+        --timeout 10s -s "$OUT/client.lua" "http://127.0.0.1:${port_of[$t]}" | grep '^RESULT')
+    callgrind_control --dump "$pid" >/dev/null 2>&1
+    # callgrind names each dump FILE.PID.N; the newest is this run's.
+    dump=$(ls -t "$OUT/callgrind.$t.$pid".* | head -n 1)
+    echo "$line $(awk '/^totals:/ { print $2 }' "$dump") 0"
+}
+
 run() { # round stream kib conns target
     local round=$1 stream=$2 kib=$3 conns=$4 t=$5 before before_user after after_user line
     local pid=${pid_of[$t]:-}
+    if [[ -n "$COUNT" ]]; then
+        line=$(count_run "$t" "$stream" "$kib" "$conns")
+        echo "$round $stream $kib $conns $t ${line#RESULT }" >>"$OUT/raw.txt"
+        return
+    fi
     read -r before before_user < <([[ -n "$pid" ]] && ticks "$pid" || echo 0 0)
     line=$(PEERS_BODIES="$OUT/bodies-$kib-$stream" wrk -t1 -c"$conns" -d"${SECONDS_PER_RUN}s" \
         --timeout 10s -s "$OUT/client.lua" "http://127.0.0.1:${port_of[$t]}" | grep '^RESULT')
@@ -305,6 +359,41 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 
 # ---- the table -----------------------------------------------------------------------------
+if [[ -n "$COUNT" ]]; then
+    python3 - "$OUT/raw.txt" <<'EOF'
+import sys, statistics
+from collections import defaultdict
+counts = defaultdict(list)
+targets = []
+for line in open(sys.argv[1]):
+    r, stream, kib, conns, t, req, err, dur, p50, p99, p999, instr, _ = line.split()
+    if int(req):
+        counts[(stream, int(kib), int(conns), t)].append(int(instr) / int(req))
+    if t not in targets:
+        targets.append(t)
+keys = sorted({k[:3] for k in counts}, key=lambda k: (k[0] == "true", k[1], k[2]))
+print()
+print("User-space instructions per request of each proxy's process under callgrind (medians over")
+print("rounds; the kernel's socket work is not counted); in brackets, the ratio to haproxy-hash.")
+print()
+print("| stream | body | conns | " + " | ".join(targets) + " |")
+print("| --- | --- | --- | " + " | ".join("---:" for _ in targets) + " |")
+for stream, kib, conns in keys:
+    med = {t: statistics.median(counts[(stream, kib, conns, t)]) for t in targets
+           if counts[(stream, kib, conns, t)]}
+    base = med.get("haproxy-hash")
+    cells = []
+    for t in targets:
+        if t not in med:
+            cells.append("-")
+        elif base and t != "haproxy-hash":
+            cells.append(f"{med[t]:,.0f} ({med[t] / base:.2f}x)")
+        else:
+            cells.append(f"{med[t]:,.0f}")
+    print(f"| {'yes' if stream == 'true' else 'no'} | {kib} KiB | {conns} | " + " | ".join(cells) + " |")
+EOF
+    exit 0
+fi
 python3 - "$OUT/raw.txt" "$HZ" <<'EOF'
 import sys, statistics
 from collections import defaultdict

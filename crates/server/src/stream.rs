@@ -25,8 +25,8 @@ use crate::pool::Leased;
 use crate::usage::UsageScanner;
 
 /// Most bytes of a stream's chunks joined into one frame for the client (see
-/// [`RelayBody::gather`]).
-const GATHER_MAX: usize = 16 * 1024;
+/// [`RelayBody::gather`]): the size to which the upstream decoder joins the chunks of one read.
+const GATHER_MAX: usize = crate::h1::JOIN_MAX;
 
 /// What the instance's body gave after the frames joined into the last one: returned on the
 /// next poll.

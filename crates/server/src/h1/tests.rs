@@ -274,6 +274,92 @@ fn length_and_close_bodies_take_what_is_theirs() {
     assert!(!close.is_end());
 }
 
+/// Every `decode` result of `wire` in one buffer, until `More`, `End` or an error.
+fn decode_all_at_once(wire: &[u8]) -> Vec<Result<Decoded, WireError>> {
+    let mut d = BodyDecoder::new(Framing::Chunked);
+    let mut buf = BytesMut::from(wire);
+    let mut out = Vec::new();
+    loop {
+        let r = d.decode(&mut buf);
+        let last = !matches!(r, Ok(Decoded::Data(_)));
+        out.push(r);
+        if last {
+            return out;
+        }
+    }
+}
+
+#[test]
+fn whole_chunks_in_one_read_come_out_as_one_piece() {
+    let tokens: Vec<Vec<u8>> = (0..16)
+        .map(|i| format!("data: {{\"token\":{i}}}\n\n").into_bytes())
+        .collect();
+    let refs: Vec<&[u8]> = tokens.iter().map(Vec::as_slice).collect();
+    assert_eq!(
+        decode_all_at_once(&chunked(&refs, false)),
+        vec![
+            Ok(Decoded::Data(Bytes::from(tokens.concat()))),
+            Ok(Decoded::End)
+        ]
+    );
+    // A lone chunk goes out as it is.
+    assert_eq!(
+        decode_all_at_once(&chunked(&[b"one"], false)),
+        vec![
+            Ok(Decoded::Data(Bytes::from_static(b"one"))),
+            Ok(Decoded::End)
+        ]
+    );
+}
+
+#[test]
+fn joining_stops_at_a_chunk_still_arriving_and_at_the_size_bound() {
+    // The third chunk's data is cut short: the first two come out joined, then the third's
+    // part, then the decoder waits for the rest.
+    let wire = b"3\r\nabc\r\n2\r\nde\r\n5\r\nfg";
+    assert_eq!(
+        decode_all_at_once(wire),
+        vec![
+            Ok(Decoded::Data(Bytes::from_static(b"abcde"))),
+            Ok(Decoded::Data(Bytes::from_static(b"fg"))),
+            Ok(Decoded::More)
+        ]
+    );
+    // Forty 1 KiB chunks: pieces of at least JOIN_MAX bytes, at most one chunk more.
+    let big = vec![b'x'; 1024];
+    let refs: Vec<&[u8]> = (0..40).map(|_| big.as_slice()).collect();
+    let pieces = decode_all_at_once(&chunked(&refs, true));
+    let sizes: Vec<usize> = pieces
+        .iter()
+        .filter_map(|p| match p {
+            Ok(Decoded::Data(b)) => Some(b.len()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sizes, vec![JOIN_MAX, JOIN_MAX, 40 * 1024 - 2 * JOIN_MAX]);
+}
+
+#[test]
+fn a_malformed_chunk_after_good_ones_is_refused_after_their_data() {
+    let wire = b"3\r\nabc\r\n2\r\nde\r\nzz\r\nfg\r\n0\r\n\r\n";
+    assert_eq!(
+        decode_all_at_once(wire),
+        vec![
+            Ok(Decoded::Data(Bytes::from_static(b"abcde"))),
+            Err(WireError::Chunk("size line without a size"))
+        ]
+    );
+    // Data not followed by CRLF: the joined data stops before it, then the error.
+    let wire = b"3\r\nabc\r\n2\r\ndeXX";
+    assert_eq!(
+        decode_all_at_once(wire),
+        vec![
+            Ok(Decoded::Data(Bytes::from_static(b"abcde"))),
+            Err(WireError::Chunk("chunk data not followed by CRLF"))
+        ]
+    );
+}
+
 proptest! {
     /// However the wire is cut into reads, a chunked body decodes to the same bytes and leaves
     /// what follows it untouched.
