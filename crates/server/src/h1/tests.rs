@@ -378,6 +378,23 @@ proptest! {
         prop_assert_eq!(rest, b"HTTP/1.1".to_vec());
     }
 
+    /// The one-pass read of a plain size line agrees with the general one wherever it answers.
+    #[test]
+    fn the_plain_size_line_reads_as_the_general_one(
+        digits in "[0-9a-fA-F]{0,17}",
+        end in prop::sample::select(vec!["\r\n", "\r", "", ";x=1\r\n", " \r\n", "\n", "\rx"]),
+    ) {
+        let line = format!("{digits}{end}");
+        if let Some((size, len)) = plain_size_line(line.as_bytes()) {
+            let nl = line_end(line.as_bytes(), MAX_LINE, "long").expect("ends").expect("here");
+            let general = chunk_size(&line.as_bytes()[..nl - 1]).expect("valid");
+            prop_assert_eq!((size, len), (general, nl + 1));
+            prop_assert_eq!(end, "\r\n");
+        } else {
+            prop_assert!(end != "\r\n" || digits.is_empty() || digits.len() > 15);
+        }
+    }
+
     /// Whatever the instance sends, the decoders return an answer or an error, never panic,
     /// and never hand out more body than was fed.
     #[test]
