@@ -29,9 +29,10 @@
 #   The target `prefix-router-rr` (not in the default list) is this tree's `serve --strategy
 #   round-robin`: beside `haproxy-rr` it separates the HTTP path's cost from the strategy's.
 #   PEERS_COUNT=instructions   count instead of time: each proxy runs under valgrind's
-#                        callgrind and the table gives its user-space instructions per request
+#                        callgrind and the tables give its user-space instructions per request
 #                        (the same on a busy VM as on a quiet one; the kernel's part is not
-#                        counted). Targets: prefix-router, prefix-router-rr, baseline, haproxy-rr,
+#                        counted), all of them and those outside memcpy/memmove (counted per
+#                        byte copied: see count_run). Targets: prefix-router, prefix-router-rr, baseline, haproxy-rr,
 #                        haproxy-hash (valgrind from Debian). Each run follows a 1 s warm-up.
 # Everything listens on 127.0.0.1 and is stopped on exit. The raw lines are in target/peers/raw.txt.
 set -euo pipefail
@@ -312,8 +313,10 @@ HZ=$(getconf CLK_TCK)
 
 : >"$OUT/raw.txt"
 # Instructions per request of target $1's process under callgrind: zeroed, a wrk run, dumped.
-# Prints wrk's RESULT line with the instructions and a 0 after it (run's raw-line shape, the
-# count in the CPU-ticks column).
+# Prints wrk's RESULT line, the instructions, and those spent in libc's memcpy/memmove (run's
+# raw-line shape: in the CPU-ticks and user-ticks columns). The copies are apart because
+# callgrind counts each byte `rep movsb` moves as one instruction, where the CPU moves 32-64
+# bytes a cycle: a proxy that copies bodies between buffers (HAProxy does) reads high.
 count_run() { # target stream kib conns
     local t=$1 stream=$2 kib=$3 conns=$4 pid=${pid_of[$1]} line dump
     # Warm-up, not counted: connections to the upstreams, the strategy's first sight of the bodies.
@@ -325,7 +328,8 @@ count_run() { # target stream kib conns
     callgrind_control --dump "$pid" >/dev/null 2>&1
     # callgrind names each dump FILE.PID.N; the newest is this run's.
     dump=$(ls -t "$OUT/callgrind.$t.$pid".* | head -n 1)
-    echo "$line $(awk '/^totals:/ { print $2 }' "$dump") 0"
+    echo "$line $(awk '/^totals:/ { print $2 }' "$dump") $(callgrind_annotate --threshold=100 "$dump" 2>/dev/null |
+        awk '!/=>/ && /:__mem(cpy|move)[a-z0-9_]* \[/ { gsub(",", "", $1); s += $1 } END { print s + 0 }')"
 }
 
 run() { # round stream kib conns target
@@ -364,33 +368,39 @@ if [[ -n "$COUNT" ]]; then
 import sys, statistics
 from collections import defaultdict
 counts = defaultdict(list)
+rest = defaultdict(list)
 targets = []
 for line in open(sys.argv[1]):
-    r, stream, kib, conns, t, req, err, dur, p50, p99, p999, instr, _ = line.split()
+    r, stream, kib, conns, t, req, err, dur, p50, p99, p999, instr, copies = line.split()
     if int(req):
         counts[(stream, int(kib), int(conns), t)].append(int(instr) / int(req))
+        rest[(stream, int(kib), int(conns), t)].append((int(instr) - int(copies)) / int(req))
     if t not in targets:
         targets.append(t)
 keys = sorted({k[:3] for k in counts}, key=lambda k: (k[0] == "true", k[1], k[2]))
 print()
 print("User-space instructions per request of each proxy's process under callgrind (medians over")
-print("rounds; the kernel's socket work is not counted); in brackets, the ratio to haproxy-hash.")
-print()
-print("| stream | body | conns | " + " | ".join(targets) + " |")
-print("| --- | --- | --- | " + " | ".join("---:" for _ in targets) + " |")
-for stream, kib, conns in keys:
-    med = {t: statistics.median(counts[(stream, kib, conns, t)]) for t in targets
-           if counts[(stream, kib, conns, t)]}
-    base = med.get("haproxy-hash")
-    cells = []
-    for t in targets:
-        if t not in med:
-            cells.append("-")
-        elif base and t != "haproxy-hash":
-            cells.append(f"{med[t]:,.0f} ({med[t] / base:.2f}x)")
-        else:
-            cells.append(f"{med[t]:,.0f}")
-    print(f"| {'yes' if stream == 'true' else 'no'} | {kib} KiB | {conns} | " + " | ".join(cells) + " |")
+print("rounds; the kernel's socket work is not counted), then the same without libc's memcpy and")
+print("memmove, which callgrind counts byte by byte; in brackets, the ratio to haproxy-hash.")
+for title, table in (("all instructions", counts), ("outside memcpy/memmove", rest)):
+    print()
+    print(f"{title}:")
+    print()
+    print("| stream | body | conns | " + " | ".join(targets) + " |")
+    print("| --- | --- | --- | " + " | ".join("---:" for _ in targets) + " |")
+    for stream, kib, conns in keys:
+        med = {t: statistics.median(table[(stream, kib, conns, t)]) for t in targets
+               if table[(stream, kib, conns, t)]}
+        base = med.get("haproxy-hash")
+        cells = []
+        for t in targets:
+            if t not in med:
+                cells.append("-")
+            elif base and t != "haproxy-hash":
+                cells.append(f"{med[t]:,.0f} ({med[t] / base:.2f}x)")
+            else:
+                cells.append(f"{med[t]:,.0f}")
+        print(f"| {'yes' if stream == 'true' else 'no'} | {kib} KiB | {conns} | " + " | ".join(cells) + " |")
 EOF
     exit 0
 fi

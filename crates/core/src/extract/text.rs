@@ -93,13 +93,30 @@ impl<'b> PrefixText<'b> {
                 self.push_char(c);
                 pos += used;
             } else {
-                let run_end = find_byte(bytes, pos, b'\\').unwrap_or(bytes.len());
+                // The prefix takes at most `remaining` more characters, 4 bytes at most each:
+                // the search for the next escape stops there, not at the end of a prompt the
+                // prefix will never reach (a 256 KiB prompt under a 1,024-character key).
+                let window = pos.saturating_add(self.remaining.saturating_mul(4));
+                let run_end = match bytes.get(..window) {
+                    Some(head) => {
+                        find_byte(head, pos, b'\\').unwrap_or_else(|| floor_char(inner, window))
+                    }
+                    None => find_byte(bytes, pos, b'\\').unwrap_or(bytes.len()),
+                };
                 self.push_str(&inner[pos..run_end]);
                 pos = run_end;
             }
         }
         Ok(())
     }
+}
+
+/// The largest character boundary of `s` at or before byte `at` (at most 3 steps back).
+fn floor_char(s: &str, at: usize) -> usize {
+    (at.saturating_sub(3)..=at.min(s.len()))
+        .rev()
+        .find(|&i| s.is_char_boundary(i))
+        .unwrap_or(0)
 }
 
 /// The longest head of `s` holding at most `n` characters, and its character count. Counts
@@ -432,6 +449,25 @@ mod tests {
             let mut p = PrefixText::new(&mut buf, n);
             prop_assert_eq!(p.push_json_str(&raw, "f"), Ok(()));
             let expected: String = s.chars().take(n).collect();
+            prop_assert_eq!(p.as_str(), expected.as_str());
+        }
+
+        #[test]
+        fn a_short_prefix_of_long_strings_matches_chars(
+            a in "(\\PC|[\"\\\\\n]){0,300}",
+            b in "(\\PC|[\"\\\\\n]){0,300}",
+            n in 0usize..80,
+        ) {
+            // Raw UTF-8 and escapes mixed (serde_json's encoding), two strings in a row, the
+            // prefix often full part way through the first: the search for the next escape
+            // stops where the prefix must, on a character boundary.
+            let mut buf = String::new();
+            let mut p = PrefixText::new(&mut buf, n);
+            for s in [&a, &b] {
+                let raw = serde_json::to_string(s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(p.push_json_str(&raw, "f"), Ok(()));
+            }
+            let expected: String = a.chars().chain(b.chars()).take(n).collect();
             prop_assert_eq!(p.as_str(), expected.as_str());
         }
 
