@@ -326,8 +326,8 @@ count_run() { # target stream kib conns
     line=$(PEERS_BODIES="$OUT/bodies-$kib-$stream" wrk -t1 -c"$conns" -d"${SECONDS_PER_RUN}s" \
         --timeout 10s -s "$OUT/client.lua" "http://127.0.0.1:${port_of[$t]}" | grep '^RESULT')
     callgrind_control --dump "$pid" >/dev/null 2>&1
-    # callgrind names each dump FILE.PID.N; the newest is this run's.
-    dump=$(ls -t "$OUT/callgrind.$t.$pid".* | head -n 1)
+    # callgrind names each dump FILE.PID.N; the highest N is this run's.
+    dump=$(ls "$OUT/callgrind.$t.$pid".* | awk -F. '{ print $NF, $0 }' | sort -n | tail -n 1 | cut -d' ' -f2)
     echo "$line $(awk '/^totals:/ { print $2 }' "$dump") $(callgrind_annotate --threshold=100 "$dump" 2>/dev/null |
         awk '!/=>/ && /:__mem(cpy|move)[a-z0-9_]* \[/ { gsub(",", "", $1); s += $1 } END { print s + 0 }')"
 }
