@@ -7,7 +7,7 @@
 //! and hands each chunk to the request's task through a channel: per streamed token that was
 //! the largest part of the router's instructions (BENCHMARKS.md, "A leaner upstream client").
 //! Here a size line is read in one pass, a lone chunk's data is a slice of the read buffer,
-//! and the whole chunks of one read leave as one copy ([`take_joined`]).
+//! and the whole chunks of one read leave as one copy (`take_joined`).
 //!
 //! [RFC 9112]: https://www.rfc-editor.org/rfc/rfc9112
 
@@ -23,7 +23,7 @@ const MAX_HEADERS: usize = 100;
 const MAX_LINE: usize = 4 * 1024;
 const MAX_TRAILERS: usize = 16 * 1024;
 /// Most bytes of a chunked body's data taken as one piece when several chunks are here at once
-/// ([`take_joined`]); the relay joins what arrives in successive reads up to the same size.
+/// (`take_joined`); the relay joins what arrives in successive reads up to the same size.
 pub const JOIN_MAX: usize = 16 * 1024;
 
 /// An instance's answer the router cannot read.
