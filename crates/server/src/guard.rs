@@ -124,7 +124,8 @@ impl InFlightGuard {
             return;
         }
         self.first_byte_seen = true;
-        let ttft = self.received.elapsed().as_secs_f64();
+        let now = Instant::now();
+        let ttft = now.saturating_duration_since(self.received).as_secs_f64();
         if let Some(e) = self.log.as_mut() {
             e.ttft_s = Some(ttft);
         }
@@ -134,7 +135,7 @@ impl InFlightGuard {
             .observe_ttft(&self.stats.series, &self.instance.id().0, ttft);
         if self.outcome == Outcome::Ok {
             if let Some(t) = self.ticket.as_mut() {
-                t.first_token(self.state.now_s());
+                t.first_token(self.state.secs_at(now));
             }
         }
     }
@@ -147,10 +148,11 @@ impl Drop for InFlightGuard {
         } else {
             Outcome::Cancelled
         };
+        let now = Instant::now();
         if let Some(ticket) = self.ticket.take() {
             // Finished explicitly rather than by the ticket's own drop, so that the strategy
             // hears the time the request really ended.
-            ticket.finish(outcome.end(self.usage), self.state.now_s());
+            ticket.finish(outcome.end(self.usage), self.state.secs_at(now));
         }
         if let Some(Usage {
             prompt_tokens,
@@ -163,7 +165,7 @@ impl Drop for InFlightGuard {
         }
         let m = &self.state.metrics;
         m.count_request(&self.stats.series, &self.instance.id().0, self.api, outcome);
-        let duration = self.received.elapsed().as_secs_f64();
+        let duration = now.saturating_duration_since(self.received).as_secs_f64();
         m.observe_duration(self.api, duration);
         if let (Some(mut e), Some(log)) = (self.log.take(), &self.state.access_log) {
             e.outcome = outcome.label();

@@ -320,8 +320,8 @@ impl Prepared {
     /// Chooses an instance in `fleet`, counting the decision, and takes a slot on it.
     pub fn route(&self, state: &Arc<AppState>, fleet: &FleetSnapshot) -> Result<Routed, ApiError> {
         // Each attempt is sent at its own time (the strategy learns time to first token from it).
-        let req = self.request(state, state.now_s());
         let started = Instant::now();
+        let req = self.request(state, state.secs_at(started));
         let dispatched = with_rng(|rng| dispatch(&self.strategy, &req, fleet, rng));
         state
             .metrics

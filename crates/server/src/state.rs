@@ -126,6 +126,12 @@ impl AppState {
     /// Seconds since the router started, on a monotonic clock: the `now` every strategy call
     /// (route, ticket feedback, membership) is given, so all of them share one time line.
     pub fn now_s(&self) -> f64 {
-        self.started.elapsed().as_secs_f64()
+        self.secs_at(Instant::now())
+    }
+
+    /// [`AppState::now_s`] at `at`, for a caller that has read the clock already for something
+    /// else (a request's TTFT, a decision's latency): one clock read serves both.
+    pub fn secs_at(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.started).as_secs_f64()
     }
 }
