@@ -130,7 +130,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     });
     bar.finish();
     let analysis = analysis?;
-    print!("{}", render::text(&analysis));
+    crate::out::print(&render::text(&analysis))?;
     eprintln!(
         "analyzed {} requests: {} simulations in {:.1} s",
         input.requests.len(),

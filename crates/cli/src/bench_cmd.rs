@@ -193,8 +193,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let label = args.label.clone().unwrap_or_else(|| args.target.clone());
     let report = bench_report(&name, source, &requests, &outcome, &label, &config);
-    print!("{}", render_table(&report)?);
-    print!("{}", render_extras(&report, &outcome));
+    crate::out::print(&render_table(&report)?)?;
+    crate::out::print(&render_extras(&report, &outcome))?;
     if let Some(path) = &args.json {
         crate::report_file::write_json(path, &report)?;
     }

@@ -393,13 +393,13 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
         runs: runs.iter().map(|r| r.summary.clone()).collect(),
         simulated: simulated.results.clone(),
     };
-    print!("{}", render(&demo));
+    crate::out::print(&render(&demo))?;
     plot::write_svg(&demo.report, &args.plot)
         .with_context(|| format!("--plot {}", args.plot.display()))?;
-    println!(
-        "TTFT CDFs, instance shares and hit rate over time: {}",
+    crate::out::print(&format!(
+        "TTFT CDFs, instance shares and hit rate over time: {}\n",
         args.plot.display()
-    );
+    ))?;
     if let Some(path) = &args.json {
         crate::report_file::write_json(path, &demo)?;
     }

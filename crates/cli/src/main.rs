@@ -8,6 +8,7 @@ mod bench_cmd;
 mod demo_cmd;
 mod epp_cmd;
 mod mock_engine_cmd;
+mod out;
 mod presets_cmd;
 mod progress;
 mod report_file;

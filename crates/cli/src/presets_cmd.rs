@@ -13,15 +13,14 @@ pub fn run() -> anyhow::Result<()> {
         .chain(WorkloadKind::ALL.iter().map(|w| w.name().len()))
         .max()
         .unwrap_or(0);
-    println!("Engine presets (--preset):");
+    let mut text = String::from("Engine presets (--preset):\n");
     for p in PRESETS {
-        println!("  {:<width$}  {}", p.name, p.description);
-        println!("  {:<width$}  {}", "", (p.config)().summary());
+        text += &format!("  {:<width$}  {}\n", p.name, p.description);
+        text += &format!("  {:<width$}  {}\n", "", (p.config)().summary());
     }
-    println!();
-    println!("Workloads (--workload):");
+    text += "\nWorkloads (--workload):\n";
     for kind in WorkloadKind::ALL {
-        println!("  {:<width$}  {}", kind.name(), kind.description());
+        text += &format!("  {:<width$}  {}\n", kind.name(), kind.description());
     }
-    Ok(())
+    crate::out::print(&text)
 }

@@ -41,7 +41,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let report = report?;
     let wall = started.elapsed().as_secs_f64();
 
-    print!("{}", table::render(&report));
+    crate::out::print(&table::render(&report))?;
     eprintln!(
         "simulated {} requests x {} in {wall:.1} s",
         workload.requests.len(),
@@ -69,15 +69,15 @@ fn run_sweep(args: &SimulateArgs, workload: &SimWorkload) -> Result<()> {
     });
     bar.finish();
     let sweep = sweep?;
-    println!(
-        "Workload: {} ({} requests), {} x {}, loads {:?}",
+    crate::out::print(&format!(
+        "Workload: {} ({} requests), {} x {}, loads {:?}\n",
         workload.name,
         workload.requests.len(),
         config.instances,
         config.preset,
         args.load
-    );
-    print!("{}", sweep::render(&sweep));
+    ))?;
+    crate::out::print(&sweep::render(&sweep))?;
     eprintln!(
         "simulated {} loads x {} (and the capacity run) in {:.1} s",
         args.load.len(),

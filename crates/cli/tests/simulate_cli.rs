@@ -348,3 +348,32 @@ fn clairvoyant_adds_a_reference_row_and_reads_each_strategy_against_it() {
     assert_eq!(results.len(), 1);
     assert!(results[0].get("placement").is_none());
 }
+
+#[test]
+fn a_reader_that_leaves_early_ends_the_output_quietly() {
+    // `prefix-router presets | head -3`: the pipe's reader is gone before the binary writes
+    // (it is closed here right after the start), so every write meets a closed pipe. That
+    // printed a panic and a backtrace; now the command ends as it would have, its files
+    // written.
+    let json = tmp("closed-stdout.json");
+    let json_s = json.to_str().expect("utf-8 temp path");
+    let mut small: Vec<&str> = SMALL.to_vec();
+    small.extend_from_slice(&["--json", json_s]);
+    for args in [&["presets"][..], &small[..]] {
+        let mut child = bin()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the binary starts");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("it ends");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(out.status.success(), "{args:?}: {err}");
+    }
+    assert!(
+        read_json(&json)["results"].is_array(),
+        "the JSON is still written"
+    );
+}
