@@ -317,14 +317,18 @@ HZ=$(getconf CLK_TCK)
 # raw-line shape: in the CPU-ticks and user-ticks columns). The copies are apart because
 # callgrind counts each byte `rep movsb` moves as one instruction, where the CPU moves 32-64
 # bytes a cycle: a proxy that copies bodies between buffers (HAProxy does) reads high.
+# wrk's RESULT line for SECONDS of the client against target $1.
+drive() { # target stream kib conns seconds
+    PEERS_BODIES="$OUT/bodies-$3-$2" wrk -t1 -c"$4" -d"$5s" --timeout 10s \
+        -s "$OUT/client.lua" "http://127.0.0.1:${port_of[$1]}" | grep '^RESULT'
+}
+
 count_run() { # target stream kib conns
     local t=$1 stream=$2 kib=$3 conns=$4 pid=${pid_of[$1]} line dump
     # Warm-up, not counted: connections to the upstreams, the strategy's first sight of the bodies.
-    PEERS_BODIES="$OUT/bodies-$kib-$stream" wrk -t1 -c"$conns" -d1s --timeout 10s \
-        -s "$OUT/client.lua" "http://127.0.0.1:${port_of[$t]}" >/dev/null
+    drive "$t" "$stream" "$kib" "$conns" 1 >/dev/null
     callgrind_control --zero "$pid" >/dev/null 2>&1
-    line=$(PEERS_BODIES="$OUT/bodies-$kib-$stream" wrk -t1 -c"$conns" -d"${SECONDS_PER_RUN}s" \
-        --timeout 10s -s "$OUT/client.lua" "http://127.0.0.1:${port_of[$t]}" | grep '^RESULT')
+    line=$(drive "$t" "$stream" "$kib" "$conns" "$SECONDS_PER_RUN")
     callgrind_control --dump "$pid" >/dev/null 2>&1
     # callgrind names each dump FILE.PID.N; the highest N is this run's.
     dump=$(ls "$OUT/callgrind.$t.$pid".* | awk -F. '{ print $NF, $0 }' | sort -n | tail -n 1 | cut -d' ' -f2)
@@ -341,8 +345,7 @@ run() { # round stream kib conns target
         return
     fi
     read -r before before_user < <([[ -n "$pid" ]] && ticks "$pid" || echo 0 0)
-    line=$(PEERS_BODIES="$OUT/bodies-$kib-$stream" wrk -t1 -c"$conns" -d"${SECONDS_PER_RUN}s" \
-        --timeout 10s -s "$OUT/client.lua" "http://127.0.0.1:${port_of[$t]}" | grep '^RESULT')
+    line=$(drive "$t" "$stream" "$kib" "$conns" "$SECONDS_PER_RUN")
     read -r after after_user < <([[ -n "$pid" ]] && ticks "$pid" || echo 0 0)
     # round stream kib conns target requests errors duration_us p50 p99 p999 cpu_ticks user_ticks
     echo "$round $stream $kib $conns $t ${line#RESULT } $((after - before)) $((after_user - before_user))" >>"$OUT/raw.txt"

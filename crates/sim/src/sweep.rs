@@ -11,7 +11,7 @@
 use prefix_router_core::{StrategyConfig, StrategyKind};
 use prefix_router_workload::{generators, Arrival, WorkloadSpec};
 
-use crate::clairvoyant::{CLAIRVOYANT, CLAIRVOYANT_NOTE};
+use crate::clairvoyant::CLAIRVOYANT_NOTE;
 use crate::{simulate, Driver, Progress, Report, SimConfig, SimError, SimWorkload, WorkloadSource};
 
 /// Closed-loop clients per instance of the capacity run.
@@ -158,24 +158,16 @@ pub fn render(sweep: &LoadSweep) -> String {
             ));
         }
     }
-    let clairvoyant = sweep
+    if sweep
         .points
         .iter()
-        .flat_map(|p| &p.report.results)
-        .any(|r| r.strategy == CLAIRVOYANT);
-    if clairvoyant {
+        .any(|p| crate::table::has_clairvoyant(&p.report.results))
+    {
         out.push_str(CLAIRVOYANT_NOTE);
         out.push('\n');
         for p in &sweep.points {
-            for r in &p.report.results {
-                if let Some(placed) = &r.placement {
-                    out.push_str(&format!(
-                        "at {}: {}\n",
-                        p.load,
-                        crate::table::placement_line(&r.strategy, placed)
-                    ));
-                }
-            }
+            let prefix = format!("at {}: ", p.load);
+            crate::table::placement_lines(&p.report.results, &prefix, &mut out);
         }
     }
     out

@@ -85,14 +85,10 @@ pub fn render(report: &Report) -> String {
             floor.p50, floor.p90, floor.p99
         );
     }
-    if report.results.iter().any(|r| r.strategy == CLAIRVOYANT) {
+    if has_clairvoyant(&report.results) {
         let _ = writeln!(out, "{CLAIRVOYANT_NOTE}");
     }
-    for r in &report.results {
-        if let Some(p) = &r.placement {
-            let _ = writeln!(out, "{}", placement_line(&r.strategy, p));
-        }
-    }
+    placement_lines(&report.results, "", &mut out);
     if let Some(line) = comparison(report) {
         let _ = writeln!(out, "{line}");
     }
@@ -207,6 +203,21 @@ fn comparison(report: &Report) -> Option<String> {
         })
         .collect();
     (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// Whether `results` hold the clairvoyant reference's row.
+pub(crate) fn has_clairvoyant(results: &[StrategyResult]) -> bool {
+    results.iter().any(|r| r.strategy == CLAIRVOYANT)
+}
+
+/// A [`placement_line`] for each strategy read against the clairvoyant reference, each after
+/// `prefix`.
+pub(crate) fn placement_lines(results: &[StrategyResult], prefix: &str, out: &mut String) {
+    for r in results {
+        if let Some(p) = &r.placement {
+            let _ = writeln!(out, "{prefix}{}", placement_line(&r.strategy, p));
+        }
+    }
 }
 
 /// One strategy's decisions against the soonest start on offer at each.

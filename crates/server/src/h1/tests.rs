@@ -266,12 +266,14 @@ fn length_and_close_bodies_take_what_is_theirs() {
     );
     let mut close = BodyDecoder::new(Framing::Close);
     let mut buf = BytesMut::from(&b"all of it"[..]);
-    assert_eq!(
-        close.decode(&mut buf),
-        Ok(Decoded::Data(Bytes::from_static(b"all of it")))
-    );
+    assert_eq!(close.decode(&mut buf), data(b"all of it"));
     assert_eq!(close.decode(&mut buf), Ok(Decoded::More));
     assert!(!close.is_end());
+}
+
+/// A data piece as `decode` returns it.
+fn data(bytes: &'static [u8]) -> Result<Decoded, WireError> {
+    Ok(Decoded::Data(Bytes::from_static(bytes)))
 }
 
 /// Every `decode` result of `wire` in one buffer, until `More`, `End` or an error.
@@ -305,10 +307,7 @@ fn whole_chunks_in_one_read_come_out_as_one_piece() {
     // A lone chunk goes out as it is.
     assert_eq!(
         decode_all_at_once(&chunked(&[b"one"], false)),
-        vec![
-            Ok(Decoded::Data(Bytes::from_static(b"one"))),
-            Ok(Decoded::End)
-        ]
+        vec![data(b"one"), Ok(Decoded::End)]
     );
 }
 
@@ -319,11 +318,7 @@ fn joining_stops_at_a_chunk_still_arriving_and_at_the_size_bound() {
     let wire = b"3\r\nabc\r\n2\r\nde\r\n5\r\nfg";
     assert_eq!(
         decode_all_at_once(wire),
-        vec![
-            Ok(Decoded::Data(Bytes::from_static(b"abcde"))),
-            Ok(Decoded::Data(Bytes::from_static(b"fg"))),
-            Ok(Decoded::More)
-        ]
+        vec![data(b"abcde"), data(b"fg"), Ok(Decoded::More)]
     );
     // Forty 1 KiB chunks: pieces of at least JOIN_MAX bytes, at most one chunk more.
     let big = vec![b'x'; 1024];
@@ -345,7 +340,7 @@ fn a_malformed_chunk_after_good_ones_is_refused_after_their_data() {
     assert_eq!(
         decode_all_at_once(wire),
         vec![
-            Ok(Decoded::Data(Bytes::from_static(b"abcde"))),
+            data(b"abcde"),
             Err(WireError::Chunk("size line without a size"))
         ]
     );
@@ -354,7 +349,7 @@ fn a_malformed_chunk_after_good_ones_is_refused_after_their_data() {
     assert_eq!(
         decode_all_at_once(wire),
         vec![
-            Ok(Decoded::Data(Bytes::from_static(b"abcde"))),
+            data(b"abcde"),
             Err(WireError::Chunk("chunk data not followed by CRLF"))
         ]
     );
