@@ -426,10 +426,10 @@ fn sim_report(report: &BenchReport) -> Result<Report> {
 pub fn render_table(report: &BenchReport) -> Result<String> {
     let text = table::render(&sim_report(report)?);
     let f = &report.fleet;
-    let instances = if f.instances == 0 {
-        "no x-prefix-router-instance header seen".to_string()
-    } else {
-        format!("{} instances seen", f.instances)
+    let instances = match f.instances {
+        0 => "no x-prefix-router-instance header seen".to_string(),
+        1 => "1 instance seen".to_string(),
+        n => format!("{n} instances seen"),
     };
     let target = format!("Target:   {} ({instances})", f.endpoint);
     Ok(text
