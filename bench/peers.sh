@@ -34,6 +34,13 @@
 #                        counted), all of them and those outside memcpy/memmove (counted per
 #                        byte copied: see count_run). Targets: prefix-router, prefix-router-rr, baseline, haproxy-rr,
 #                        haproxy-hash (valgrind from Debian). Each run follows a 1 s warm-up.
+#   PEERS_COUNT=misses   the same runs with callgrind's cache simulation, at fixed sizes so any
+#                        machine gets the same figures: per request, level-1 data misses (32 KiB,
+#                        8-way), level-1 instruction misses (32 KiB, 8-way) and the misses of a
+#                        1 MiB second level (8-way, unified). Where instructions are level
+#                        and time is not, these say how much memory a request walks through.
+#                        PEERS_L1D_KIB=128 simulates a larger level-1 data cache (default 32):
+#                        how far misses fall with it says how large that walk is.
 # Everything listens on 127.0.0.1 and is stopped on exit. The raw lines are in target/peers/raw.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,9 +54,14 @@ if [[ -n "${PEERS_BASELINE_BIN:-}" && " $TARGETS " != *" baseline "* ]]; then
     TARGETS="$TARGETS baseline"
 fi
 COUNT="${PEERS_COUNT:-}"
+L1D_KIB="${PEERS_L1D_KIB:-32}"
+if ! [[ "$L1D_KIB" =~ ^(16|32|64|128|256|512)$ ]]; then
+    echo "peers: PEERS_L1D_KIB=$L1D_KIB: a power of two from 16 to 512 (KiB)" >&2
+    exit 2
+fi
 if [[ -n "$COUNT" ]]; then
-    if [[ "$COUNT" != instructions ]]; then
-        echo "peers: PEERS_COUNT=$COUNT: the only count is 'instructions'" >&2
+    if [[ "$COUNT" != instructions && "$COUNT" != misses ]]; then
+        echo "peers: PEERS_COUNT=$COUNT: the counts are 'instructions' and 'misses'" >&2
         exit 2
     fi
     counted=()
@@ -58,14 +70,14 @@ if [[ -n "$COUNT" ]]; then
         direct) ;; # nothing between the client and the upstream: nothing to count
         prefix-router | prefix-router-rr | baseline | haproxy-rr | haproxy-hash) counted+=("$t") ;;
         *)
-            echo "peers: PEERS_COUNT=instructions counts prefix-router, prefix-router-rr, baseline, haproxy-rr and haproxy-hash, not $t" >&2
+            echo "peers: PEERS_COUNT=$COUNT counts prefix-router, prefix-router-rr, baseline, haproxy-rr and haproxy-hash, not $t" >&2
             exit 2
             ;;
         esac
     done
     TARGETS="${counted[*]}"
     for tool in valgrind callgrind_control; do
-        command -v "$tool" >/dev/null || { echo "peers: PEERS_COUNT=instructions needs $tool (Debian: apt-get install valgrind)" >&2; exit 2; }
+        command -v "$tool" >/dev/null || { echo "peers: PEERS_COUNT=$COUNT needs $tool (Debian: apt-get install valgrind)" >&2; exit 2; }
     done
 fi
 PORT="${PEERS_PORT:-18600}"
@@ -143,6 +155,10 @@ start() { # target
     if [[ -n "$COUNT" ]]; then
         rm -f "$OUT/callgrind.$t".*
         wrap=(valgrind --tool=callgrind "--callgrind-out-file=$OUT/callgrind.$t.%p")
+        if [[ "$COUNT" == misses ]]; then
+            # Fixed geometry, not this CPU's: the figures compare across machines.
+            wrap+=(--cache-sim=yes --I1=32768,8,64 "--D1=$((L1D_KIB * 1024)),8,64" --LL=1048576,8,64)
+        fi
         ready_s=120
     fi
     case "$t" in
@@ -332,6 +348,13 @@ count_run() { # target stream kib conns
     callgrind_control --dump "$pid" >/dev/null 2>&1
     # callgrind names each dump FILE.PID.N; the highest N is this run's.
     dump=$(ls "$OUT/callgrind.$t.$pid".* | awk -F. '{ print $NF, $0 }' | sort -n | tail -n 1 | cut -d' ' -f2)
+    if [[ "$COUNT" == misses ]]; then
+        # instructions, L1 data misses (reads and writes), L1 instruction misses, second-level misses
+        echo "$line $(awk '/^events:/ { for (i = 2; i <= NF; i++) col[$i] = i }
+            /^totals:/ { print $col["Ir"], $col["D1mr"] + $col["D1mw"], $col["I1mr"],
+                         $col["ILmr"] + $col["DLmr"] + $col["DLmw"] }' "$dump") $dump"
+        return
+    fi
     echo "$line $(awk '/^totals:/ { print $2 }' "$dump") $(callgrind_annotate --threshold=100 "$dump" 2>/dev/null |
         awk '!/=>/ && /:__mem(cpy|move)[a-z0-9_]* \[/ { gsub(",", "", $1); s += $1 } END { print s + 0 }')"
 }
@@ -367,25 +390,40 @@ done
 
 # ---- the table -----------------------------------------------------------------------------
 if [[ -n "$COUNT" ]]; then
-    python3 - "$OUT/raw.txt" <<'EOF'
+    python3 - "$OUT/raw.txt" "$COUNT" "$L1D_KIB" <<'EOF'
 import sys, statistics
 from collections import defaultdict
-counts = defaultdict(list)
-rest = defaultdict(list)
+misses = sys.argv[2] == "misses"
+titles = (["instructions", f"level-1 data misses ({sys.argv[3]} KiB, 8-way)",
+           "level-1 instruction misses (32 KiB, 8-way)", "second-level misses (1 MiB, 8-way)"]
+          if misses else ["all instructions", "outside memcpy/memmove"])
+tables = [defaultdict(list) for _ in titles]
 targets = []
+dumps = {}
 for line in open(sys.argv[1]):
-    r, stream, kib, conns, t, req, err, dur, p50, p99, p999, instr, copies = line.split()
+    r, stream, kib, conns, t, req, err, dur, p50, p99, p999, *counted = line.split()
+    if misses:
+        dumps.setdefault((stream, int(kib), int(conns), t), (counted.pop(), int(req)))
     if int(req):
-        counts[(stream, int(kib), int(conns), t)].append(int(instr) / int(req))
-        rest[(stream, int(kib), int(conns), t)].append((int(instr) - int(copies)) / int(req))
+        counted = [int(c) for c in counted]
+        if not misses:
+            counted = [counted[0], counted[0] - counted[1]]
+        for table, c in zip(tables, counted):
+            table[(stream, int(kib), int(conns), t)].append(c / int(req))
     if t not in targets:
         targets.append(t)
-keys = sorted({k[:3] for k in counts}, key=lambda k: (k[0] == "true", k[1], k[2]))
+keys = sorted({k[:3] for k in tables[0]}, key=lambda k: (k[0] == "true", k[1], k[2]))
 print()
-print("User-space instructions per request of each proxy's process under callgrind (medians over")
-print("rounds; the kernel's socket work is not counted), then the same without libc's memcpy and")
-print("memmove, which callgrind counts byte by byte; in brackets, the ratio to haproxy-hash.")
-for title, table in (("all instructions", counts), ("outside memcpy/memmove", rest)):
+if misses:
+    print("Per request of each proxy's process under callgrind's cache simulation (medians over")
+    print("rounds; user space only, each process alone in its simulated caches, so a cache that the")
+    print("client's and the upstream's turns would also evict reads low); in brackets, the ratio")
+    print("to haproxy-hash.")
+else:
+    print("User-space instructions per request of each proxy's process under callgrind (medians over")
+    print("rounds; the kernel's socket work is not counted), then the same without libc's memcpy and")
+    print("memmove, which callgrind counts byte by byte; in brackets, the ratio to haproxy-hash.")
+for title, table in zip(titles, tables):
     print()
     print(f"{title}:")
     print()
@@ -399,11 +437,53 @@ for title, table in (("all instructions", counts), ("outside memcpy/memmove", re
         for t in targets:
             if t not in med:
                 cells.append("-")
-            elif base and t != "haproxy-hash":
+            elif base and base >= 10 and t != "haproxy-hash":
+                # No ratio to a handful: 3 misses against 0.1 says nothing.
                 cells.append(f"{med[t]:,.0f} ({med[t] / base:.2f}x)")
             else:
                 cells.append(f"{med[t]:,.0f}")
         print(f"| {'yes' if stream == 'true' else 'no'} | {kib} KiB | {conns} | " + " | ".join(cells) + " |")
+
+
+def self_misses(path, req):
+    """Level-1 data misses per request spent in each function itself (callees not counted),
+    from a callgrind dump: cost lines after `fn=`, less the line after each `calls=` (a call's
+    inclusive cost)."""
+    names, events, fn, skip, cost = {}, [], "?", False, defaultdict(int)
+    for line in open(path, errors="replace"):
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith(("fn=", "cfn=")):
+            ref = line.split("=", 1)[1].strip()
+            key, _, name = ref.partition(" ")
+            if name:
+                names[key] = name
+            if line.startswith("fn="):
+                fn = names.get(key, ref)
+        elif line.startswith("calls="):
+            skip = True
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            if skip:
+                skip = False
+                continue
+            vals = dict(zip(events, line.split()[1:]))
+            cost[fn] += int(vals.get("D1mr", 0)) + int(vals.get("D1mw", 0))
+    return sorted(((c / req, f) for f, c in cost.items()), reverse=True)
+
+
+if misses and keys:
+    case = keys[0]
+    print()
+    print(f"Where the level-1 data misses fall (each function's own, per request; stream={case[0]},")
+    print(f"{case[1]} KiB, {case[2]} connection(s), first round):")
+    for t in targets:
+        path, req = dumps.get((*case, t), (None, 0))
+        if not path or not req:
+            continue
+        print()
+        print(f"{t}:")
+        for per, f in self_misses(path, req)[:8]:
+            print(f"  {per:7.1f}  {f[:110]}")
 EOF
     exit 0
 fi
