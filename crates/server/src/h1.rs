@@ -117,9 +117,17 @@ pub fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>
     // Engines send a handful of headers: room for 16 first (the arrays are set up on every
     // answer), and for all MAX_HEADERS only when that is too few.
     match parse_head_in::<16>(buf, head_request) {
-        Err(WireError::TooManyHeaders) => parse_head_in::<MAX_HEADERS>(buf, head_request),
+        Err(WireError::TooManyHeaders) => parse_many_headers(buf, head_request),
         other => other,
     }
+}
+
+/// The rare head with more than 16 headers. Kept out of line: inlined, its arrays (about 5 KiB)
+/// made every answer's parse reserve and probe a stack frame that size.
+#[cold]
+#[inline(never)]
+fn parse_many_headers(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, WireError> {
+    parse_head_in::<MAX_HEADERS>(buf, head_request)
 }
 
 fn parse_head_in<const N: usize>(
