@@ -59,6 +59,10 @@ if ! [[ "$L1D_KIB" =~ ^(16|32|64|128|256|512)$ ]]; then
     echo "peers: PEERS_L1D_KIB=$L1D_KIB: a power of two from 16 to 512 (KiB)" >&2
     exit 2
 fi
+if [[ -n "${PEERS_L1D_KIB:-}" && "$COUNT" != misses ]]; then
+    echo "peers: PEERS_L1D_KIB sizes the simulated cache of PEERS_COUNT=misses; set that too" >&2
+    exit 2
+fi
 if [[ -n "$COUNT" ]]; then
     if [[ "$COUNT" != instructions && "$COUNT" != misses ]]; then
         echo "peers: PEERS_COUNT=$COUNT: the counts are 'instructions' and 'misses'" >&2
