@@ -332,17 +332,15 @@ ticks() {
 HZ=$(getconf CLK_TCK)
 
 : >"$OUT/raw.txt"
-# Instructions per request of target $1's process under callgrind: zeroed, a wrk run, dumped.
-# Prints wrk's RESULT line, the instructions, and those spent in libc's memcpy/memmove (run's
-# raw-line shape: in the CPU-ticks and user-ticks columns). The copies are apart because
-# callgrind counts each byte `rep movsb` moves as one instruction, where the CPU moves 32-64
-# bytes a cycle: a proxy that copies bodies between buffers (HAProxy does) reads high.
 # wrk's RESULT line for SECONDS of the client against target $1.
 drive() { # target stream kib conns seconds
     PEERS_BODIES="$OUT/bodies-$3-$2" wrk -t1 -c"$4" -d"$5s" --timeout 10s \
         -s "$OUT/client.lua" "http://127.0.0.1:${port_of[$1]}" | grep '^RESULT'
 }
 
+# One counted run of target $1's process under callgrind: zeroed, a wrk run, dumped. Prints
+# wrk's RESULT line and the dump's path (in the run's raw line where the timed runs have their
+# CPU ticks); the table reads the counts from the dump.
 count_run() { # target stream kib conns
     local t=$1 stream=$2 kib=$3 conns=$4 pid=${pid_of[$1]} line dump
     # Warm-up, not counted: connections to the upstreams, the strategy's first sight of the bodies.
@@ -352,15 +350,7 @@ count_run() { # target stream kib conns
     callgrind_control --dump "$pid" >/dev/null 2>&1
     # callgrind names each dump FILE.PID.N; the highest N is this run's.
     dump=$(ls "$OUT/callgrind.$t.$pid".* | awk -F. '{ print $NF, $0 }' | sort -n | tail -n 1 | cut -d' ' -f2)
-    if [[ "$COUNT" == misses ]]; then
-        # instructions, L1 data misses (reads and writes), L1 instruction misses, second-level misses
-        echo "$line $(awk '/^events:/ { for (i = 2; i <= NF; i++) col[$i] = i }
-            /^totals:/ { print $col["Ir"], $col["D1mr"] + $col["D1mw"], $col["I1mr"],
-                         $col["ILmr"] + $col["DLmr"] + $col["DLmw"] }' "$dump") $dump"
-        return
-    fi
-    echo "$line $(awk '/^totals:/ { print $2 }' "$dump") $(callgrind_annotate --threshold=100 "$dump" 2>/dev/null |
-        awk '!/=>/ && /:__mem(cpy|move)[a-z0-9_]* \[/ { gsub(",", "", $1); s += $1 } END { print s + 0 }')"
+    echo "$line $dump"
 }
 
 run() { # round stream kib conns target
@@ -395,25 +385,64 @@ done
 # ---- the table -----------------------------------------------------------------------------
 if [[ -n "$COUNT" ]]; then
     python3 - "$OUT/raw.txt" "$COUNT" "$L1D_KIB" <<'EOF'
-import sys, statistics
+import re, sys, statistics
 from collections import defaultdict
+
+
+def read_dump(path):
+    """A callgrind dump's totals and each function's own cost (callees not counted), by event:
+    the cost lines after `fn=`, less the line after each `calls=` (a call's inclusive cost)."""
+    names, events, fn, skip = {}, [], "?", False
+    totals, own = {}, defaultdict(lambda: defaultdict(int))
+    for line in open(path, errors="replace"):
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("totals:"):
+            totals = dict(zip(events, map(int, line.split()[1:])))
+        elif line.startswith(("fn=", "cfn=")):
+            ref = line.split("=", 1)[1].strip()
+            key, _, name = ref.partition(" ")
+            if name:
+                names[key] = name
+            if line.startswith("fn="):
+                fn = names.get(key, ref)
+        elif line.startswith("calls="):
+            skip = True
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            if skip:
+                skip = False
+                continue
+            for event, value in zip(events, line.split()[1:]):
+                own[fn][event] += int(value)
+    return totals, own
+
+
+def counted(totals, own):
+    """The figures of one run, in the order of `titles`."""
+    if misses:
+        return [totals["Ir"], totals["D1mr"] + totals["D1mw"], totals["I1mr"],
+                totals["ILmr"] + totals["DLmr"] + totals["DLmw"]]
+    # callgrind counts each byte `rep movsb` moves as one instruction, where the CPU moves 32-64
+    # bytes a cycle: a proxy that copies bodies between buffers (HAProxy does) reads high.
+    copies = sum(c["Ir"] for f, c in own.items() if re.match(r"__mem(cpy|move)[a-z0-9_]*$", f))
+    return [totals["Ir"], totals["Ir"] - copies]
+
+
 misses = sys.argv[2] == "misses"
 titles = (["instructions", f"level-1 data misses ({sys.argv[3]} KiB, 8-way)",
            "level-1 instruction misses (32 KiB, 8-way)", "second-level misses (1 MiB, 8-way)"]
           if misses else ["all instructions", "outside memcpy/memmove"])
 tables = [defaultdict(list) for _ in titles]
 targets = []
-dumps = {}
+firsts = {}
 for line in open(sys.argv[1]):
-    r, stream, kib, conns, t, req, err, dur, p50, p99, p999, *counted = line.split()
-    if misses:
-        dumps.setdefault((stream, int(kib), int(conns), t), (counted.pop(), int(req)))
+    r, stream, kib, conns, t, req, err, dur, p50, p99, p999, dump = line.split()
+    case = (stream, int(kib), int(conns), t)
     if int(req):
-        counted = [int(c) for c in counted]
-        if not misses:
-            counted = [counted[0], counted[0] - counted[1]]
-        for table, c in zip(tables, counted):
-            table[(stream, int(kib), int(conns), t)].append(c / int(req))
+        totals, own = read_dump(dump)
+        firsts.setdefault(case, (own, int(req)))
+        for table, c in zip(tables, counted(totals, own)):
+            table[case].append(c / int(req))
     if t not in targets:
         targets.append(t)
 keys = sorted({k[:3] for k in tables[0]}, key=lambda k: (k[0] == "true", k[1], k[2]))
@@ -449,44 +478,19 @@ for title, table in zip(titles, tables):
         print(f"| {'yes' if stream == 'true' else 'no'} | {kib} KiB | {conns} | " + " | ".join(cells) + " |")
 
 
-def self_misses(path, req):
-    """Level-1 data misses per request spent in each function itself (callees not counted),
-    from a callgrind dump: cost lines after `fn=`, less the line after each `calls=` (a call's
-    inclusive cost)."""
-    names, events, fn, skip, cost = {}, [], "?", False, defaultdict(int)
-    for line in open(path, errors="replace"):
-        if line.startswith("events:"):
-            events = line.split()[1:]
-        elif line.startswith(("fn=", "cfn=")):
-            ref = line.split("=", 1)[1].strip()
-            key, _, name = ref.partition(" ")
-            if name:
-                names[key] = name
-            if line.startswith("fn="):
-                fn = names.get(key, ref)
-        elif line.startswith("calls="):
-            skip = True
-        elif line[:1].isdigit() or line[:1] in "+-*":
-            if skip:
-                skip = False
-                continue
-            vals = dict(zip(events, line.split()[1:]))
-            cost[fn] += int(vals.get("D1mr", 0)) + int(vals.get("D1mw", 0))
-    return sorted(((c / req, f) for f, c in cost.items()), reverse=True)
-
-
 if misses and keys:
     case = keys[0]
     print()
     print(f"Where the level-1 data misses fall (each function's own, per request; stream={case[0]},")
     print(f"{case[1]} KiB, {case[2]} connection(s), first round):")
     for t in targets:
-        path, req = dumps.get((*case, t), (None, 0))
-        if not path or not req:
+        if (*case, t) not in firsts:
             continue
+        own, req = firsts[(*case, t)]
+        by_fn = sorted(((c["D1mr"] + c["D1mw"]) / req, f) for f, c in own.items())
         print()
         print(f"{t}:")
-        for per, f in self_misses(path, req)[:8]:
+        for per, f in by_fn[::-1][:8]:
             print(f"  {per:7.1f}  {f[:110]}")
 EOF
     exit 0

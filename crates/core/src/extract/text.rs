@@ -96,13 +96,11 @@ impl<'b> PrefixText<'b> {
                 // The prefix takes at most `remaining` more characters, 4 bytes at most each:
                 // the search for the next escape stops there, not at the end of a prompt the
                 // prefix will never reach (a 256 KiB prompt under a 1,024-character key).
-                let window = pos.saturating_add(self.remaining.saturating_mul(4));
-                let run_end = match bytes.get(..window) {
-                    Some(head) => {
-                        find_byte(head, pos, b'\\').unwrap_or_else(|| floor_char(inner, window))
-                    }
-                    None => find_byte(bytes, pos, b'\\').unwrap_or(bytes.len()),
-                };
+                let window = pos
+                    .saturating_add(self.remaining.saturating_mul(4))
+                    .min(bytes.len());
+                let run_end = find_byte(&bytes[..window], pos, b'\\')
+                    .unwrap_or_else(|| floor_char(inner, window));
                 self.push_str(&inner[pos..run_end]);
                 pos = run_end;
             }
@@ -111,9 +109,10 @@ impl<'b> PrefixText<'b> {
     }
 }
 
-/// The largest character boundary of `s` at or before byte `at` (at most 3 steps back).
+/// The largest character boundary of `s` at or before byte `at` (within `s`; at most 3 steps
+/// back).
 fn floor_char(s: &str, at: usize) -> usize {
-    (at.saturating_sub(3)..=at.min(s.len()))
+    (at.saturating_sub(3)..=at)
         .rev()
         .find(|&i| s.is_char_boundary(i))
         .unwrap_or(0)

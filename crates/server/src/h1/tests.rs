@@ -336,23 +336,23 @@ fn joining_stops_at_a_chunk_still_arriving_and_at_the_size_bound() {
 
 #[test]
 fn a_malformed_chunk_after_good_ones_is_refused_after_their_data() {
-    let wire = b"3\r\nabc\r\n2\r\nde\r\nzz\r\nfg\r\n0\r\n\r\n";
-    assert_eq!(
-        decode_all_at_once(wire),
-        vec![
-            data(b"abcde"),
-            Err(WireError::Chunk("size line without a size"))
-        ]
-    );
-    // Data not followed by CRLF: the joined data stops before it, then the error.
-    let wire = b"3\r\nabc\r\n2\r\ndeXX";
-    assert_eq!(
-        decode_all_at_once(wire),
-        vec![
-            data(b"abcde"),
-            Err(WireError::Chunk("chunk data not followed by CRLF"))
-        ]
-    );
+    // A bad size line, then data not followed by CRLF: the joined data stops before each, then
+    // the error.
+    for (wire, error) in [
+        (
+            &b"3\r\nabc\r\n2\r\nde\r\nzz\r\nfg\r\n0\r\n\r\n"[..],
+            "size line without a size",
+        ),
+        (
+            &b"3\r\nabc\r\n2\r\ndeXX"[..],
+            "chunk data not followed by CRLF",
+        ),
+    ] {
+        assert_eq!(
+            decode_all_at_once(wire),
+            vec![data(b"abcde"), Err(WireError::Chunk(error))]
+        );
+    }
 }
 
 proptest! {
