@@ -398,7 +398,9 @@ def read_dump(path):
         if line.startswith("events:"):
             events = line.split()[1:]
         elif line.startswith("totals:"):
-            totals = dict(zip(events, map(int, line.split()[1:])))
+            # callgrind leaves trailing zero counts out of a cost line.
+            totals = dict.fromkeys(events, 0)
+            totals.update(zip(events, map(int, line.split()[1:])))
         elif line.startswith(("fn=", "cfn=")):
             ref = line.split("=", 1)[1].strip()
             key, _, name = ref.partition(" ")

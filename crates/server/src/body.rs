@@ -21,6 +21,26 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
         .boxed_unsync()
 }
 
+/// A client's request body, as the handler takes it.
+#[derive(Debug)]
+pub enum RequestBody {
+    /// Read whole already, within the limits, by the router's own HTTP/1.1 front
+    /// ([`crate::front`]): a slice of the connection's read buffer when it fit there.
+    Read(Bytes),
+    /// Still arriving through hyper (HTTP/2, TLS).
+    Incoming(hyper::body::Incoming),
+}
+
+impl RequestBody {
+    /// The whole body: at most `limit` bytes (else 413), within `timeout` (else 408).
+    pub async fn read(self, limit: u64, timeout: Duration) -> Result<Bytes, ApiError> {
+        match self {
+            RequestBody::Read(bytes) => Ok(bytes),
+            RequestBody::Incoming(body) => read_body(body, limit, timeout).await,
+        }
+    }
+}
+
 /// Reads a whole request body: at most `limit` bytes (else 413), within `timeout` (else 408).
 /// The body is read once and later forwarded unchanged, so a retry can resend it.
 pub async fn read_body<B>(body: B, limit: u64, timeout: Duration) -> Result<Bytes, ApiError>

@@ -1,8 +1,10 @@
-//! hyper answers a request it cannot parse itself, before the router sees it: 400 for a
-//! malformed request line or header, 431 for a head over the buffer, 414 for a URI too long,
-//! each with an empty body. Clients of an OpenAI-compatible endpoint expect every error in the
-//! OpenAI shape, so the client socket's writer ([`crate::conn::TrackedIo`]) swaps such a
-//! canned head for the same status with a JSON body that says what was wrong.
+//! hyper, which serves TLS and HTTP/2 connections (plaintext HTTP/1.1 is the router's own
+//! [`crate::front`]), answers a request it cannot parse itself, before the router sees it: 400
+//! for a malformed request line or header, 431 for a head over the buffer, 414 for a URI too
+//! long, each with an empty body. Clients of an OpenAI-compatible endpoint expect every error in
+//! the OpenAI shape, so the client socket's writer ([`crate::conn::TrackedIo`]) swaps such a
+//! canned head for the same status with a JSON body that says what was wrong. The front answers
+//! the same errors with the same bodies ([`malformed`], [`head_too_large`]).
 //!
 //! A canned answer is recognised by its form alone: written while no request of the connection
 //! is open, one of those three statuses, `content-length: 0` and no `content-type`. Every answer
@@ -24,24 +26,11 @@ pub fn replace(head: &[u8], max_header_bytes: usize) -> Option<Vec<u8>> {
     let (status_line, error) = match status {
         b"400" => (
             "400 Bad Request",
-            ApiError::bad_request(
-                "malformed_request",
-                "malformed HTTP request: the request line or a header could not be parsed",
-                None,
-            ),
+            malformed("the request line or a header could not be parsed"),
         ),
         b"431" => (
             "431 Request Header Fields Too Large",
-            ApiError {
-                status: http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                ..ApiError::bad_request(
-                    "header_too_large",
-                    format!(
-                        "the request head is over {max_header_bytes} bytes (limits.max_header_bytes)"
-                    ),
-                    None,
-                )
-            },
+            head_too_large(max_header_bytes),
         ),
         b"414" => (
             "414 URI Too Long",
@@ -60,6 +49,27 @@ pub fn replace(head: &[u8], max_header_bytes: usize) -> Option<Vec<u8>> {
         )
         .into_bytes(),
     )
+}
+
+/// A request the router cannot read as HTTP/1.x: `what` says which part (400).
+pub fn malformed(what: &str) -> ApiError {
+    ApiError::bad_request(
+        "malformed_request",
+        format!("malformed HTTP request: {what}"),
+        None,
+    )
+}
+
+/// A request head over `limits.max_header_bytes` (431).
+pub fn head_too_large(max_header_bytes: usize) -> ApiError {
+    ApiError {
+        status: http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        ..ApiError::bad_request(
+            "header_too_large",
+            format!("the request head is over {max_header_bytes} bytes (limits.max_header_bytes)"),
+            None,
+        )
+    }
 }
 
 #[cfg(test)]

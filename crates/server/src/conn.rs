@@ -1,5 +1,7 @@
 //! Client connections: how many one address may hold, and when the router closes one.
 //!
+//! The watchdog below serves the connections hyper answers (TLS and HTTP/2); plaintext HTTP/1.1
+//! connections keep the same rules as deadlines on their own reads ([`crate::front`]).
 //! Each connection's socket is wrapped ([`TrackedIo`]) to note when bytes last moved and when
 //! the head of a request began to arrive; the service counts the requests whose answer has not
 //! finished ([`Tracked`] bodies, released on drop). A watchdog beside the connection reads those

@@ -239,7 +239,7 @@ fn parse_head_in<const N: usize>(
 }
 
 /// The comma-separated tokens of a header value, trimmed.
-fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value
         .split(|&b| b == b',')
         .map(<[u8]>::trim_ascii)

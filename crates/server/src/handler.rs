@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use serde_json::json;
 
-use crate::body::{full, ProxyBody};
+use crate::body::{full, ProxyBody, RequestBody};
 use crate::error::ApiError;
 use crate::models;
 use crate::proxy::{proxy, Api};
@@ -133,7 +132,7 @@ pub fn operational(state: &AppState, method: &Method, path: &str) -> Option<Resp
 /// Handles one data-plane request. Never fails: errors are answered in the OpenAI shape.
 pub async fn handle(
     state: Arc<AppState>,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let received = Instant::now();
     let method = req.method().clone();

@@ -10,11 +10,10 @@ use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use prefix_router_core::Instance;
 
 use crate::access_log::{unix_now, Entry};
-use crate::body::{read_body, ProxyBody};
+use crate::body::{ProxyBody, RequestBody};
 use crate::error::ApiError;
 use crate::health;
 use crate::metrics::{ReasonLabels, RequestLabels};
@@ -39,7 +38,7 @@ static DECISION_NAME: http::HeaderName = http::HeaderName::from_static(DECISION_
 pub async fn proxy(
     state: Arc<AppState>,
     api: Api,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     received: Instant,
 ) -> Response<ProxyBody> {
     match forward(&state, api, req, received).await {
@@ -110,17 +109,17 @@ async fn attempt(
 async fn forward(
     state: &Arc<AppState>,
     api: Api,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     received: Instant,
 ) -> Result<Response<ProxyBody>, ApiError> {
     let (parts, body) = req.into_parts();
     let settings = &state.settings;
-    let body: Bytes = read_body(
-        body,
-        settings.limits.max_body_bytes,
-        settings.timeouts.client_body,
-    )
-    .await?;
+    let body: Bytes = body
+        .read(
+            settings.limits.max_body_bytes,
+            settings.timeouts.client_body,
+        )
+        .await?;
     let prepared = Prepared::new(state, api, &parts.headers, &body, received)?;
     if let Some(p) = &state.prewarm {
         p.record(api, prepared.key, state.now_s(), &body);

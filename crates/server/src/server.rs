@@ -15,9 +15,11 @@ use tokio::task::JoinHandle;
 
 use std::convert::Infallible;
 
+use crate::body::RequestBody;
 use crate::conn::{Activity, PerClient, Tracked, TrackedIo, Verdict};
 use crate::discovery;
 use crate::error::{ApiError, ServerError};
+use crate::front;
 use crate::handler;
 use crate::health;
 use crate::io_threads::IoThreads;
@@ -267,7 +269,7 @@ async fn accept_loop(
                 // Held until the connection ends, however it ends.
                 let _permit = permit;
                 let Some(tls) = &state.tls else {
-                    serve_admitted(&builder, stream, &state, stop, admitted).await;
+                    serve_plain(&builder, stream, &state, stop, admitted).await;
                     return;
                 };
                 // The handshake is part of the head: bounded by the same timeout.
@@ -301,6 +303,27 @@ async fn accept_loop(
     }
     // The I/O threads stop here, dropping what they still serve (only past the grace).
     drop(io);
+}
+
+/// Serves a plaintext connection the per-address limit admitted with the router's own
+/// HTTP/1.1 front ([`crate::front`]), and with hyper if it turns out to speak HTTP/2; or
+/// refuses it with 429.
+async fn serve_plain(
+    builder: &auto::Builder<TokioExecutor>,
+    stream: TcpStream,
+    state: &Arc<AppState>,
+    mut stop: watch::Receiver<bool>,
+    admitted: Result<Option<crate::conn::ClientSlot>, usize>,
+) {
+    match admitted {
+        Ok(slot) => {
+            if let Some(h2) = front::serve(stream, state, &mut stop).await {
+                serve_connection(builder, h2, Arc::clone(state), stop).await;
+            }
+            drop(slot);
+        }
+        Err(limit) => refuse_connection(stream, state, limit).await,
+    }
 }
 
 /// Serves a connection the per-address limit admitted, or refuses it with 429.
@@ -344,7 +367,7 @@ async fn serve_connection<S>(
         let open = svc_activity.request();
         let state = Arc::clone(&svc_state);
         async move {
-            let resp = handler::handle(state, req).await?;
+            let resp = handler::handle(state, req.map(RequestBody::Incoming)).await?;
             Ok::<_, Infallible>(resp.map(|b| Tracked::new(b, open)))
         }
     });
@@ -402,7 +425,7 @@ where
     let _ = tokio::time::timeout(state.settings.timeouts.client_header, conn).await;
 }
 
-fn count_close(state: &AppState, reason: &'static str) {
+pub(crate) fn count_close(state: &AppState, reason: &'static str) {
     state
         .metrics
         .connections_closed

@@ -1,0 +1,458 @@
+//! The router's own HTTP/1.1 front for plaintext client connections: one task per connection
+//! reads a request into a buffer that the connection keeps, hands it to the handler, and
+//! writes the answer from a second kept buffer. hyper still serves HTTP/2 (told by its
+//! preface) and TLS.
+//!
+//! Why not hyper here too: under callgrind's cache simulation the router walked 6-8 times
+//! HAProxy's level-1 data misses per request (BENCHMARKS.md, "The memory a request walks"),
+//! much of it hyper's server side: a fresh 8 KiB read buffer per request (a request's body
+//! held a slice of the last one), a channel carrying the body to the service, a watchdog
+//! task's select per request, and poll frames of 7-16 KiB. Here the body is a slice of the
+//! kept buffer, read before the handler runs, which the buffer reclaims once the answer ends;
+//! the timeouts are deadlines on the reads themselves.
+//!
+//! Rules, as the hyper path kept them ([`crate::conn`]):
+//! - a head must arrive within `timeouts.client_header` of its first byte, else the
+//!   connection closes with no answer (`header_timeout`);
+//! - with no request under way, a connection quiet for `timeouts.client_idle` closes (`idle`);
+//! - a body must arrive within `timeouts.client_body` (408) and be at most
+//!   `limits.max_body_bytes` (413); a head over `limits.max_header_bytes` is a 431, a
+//!   malformed one a 400, each in the OpenAI shape, and the connection closes after it;
+//! - a client that closes while its request is under way cancels it;
+//! - on shutdown, an idle connection closes at once and a busy one after its answer.
+
+mod request;
+mod response;
+mod rewind;
+#[cfg(test)]
+mod tests;
+
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::task::Poll;
+
+use bytes::{Bytes, BytesMut};
+use http::{Method, Request, Response, Version};
+use http_body::Body;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::{timeout_at, Instant};
+
+pub use request::{parse as parse_request, BodyFraming, HeadError, RequestHead};
+pub use response::{chunk_start, encode_head, OutFraming, Persist};
+pub use rewind::Rewind;
+
+use crate::body::{ProxyBody, RequestBody};
+use crate::error::ApiError;
+use crate::h1::{BodyDecoder, Decoded, Framing};
+use crate::handler;
+use crate::server::count_close;
+use crate::state::AppState;
+
+/// The read buffer a connection keeps: a request's head and a small body fit in one read.
+const READ_BUF: usize = 8 * 1024;
+/// Below this much room, the read buffer is made `READ_BUF` large again before a read (which
+/// takes back its own allocation once nothing holds a slice of it).
+const READ_MIN: usize = 2 * 1024;
+/// An answer's data of at least this many bytes is written beside the buffered head or chunk
+/// line (one vectored write) instead of being copied after it.
+const WRITE_DIRECT: usize = 4 * 1024;
+/// Buffered answer bytes written out once they reach this many, even while more is ready.
+const WRITE_MAX: usize = 64 * 1024;
+/// The HTTP/2 client preface starts with this.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
+/// Serves HTTP/1.1 on `io` until the client leaves, a rule above closes it, or shutdown.
+/// Returns the connection, its first bytes put back, when they are HTTP/2's preface: hyper
+/// serves it then.
+pub async fn serve<S>(
+    mut io: S,
+    state: &Arc<AppState>,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<Rewind<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let limits = &state.settings.limits;
+    let timeouts = &state.settings.timeouts;
+    let mut buf = BytesMut::with_capacity(READ_BUF);
+    let mut out = Vec::with_capacity(READ_BUF);
+    let mut first = true;
+    loop {
+        if buf.is_empty() {
+            if *stop.borrow() {
+                return None;
+            }
+            let idle = Instant::now() + timeouts.client_idle;
+            tokio::select! {
+                biased;
+                r = timeout_at(idle, read_some(&mut io, &mut buf)) => match r {
+                    Ok(Ok(n)) if n > 0 => {}
+                    Ok(_) => return None,
+                    Err(_) => {
+                        count_close(state, "idle");
+                        return None;
+                    }
+                },
+                _ = stop.changed() => return None,
+            }
+        }
+        let header_due = Instant::now() + timeouts.client_header;
+        if first {
+            first = false;
+            match preface(&mut io, &mut buf, header_due).await {
+                Preface::Http1 => {}
+                Preface::Http2 => return Some(Rewind::new(buf.freeze(), io)),
+                Preface::Gone => return None,
+                Preface::Timeout => {
+                    count_close(state, "header_timeout");
+                    return None;
+                }
+            }
+        }
+        let head = loop {
+            match request::parse(&mut buf, limits.max_header_bytes) {
+                Ok(Some(head)) => break head,
+                Ok(None) => {}
+                Err(e) => {
+                    let _ =
+                        answer_error(&mut io, &mut out, e.to_api(limits.max_header_bytes)).await;
+                    return None;
+                }
+            }
+            match timeout_at(header_due, read_some(&mut io, &mut buf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(_) => return None,
+                Err(_) => {
+                    count_close(state, "header_timeout");
+                    tracing::debug!("client too slow sending a request head; connection closed");
+                    return None;
+                }
+            }
+        };
+        let body = match read_body(&mut io, &mut buf, &head, state).await {
+            Ok(body) => body,
+            Err(BodyFailure::Answer(e)) => {
+                let _ = answer_error(&mut io, &mut out, e).await;
+                return None;
+            }
+            Err(BodyFailure::Gone) => return None,
+        };
+        let RequestHead {
+            parts, keep_alive, ..
+        } = head;
+        let head_request = parts.method == Method::HEAD;
+        let http11 = parts.version == Version::HTTP_11;
+        let req = Request::from_parts(parts, RequestBody::Read(body));
+        // None: the client left while its request was under way.
+        let resp = answer_unless_gone(&mut io, &mut buf, state, req).await?;
+        let keep = keep_alive && !*stop.borrow();
+        match write_answer(&mut io, &mut out, resp, head_request, http11, keep).await {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return None,
+        }
+    }
+}
+
+/// What the first bytes of a connection say.
+enum Preface {
+    Http1,
+    Http2,
+    Gone,
+    Timeout,
+}
+
+/// Reads until the first bytes either are HTTP/2's preface or cannot be.
+async fn preface<S: AsyncRead + Unpin>(io: &mut S, buf: &mut BytesMut, due: Instant) -> Preface {
+    loop {
+        let n = buf.len().min(H2_PREFACE.len());
+        if buf[..n] != H2_PREFACE[..n] {
+            return Preface::Http1;
+        }
+        if n == H2_PREFACE.len() {
+            return Preface::Http2;
+        }
+        match timeout_at(due, read_some(io, buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            Ok(_) => return Preface::Gone,
+            Err(_) => return Preface::Timeout,
+        }
+    }
+}
+
+/// One read into `buf`, made room for first.
+async fn read_some<S: AsyncRead + Unpin>(io: &mut S, buf: &mut BytesMut) -> std::io::Result<usize> {
+    if buf.capacity() - buf.len() < READ_MIN {
+        buf.reserve(READ_BUF);
+    }
+    io.read_buf(buf).await
+}
+
+/// Why a body was not read.
+enum BodyFailure {
+    /// Answer this, then close.
+    Answer(ApiError),
+    /// The client left.
+    Gone,
+}
+
+/// Reads the body `head` announces, within the limits; a body that fits the read buffer stays
+/// a slice of it.
+async fn read_body<S>(
+    io: &mut S,
+    buf: &mut BytesMut,
+    head: &RequestHead,
+    state: &AppState,
+) -> Result<Bytes, BodyFailure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let limit = state.settings.limits.max_body_bytes;
+    let due = Instant::now() + state.settings.timeouts.client_body;
+    let len = match head.framing {
+        BodyFraming::Length(0) => return Ok(Bytes::new()),
+        BodyFraming::Length(n) if n > limit => {
+            return Err(BodyFailure::Answer(ApiError::too_large(limit)))
+        }
+        BodyFraming::Length(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        BodyFraming::Chunked => None,
+    };
+    if head.expect_continue && len.is_none_or(|n| buf.len() < n) {
+        io.write_all(response::CONTINUE)
+            .await
+            .map_err(|_| BodyFailure::Gone)?;
+    }
+    let timed = async {
+        match len {
+            Some(n) => read_length(io, buf, n).await,
+            None => read_chunked(io, buf, limit).await,
+        }
+    };
+    match timeout_at(due, timed).await {
+        Ok(r) => r,
+        Err(_) => Err(BodyFailure::Answer(ApiError::body_timeout())),
+    }
+}
+
+async fn read_length<S: AsyncRead + Unpin>(
+    io: &mut S,
+    buf: &mut BytesMut,
+    n: usize,
+) -> Result<Bytes, BodyFailure> {
+    if n <= buf.capacity() {
+        // It fits: read on into the kept buffer (a read may take a pipelined request's first
+        // bytes too; they stay behind the body).
+        while buf.len() < n {
+            match io.read_buf(buf).await {
+                Ok(read) if read > 0 => {}
+                _ => return Err(BodyFailure::Gone),
+            }
+        }
+        return Ok(buf.split_to(n).freeze());
+    }
+    // Larger than the kept buffer: a buffer of its own, read into no further than its end, so
+    // that the kept one does not grow to the largest body a connection ever sent.
+    let mut body = BytesMut::with_capacity(n);
+    body.extend_from_slice(buf);
+    buf.clear();
+    while body.len() < n {
+        match io.read_buf(&mut body).await {
+            Ok(read) if read > 0 => {}
+            _ => return Err(BodyFailure::Gone),
+        }
+    }
+    Ok(body.freeze())
+}
+
+async fn read_chunked<S: AsyncRead + Unpin>(
+    io: &mut S,
+    buf: &mut BytesMut,
+    limit: u64,
+) -> Result<Bytes, BodyFailure> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let mut decoder = BodyDecoder::new(Framing::Chunked);
+    let mut body = BytesMut::new();
+    loop {
+        match decoder.decode(buf) {
+            Ok(Decoded::Data(data)) => {
+                if body.len() + data.len() > limit {
+                    return Err(BodyFailure::Answer(ApiError::too_large(limit as u64)));
+                }
+                body.extend_from_slice(&data);
+            }
+            Ok(Decoded::End) => return Ok(body.freeze()),
+            Ok(Decoded::More) => match read_some(io, buf).await {
+                Ok(read) if read > 0 => {}
+                _ => return Err(BodyFailure::Gone),
+            },
+            Err(e) => {
+                return Err(BodyFailure::Answer(crate::canned::malformed(
+                    &e.to_string(),
+                )));
+            }
+        }
+    }
+}
+
+/// Runs the handler, reading on meanwhile: a client that closes its connection cancels its
+/// request (the handler's future is dropped). Bytes a client sends ahead (a pipelined request)
+/// wait in `buf`. `None`: the client left.
+async fn answer_unless_gone<S: AsyncRead + Unpin>(
+    io: &mut S,
+    buf: &mut BytesMut,
+    state: &Arc<AppState>,
+    req: Request<RequestBody>,
+) -> Option<Response<ProxyBody>> {
+    let max = state.settings.limits.max_header_bytes;
+    let handle = handler::handle(Arc::clone(state), req);
+    tokio::pin!(handle);
+    loop {
+        tokio::select! {
+            biased;
+            resp = &mut handle => return resp.ok(),
+            read = read_some(io, buf), if buf.len() <= max => match read {
+                Ok(n) if n > 0 => {}
+                _ => return None,
+            },
+        }
+    }
+}
+
+/// Writes an error answer and closes.
+async fn answer_error<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    out: &mut Vec<u8>,
+    e: ApiError,
+) -> std::io::Result<bool> {
+    write_answer(io, out, e.into_response(), false, true, false).await
+}
+
+/// Writes `resp` to the client: its head, then its body as it comes, written out whenever the
+/// body has nothing more ready. Returns whether the connection can carry another request.
+async fn write_answer<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    out: &mut Vec<u8>,
+    resp: Response<ProxyBody>,
+    head_request: bool,
+    http11: bool,
+    keep: bool,
+) -> std::io::Result<bool> {
+    let (parts, mut body) = resp.into_parts();
+    let framing = OutFraming::choose(
+        head_request,
+        http11,
+        parts.status,
+        &parts.headers,
+        &body.size_hint(),
+    );
+    let asked_close = parts
+        .headers
+        .get(http::header::CONNECTION)
+        .is_some_and(|v| crate::h1::tokens(v.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"close")));
+    let keep = keep && !asked_close && framing != OutFraming::Close;
+    let persist = match (keep, http11) {
+        (false, _) => Persist::Close,
+        (true, true) => Persist::Default,
+        (true, false) => Persist::KeepAlive,
+    };
+    out.clear();
+    encode_head(parts.status, &parts.headers, framing, persist, out);
+    drop(parts);
+    if let OutFraming::Empty(_) = framing {
+        drop(body);
+        io.write_all(out).await?;
+        io.flush().await?;
+        return Ok(keep);
+    }
+    let declared = match framing {
+        OutFraming::Length(n) => Some(n),
+        _ => None,
+    };
+    let chunked = framing == OutFraming::Chunked;
+    let mut sent = 0u64;
+    loop {
+        let polled =
+            std::future::poll_fn(|cx| Poll::Ready(std::pin::Pin::new(&mut body).poll_frame(cx)))
+                .await;
+        let frame = match polled {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                // Nothing more ready: what is buffered goes out before waiting.
+                io.write_all(out).await?;
+                io.flush().await?;
+                out.clear();
+                std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+            }
+        };
+        let data = match frame {
+            None => break,
+            // The answer broke off: the client sees the connection close before its end.
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "answer body failed; closing the client connection");
+                io.write_all(out).await?;
+                return Ok(false);
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if !data.is_empty() => data,
+                _ => continue,
+            },
+        };
+        let mut data = &data[..];
+        if let Some(n) = declared {
+            // Never more than the announced length: the rest would be read as a next answer.
+            let room = usize::try_from(n - sent).unwrap_or(usize::MAX);
+            data = &data[..data.len().min(room)];
+        }
+        sent += data.len() as u64;
+        if chunked {
+            chunk_start(data.len(), out);
+        }
+        if data.len() >= WRITE_DIRECT {
+            write_two(io, out, data).await?;
+            out.clear();
+        } else {
+            out.extend_from_slice(data);
+        }
+        if chunked {
+            out.extend_from_slice(response::CHUNK_END);
+        }
+        if out.len() >= WRITE_MAX {
+            io.write_all(out).await?;
+            out.clear();
+        }
+        if body.is_end_stream() || declared == Some(sent) {
+            break;
+        }
+    }
+    // Ended before its last bytes go out: a relayed answer counts as finished when its body
+    // is dropped at its end, and a client that has the answer may look at once.
+    drop(body);
+    if chunked {
+        out.extend_from_slice(response::LAST_CHUNK);
+    }
+    io.write_all(out).await?;
+    io.flush().await?;
+    // A body shorter than its announced length leaves the client waiting for the rest: only
+    // closing tells it.
+    Ok(keep && declared.is_none_or(|n| n == sent))
+}
+
+/// Writes `a` then `b`, vectored.
+async fn write_two<S: AsyncWrite + Unpin>(io: &mut S, a: &[u8], b: &[u8]) -> std::io::Result<()> {
+    let (mut a, mut b) = (a, b);
+    while !a.is_empty() {
+        let n = io
+            .write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
+            .await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        if n >= a.len() {
+            b = &b[n - a.len()..];
+            a = &[];
+        } else {
+            a = &a[n..];
+        }
+    }
+    io.write_all(b).await
+}

@@ -1,0 +1,245 @@
+//! The front's pure parts: request heads in, answer heads out.
+
+use bytes::BytesMut;
+use http::{HeaderMap, HeaderValue, StatusCode, Version};
+use http_body::SizeHint;
+
+use super::request::{parse, BodyFraming, HeadError};
+use super::response::{chunk_start, encode_head, OutFraming, Persist};
+
+fn parsed(text: &str) -> Result<Option<super::RequestHead>, HeadError> {
+    parse(&mut BytesMut::from(text.as_bytes()), 64 * 1024)
+}
+
+#[test]
+fn a_head_is_taken_from_the_buffer_and_what_follows_stays() {
+    let mut buf = BytesMut::from(
+        &b"POST /v1/completions?x=1 HTTP/1.1\r\nHost: r\r\nContent-Length: 4\r\nX-A: b\r\n\r\nbodyGET"[..],
+    );
+    let head = parse(&mut buf, 1024)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("no head"));
+    assert_eq!(&buf[..], b"bodyGET");
+    assert_eq!(head.parts.method, http::Method::POST);
+    assert_eq!(head.parts.uri.path(), "/v1/completions");
+    assert_eq!(head.parts.uri.query(), Some("x=1"));
+    assert_eq!(head.parts.version, Version::HTTP_11);
+    assert_eq!(
+        head.parts.headers.get("x-a").map(HeaderValue::as_bytes),
+        Some(&b"b"[..])
+    );
+    assert_eq!(head.framing, BodyFraming::Length(4));
+    assert!(head.keep_alive && !head.expect_continue);
+}
+
+#[test]
+fn an_incomplete_head_leaves_the_buffer_untouched_until_it_is_too_large() {
+    let mut buf = BytesMut::from(&b"POST /v1/completions HTTP/1.1\r\nhost: r\r\n"[..]);
+    assert!(matches!(parse(&mut buf, 1024), Ok(None)));
+    assert_eq!(buf.len(), 40);
+    assert_eq!(parse(&mut buf, 39).err(), Some(HeadError::TooLarge));
+    // Complete, but over the limit all the same.
+    assert_eq!(
+        parse(
+            &mut BytesMut::from(&b"GET / HTTP/1.1\r\nhost: r\r\n\r\n"[..]),
+            10
+        )
+        .err(),
+        Some(HeadError::TooLarge)
+    );
+}
+
+#[test]
+fn up_to_a_hundred_headers_parse_and_more_is_a_431() {
+    let head = |n: usize| {
+        let mut t = String::from("GET / HTTP/1.1\r\n");
+        for i in 0..n {
+            t.push_str(&format!("x-h{i}: {i}\r\n"));
+        }
+        t + "\r\n"
+    };
+    let many = parsed(&head(100))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("100 headers"));
+    assert_eq!(many.parts.headers.len(), 100);
+    assert!(parsed(&head(24)).is_ok_and(|h| h.is_some()));
+    assert_eq!(parsed(&head(101)).err(), Some(HeadError::TooLarge));
+}
+
+#[test]
+fn connection_and_expect_say_what_the_client_wants() {
+    let flags = |t: &str| {
+        parsed(t)
+            .ok()
+            .flatten()
+            .map(|h| (h.keep_alive, h.expect_continue))
+    };
+    assert_eq!(
+        flags("GET / HTTP/1.1\r\nConnection: Close\r\n\r\n"),
+        Some((false, false))
+    );
+    assert_eq!(flags("GET / HTTP/1.0\r\n\r\n"), Some((false, false)));
+    assert_eq!(
+        flags("GET / HTTP/1.0\r\nconnection: keep-alive\r\n\r\n"),
+        Some((true, false))
+    );
+    assert_eq!(
+        flags("POST / HTTP/1.1\r\nexpect: 100-Continue\r\n\r\n"),
+        Some((true, true))
+    );
+    // HTTP/1.0 clients know no 100 Continue.
+    assert_eq!(
+        flags("POST / HTTP/1.0\r\nexpect: 100-continue\r\n\r\n"),
+        Some((false, false))
+    );
+}
+
+#[test]
+fn framing_two_hops_could_read_differently_is_malformed() {
+    for (text, framing) in [
+        (
+            "POST / HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            Some(BodyFraming::Chunked),
+        ),
+        (
+            "POST / HTTP/1.1\r\ncontent-length: 7\r\ncontent-length: 7\r\n\r\n",
+            Some(BodyFraming::Length(7)),
+        ),
+        ("POST / HTTP/1.1\r\n\r\n", Some(BodyFraming::Length(0))),
+        (
+            "POST / HTTP/1.1\r\ncontent-length: 7\r\ntransfer-encoding: chunked\r\n\r\n",
+            None,
+        ),
+        (
+            "POST / HTTP/1.1\r\ncontent-length: 7\r\ncontent-length: 8\r\n\r\n",
+            None,
+        ),
+        ("POST / HTTP/1.1\r\ncontent-length: 0x10\r\n\r\n", None),
+        ("POST / HTTP/1.1\r\ncontent-length: +5\r\n\r\n", None),
+        (
+            "POST / HTTP/1.1\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
+            None,
+        ),
+        (
+            "POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n",
+            None,
+        ),
+        ("POST / HTTP/2.0\r\n\r\n", None),
+        ("PO ST / HTTP/1.1\r\n\r\n", None),
+    ] {
+        match (parsed(text), framing) {
+            (Ok(Some(h)), Some(f)) => assert_eq!(h.framing, f, "{text:?}"),
+            (Err(HeadError::Malformed(_)), None) => {}
+            (other, _) => panic!("{text:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_framing_follows_the_body_the_status_and_the_method() {
+    let none = HeaderMap::new();
+    let mut declared = HeaderMap::new();
+    declared.insert("content-length", HeaderValue::from_static("12"));
+    let exact = SizeHint::with_exact(5);
+    let open = SizeHint::new();
+    let ok = StatusCode::OK;
+    assert_eq!(
+        OutFraming::choose(false, true, ok, &none, &exact),
+        OutFraming::Length(5)
+    );
+    assert_eq!(
+        OutFraming::choose(false, true, ok, &declared, &open),
+        OutFraming::Length(12)
+    );
+    assert_eq!(
+        OutFraming::choose(false, true, ok, &none, &open),
+        OutFraming::Chunked
+    );
+    assert_eq!(
+        OutFraming::choose(false, false, ok, &none, &open),
+        OutFraming::Close
+    );
+    assert_eq!(
+        OutFraming::choose(true, true, ok, &declared, &exact),
+        OutFraming::Empty(Some(12))
+    );
+    assert_eq!(
+        OutFraming::choose(true, true, ok, &none, &exact),
+        OutFraming::Empty(Some(5))
+    );
+    let no_content = StatusCode::NO_CONTENT;
+    assert_eq!(
+        OutFraming::choose(false, true, no_content, &declared, &exact),
+        OutFraming::Empty(None)
+    );
+}
+
+#[test]
+fn an_answer_head_carries_the_routers_framing_instead_of_the_relayed_one() {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert("content-length", HeaderValue::from_static("999"));
+    headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+    headers.insert("connection", HeaderValue::from_static("keep-alive"));
+    let mut out = Vec::new();
+    encode_head(
+        StatusCode::NOT_FOUND,
+        &headers,
+        OutFraming::Length(3),
+        Persist::Close,
+        &mut out,
+    );
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 404 Not Found\r\n"), "{text}");
+    assert!(
+        text.contains("\r\ncontent-type: application/json\r\n"),
+        "{text}"
+    );
+    assert!(text.contains("\r\ncontent-length: 3\r\n"), "{text}");
+    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+    assert!(
+        !text.contains("999") && !text.contains("chunked") && !text.contains("keep-alive"),
+        "{text}"
+    );
+    let date = text
+        .split("\r\ndate: ")
+        .nth(1)
+        .and_then(|d| d.split("\r\n").next());
+    assert_eq!(date.map(str::len), Some(29), "{text}");
+    assert!(text.ends_with("\r\n\r\n"));
+
+    out.clear();
+    headers.clear();
+    headers.insert(
+        "date",
+        HeaderValue::from_static("Sat, 05 Dec 2026 02:00:00 GMT"),
+    );
+    encode_head(
+        StatusCode::OK,
+        &headers,
+        OutFraming::Chunked,
+        Persist::Default,
+        &mut out,
+    );
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(
+        text,
+        "HTTP/1.1 200 OK\r\ndate: Sat, 05 Dec 2026 02:00:00 GMT\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+}
+
+#[test]
+fn chunk_size_lines_are_hex() {
+    for (n, line) in [
+        (0, "0\r\n"),
+        (1, "1\r\n"),
+        (255, "ff\r\n"),
+        (16384, "4000\r\n"),
+    ] {
+        let mut out = Vec::new();
+        chunk_start(n, &mut out);
+        assert_eq!(out, line.as_bytes());
+    }
+}

@@ -1,0 +1,238 @@
+//! The client-side HTTP/1.1 wire over real sockets (the router's own front, `front.rs`):
+//! pipelining, chunked request bodies, `Expect: 100-continue`, HTTP/1.0, `HEAD`, framing a
+//! proxy must refuse, and the limits, each answered in the OpenAI shape where it is an error.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{chat, complete_answer, echo_router, raw, total_in_flight};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn post(body: &str, extra: &str) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// The answers in `text`, each as (head, body), read by content-length.
+fn answers(mut text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    while let Some(end) = text.find("\r\n\r\n") {
+        let head = text[..end].to_ascii_lowercase();
+        let len = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        let body_end = (end + 4 + len).min(text.len());
+        out.push((head, text[end + 4..body_end].to_string()));
+        text = &text[body_end..];
+    }
+    out
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_on_one_connection() {
+    let (_up, r) = echo_router(|_| {}).await;
+    let mut all = String::new();
+    for i in 0..3 {
+        all.push_str(&post(&chat(&format!("question {i}")), ""));
+    }
+    all.push_str("GET /health HTTP/1.1\r\nhost: r\r\n\r\n");
+    let (text, _) = raw(r.local_addr(), all.as_bytes(), |t| {
+        answers(t).len() == 4 && complete_answer(t.rsplit_once("HTTP/1.1 ").map_or("", |(_, l)| l))
+    })
+    .await;
+    let got = answers(&text);
+    assert_eq!(got.len(), 4, "{text}");
+    for (i, (head, body)) in got[..3].iter().enumerate() {
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(
+            body.contains(&format!("question {i}")),
+            "answer {i} out of order: {body}"
+        );
+    }
+    assert!(got[3].1.contains("ok"), "{:?}", got[3]);
+    assert_eq!(total_in_flight(&r), 0);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_chunked_request_body_is_read_whole_and_forwarded() {
+    let (_up, r) = echo_router(|_| {}).await;
+    let body = chat("a body sent in chunks");
+    let (a, b) = body.split_at(10);
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x};ext=1\r\n{b}\r\n0\r\ntrailer: x\r\n\r\n",
+        a.len(),
+        b.len()
+    );
+    let (text, _) = raw(r.local_addr(), req.as_bytes(), complete_answer).await;
+    let got = answers(&text);
+    assert!(got[0].0.starts_with("http/1.1 200"), "{text}");
+    assert!(got[0].1.contains("a body sent in chunks"), "{text}");
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn expect_100_continue_gets_its_interim_answer_before_the_body_is_sent() {
+    let (_up, r) = echo_router(|_| {}).await;
+    let body = chat("sent after 100");
+    let mut s = TcpStream::connect(r.local_addr()).await.expect("connect");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\nexpect: 100-continue\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.expect("write");
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("a 100 Continue in time")
+        .expect("read");
+    assert_eq!(&buf[..n], b"HTTP/1.1 100 Continue\r\n\r\n");
+    s.write_all(body.as_bytes()).await.expect("write");
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf).await {
+            got.extend_from_slice(&buf[..n]);
+            if n == 0 || complete_answer(&String::from_utf8_lossy(&got)) {
+                break;
+            }
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("sent after 100"), "{text}");
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn framing_a_proxy_could_misread_is_refused_and_the_connection_closed() {
+    let (up, r) = echo_router(|_| {}).await;
+    let cases: [(&str, &str); 4] = [
+        (
+            "POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+            "both content-length and transfer-encoding",
+        ),
+        (
+            "POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello!",
+            "conflicting content-length",
+        ),
+        (
+            "POST /v1/completions HTTP/1.1\r\nhost: r\r\ntransfer-encoding: gzip\r\n\r\nxx",
+            "does not end with chunked",
+        ),
+        (
+            "POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-length: -1\r\n\r\n",
+            "content-length is not a number",
+        ),
+    ];
+    for (req, says) in cases {
+        let (text, closed) = raw(r.local_addr(), req.as_bytes(), |_| false).await;
+        assert!(text.starts_with("HTTP/1.1 400"), "{req:?}: {text}");
+        assert!(text.contains("\"code\":\"malformed_request\""), "{text}");
+        assert!(text.contains(says), "{req:?} should say {says:?}: {text}");
+        assert!(closed, "{req:?}: the connection stays open");
+    }
+    assert_eq!(up.hits(), 0, "a refused request reached an engine");
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn http_1_0_closes_unless_asked_to_keep_the_connection() {
+    let (_up, r) = echo_router(|_| {}).await;
+    let once = "GET /health HTTP/1.0\r\n\r\n";
+    let (text, closed) = raw(r.local_addr(), once.as_bytes(), |_| false).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    assert!(closed);
+    let twice =
+        "GET /health HTTP/1.0\r\nconnection: keep-alive\r\n\r\nGET /health HTTP/1.0\r\n\r\n";
+    let (text, closed) = raw(r.local_addr(), twice.as_bytes(), |_| false).await;
+    let got = answers(&text);
+    assert_eq!(got.len(), 2, "{text}");
+    assert!(got[0].0.contains("connection: keep-alive"), "{text}");
+    assert!(got[1].0.contains("connection: close"), "{text}");
+    assert!(closed);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn head_answers_carry_the_length_and_no_body() {
+    let (_up, r) = echo_router(|_| {}).await;
+    let req = "HEAD /health HTTP/1.1\r\nhost: r\r\n\r\nGET /health HTTP/1.1\r\nhost: r\r\n\r\n";
+    let (text, _) = raw(r.local_addr(), req.as_bytes(), |t| {
+        t.matches("HTTP/1.1 200").count() == 2
+            && complete_answer(t.rsplit_once("HTTP/1.1 ").map_or("", |(_, l)| l))
+    })
+    .await;
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_default();
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("content-length: "), "{text}");
+    assert!(head.contains("date: "), "{text}");
+    assert!(
+        rest.starts_with("HTTP/1.1 200"),
+        "the HEAD answer had a body: {text}"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_are_refused_whichever_their_framing() {
+    let (up, r) = echo_router(|s| s.limits.max_body_bytes = 64).await;
+    let big = "x".repeat(100);
+    let declared = post(&big, "");
+    let (text, closed) = raw(r.local_addr(), declared.as_bytes(), |_| false).await;
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(closed);
+    let chunked = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ntransfer-encoding: chunked\r\n\r\n32\r\n{}\r\n32\r\n{}\r\n0\r\n\r\n",
+        &big[..50],
+        &big[50..]
+    );
+    let (text, closed) = raw(r.local_addr(), chunked.as_bytes(), |_| false).await;
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(
+        text.contains("max_body_bytes") || text.contains("64"),
+        "{text}"
+    );
+    assert!(closed);
+    assert_eq!(up.hits(), 0);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_is_a_408() {
+    let (_up, r) = echo_router(|s| s.timeouts.client_body = Duration::from_millis(200)).await;
+    // Announces 100 bytes, sends 10, then waits.
+    let req =
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-length: 100\r\n\r\n0123456789";
+    let (text, closed) = raw(r.local_addr(), req.as_bytes(), |_| false).await;
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(closed);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_body_larger_than_the_read_buffer_arrives_whole() {
+    let (_up, r) = echo_router(|_| {}).await;
+    let long = "word ".repeat(20_000);
+    let req = post(&chat(&long), "");
+    let (text, _) = raw(r.local_addr(), req.as_bytes(), complete_answer).await;
+    let got = answers(&text);
+    assert!(
+        got[0].0.starts_with("http/1.1 200"),
+        "{}",
+        &text[..text.len().min(300)]
+    );
+    assert!(got[0].1.contains(&long), "the body came back cut");
+    r.shutdown().await;
+}
