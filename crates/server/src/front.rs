@@ -119,8 +119,19 @@ where
                 }
             }
         }
+        // Parsed again only when the new bytes could end the head: a head trickled in byte by
+        // byte is not scanned whole on every read.
+        let mut scanned = 0;
         let head = loop {
-            match request::parse(&mut buf, limits.max_header_bytes) {
+            let parsed = if could_end(&buf, scanned) {
+                request::parse(&mut buf, limits.max_header_bytes)
+            } else if buf.len() > limits.max_header_bytes {
+                Err(HeadError::TooLarge)
+            } else {
+                Ok(None)
+            };
+            scanned = buf.len();
+            match parsed {
                 Ok(Some(head)) => break head,
                 Ok(None) => {}
                 Err(e) => {
@@ -156,7 +167,14 @@ where
         // None: the client left while its request was under way.
         let resp = answer_unless_gone(&mut io, &mut buf, state, req).await?;
         let keep = keep_alive && !*stop.borrow();
-        match write_answer(&mut io, &mut out, resp, head_request, http11, keep).await {
+        let written = write_answer(
+            (&mut io, &mut out, &mut buf, limits.max_header_bytes),
+            resp,
+            head_request,
+            http11,
+            keep,
+        );
+        match written.await {
             Ok(true) => {}
             Ok(false) | Err(_) => return None,
         }
@@ -199,6 +217,20 @@ impl Deadlines {
             }
         }
     }
+}
+
+/// A connection's socket, write buffer, read buffer and the most a client may send ahead.
+type Conn<'a, S> = (&'a mut S, &'a mut Vec<u8>, &'a mut BytesMut, usize);
+
+/// Whether the bytes of `buf` from `scanned` on (with the 3 before, where a line end may have
+/// begun) could end a head: a blank line.
+fn could_end(buf: &[u8], scanned: usize) -> bool {
+    let new = &buf[scanned.saturating_sub(3).min(buf.len())..];
+    // One pass that stops at the first blank line: the end of a head, usually followed by a
+    // body that need not be scanned.
+    new.iter().enumerate().any(|(i, &b)| {
+        b == b'\n' && matches!(new.get(i + 1..), Some([b'\n', ..] | [b'\r', b'\n', ..]))
+    })
 }
 
 /// What the first bytes of a connection say.
@@ -372,19 +404,26 @@ async fn answer_unless_gone<S: AsyncRead + Unpin>(
 }
 
 /// Writes an error answer and closes.
-async fn answer_error<S: AsyncWrite + Unpin>(
+async fn answer_error<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
     out: &mut Vec<u8>,
     e: ApiError,
 ) -> std::io::Result<bool> {
-    write_answer(io, out, e.into_response(), false, true, false).await
+    let mut buf = BytesMut::new();
+    write_answer(
+        (io, out, &mut buf, 0),
+        e.into_response(),
+        false,
+        true,
+        false,
+    )
+    .await
 }
 
 /// Writes `resp` to the client: its head, then its body as it comes, written out whenever the
 /// body has nothing more ready. Returns whether the connection can carry another request.
-async fn write_answer<S: AsyncWrite + Unpin>(
-    io: &mut S,
-    out: &mut Vec<u8>,
+async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
+    (io, out, buf, max): Conn<'_, S>,
     resp: Response<ProxyBody>,
     head_request: bool,
     http11: bool,
@@ -434,7 +473,19 @@ async fn write_answer<S: AsyncWrite + Unpin>(
                 io.write_all(out).await?;
                 io.flush().await?;
                 out.clear();
-                std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+                // The client is watched while the answer waits (an engine queueing or
+                // prefilling, for minutes perhaps, or between tokens): one that leaves cancels
+                // the request now, not at the next write (hyper watched too).
+                loop {
+                    tokio::select! {
+                        biased;
+                        frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)) => break frame,
+                        read = read_some(io, buf), if buf.len() <= max => match read {
+                            Ok(n) if n > 0 => {}
+                            _ => return Err(std::io::ErrorKind::ConnectionAborted.into()),
+                        },
+                    }
+                }
             }
         };
         let data = match frame {

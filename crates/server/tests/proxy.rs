@@ -111,6 +111,33 @@ async fn client_disconnect_cancels_the_upstream_and_releases_in_flight() {
     r.shutdown().await;
 }
 
+/// A client that leaves while its stream waits on the engine (nothing more to write) cancels
+/// the request then, not when the next token would have been written.
+#[tokio::test]
+async fn a_client_leaving_while_its_stream_waits_is_noticed_before_the_next_token() {
+    let up = Upstream::start("s", Mode::Echo, &[]).await;
+    let r = router(settings(&[up.url()])).await;
+    {
+        let mut sender = connect(r.local_addr()).await;
+        let req = request(
+            Method::POST,
+            "/v1/completions",
+            &[("x-test-stream", "1"), ("x-test-chunks", "1000")],
+            r#"{"prompt":"waiting stream","stream":true}"#,
+        );
+        let resp = sender.send_request(req).await.expect("head");
+        let mut body = resp.into_body();
+        let first = body.frame().await.expect("frame").expect("ok");
+        assert_eq!(first.into_data().ok(), Some(sse_chunk(0)));
+        assert_eq!(in_flight(&r, &up.url()), 1);
+        // The gate stays shut: no further token comes while the client leaves.
+    }
+    // The stand-in notices only when it next writes; the router's count shows the release.
+    eventually("in-flight back to zero", || in_flight(&r, &up.url()) == 0).await;
+    up.open_gate(1);
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn dead_instance_is_retried_elsewhere_without_client_error() {
     let dead = dead_url().await;

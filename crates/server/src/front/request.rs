@@ -49,6 +49,9 @@ pub enum HeadError {
     Malformed(&'static str),
     /// Over `limits.max_header_bytes`, or more than 100 headers: 431.
     TooLarge,
+    /// More headers than the first parse had room for: parsed again with room for 100 (never
+    /// returned by [`parse`]).
+    ManyHeaders,
 }
 
 impl HeadError {
@@ -56,7 +59,9 @@ impl HeadError {
     pub fn to_api(&self, max_header_bytes: usize) -> ApiError {
         match self {
             HeadError::Malformed(what) => crate::canned::malformed(what),
-            HeadError::TooLarge => crate::canned::head_too_large(max_header_bytes),
+            HeadError::TooLarge | HeadError::ManyHeaders => {
+                crate::canned::head_too_large(max_header_bytes)
+            }
         }
     }
 }
@@ -68,7 +73,7 @@ pub fn parse(buf: &mut BytesMut, max_head: usize) -> Result<Option<RequestHead>,
     // Clients send a handful of headers: room for 24 first (the arrays are set up on every
     // request), and for all MAX_HEADERS only when that is too few.
     match parse_in::<24>(buf, max_head) {
-        Err(HeadError::TooLarge) if buf.len() <= max_head => parse_many(buf, max_head),
+        Err(HeadError::ManyHeaders) => parse_many(buf, max_head),
         other => other,
     }
 }
@@ -95,6 +100,9 @@ fn parse_in<const N: usize>(
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() > max_head => return Err(HeadError::TooLarge),
         Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) if N < MAX_HEADERS => {
+            return Err(HeadError::ManyHeaders)
+        }
         Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
         Err(_) => {
             return Err(HeadError::Malformed(
@@ -132,9 +140,9 @@ fn parse_in<const N: usize>(
         let name = HeaderName::from_bytes(&head[name.0 as usize..(name.0 + name.1) as usize])
             .map_err(|_| HeadError::Malformed("a header name is invalid"))?;
         if name == CONTENT_LENGTH {
-            let n = std::str::from_utf8(&raw_value)
+            // ASCII whitespace only: a proxy in front may not read Unicode spaces as ours.
+            let n = std::str::from_utf8(raw_value.trim_ascii())
                 .ok()
-                .map(str::trim)
                 .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|s| s.parse::<u64>().ok())
                 .ok_or(HeadError::Malformed("content-length is not a number"))?;

@@ -51,7 +51,9 @@ impl OutFraming {
         if head {
             return OutFraming::Empty(declared().or(hint.exact()));
         }
-        match hint.exact().or_else(declared) {
+        // The body's own length only: a relayed answer may carry a content-length beside a
+        // chunked framing of its own, which the router does not follow.
+        match hint.exact() {
             Some(n) => OutFraming::Length(n),
             None if http11 => OutFraming::Chunked,
             None => OutFraming::Close,
