@@ -29,7 +29,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 const NONE: u64 = u64::MAX;
 
 /// The HTTP/2 client preface starts with this.
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+pub(crate) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 /// What one connection has been doing, shared by its socket, its service and its watchdog.
 #[derive(Debug)]

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{chat, complete_answer, echo_router, raw, total_in_flight};
+use support::{chat, complete_answer, content_length, echo_router, raw, total_in_flight};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -22,11 +22,7 @@ fn answers(mut text: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     while let Some(end) = text.find("\r\n\r\n") {
         let head = text[..end].to_ascii_lowercase();
-        let len = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(0);
+        let len = content_length(&head);
         let body_end = (end + 4 + len).min(text.len());
         out.push((head, text[end + 4..body_end].to_string()));
         text = &text[body_end..];

@@ -697,12 +697,7 @@ pub fn complete_answer(text: &str) -> bool {
         return false;
     };
     let head = text[..end].to_ascii_lowercase();
-    let len = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(0);
-    text.len() >= end + 4 + len
+    text.len() >= end + 4 + content_length(&head)
 }
 
 /// The JSON body of a raw HTTP/1.1 answer (its first `content-length` bytes: a pipelined
@@ -739,4 +734,12 @@ impl Port for std::sync::Arc<prefix_router_core::Instance> {
             .and_then(|p| p.parse().ok())
             .unwrap_or(0)
     }
+}
+
+/// The `content-length` a lowercased answer head announces (0 when it announces none).
+pub fn content_length(head: &str) -> usize {
+    head.lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0)
 }
