@@ -212,6 +212,7 @@ impl Upstreams {
             let leased = Leased {
                 decoder: BodyDecoder::new(head.framing),
                 keep_alive: head.keep_alive,
+                head_request,
                 link: Some(link),
                 pool: std::sync::Arc::clone(self),
             };
@@ -296,6 +297,9 @@ pub struct Leased {
     decoder: BodyDecoder,
     /// Whether the connection can carry another request after this answer.
     keep_alive: bool,
+    /// The answer to a `HEAD`: no body on the wire, whatever length the resource has (that
+    /// length is the `content-length` header's to say, if the instance sent one).
+    head_request: bool,
     pool: std::sync::Arc<Upstreams>,
 }
 
@@ -367,6 +371,9 @@ impl Body for Leased {
 
     fn size_hint(&self) -> SizeHint {
         match self.decoder {
+            // Zero bytes follow a HEAD's answer, but the resource is not empty: telling the
+            // client `content-length: 0` would say it is.
+            _ if self.head_request => SizeHint::default(),
             BodyDecoder::Length(n) => SizeHint::with_exact(n),
             _ => SizeHint::default(),
         }

@@ -232,3 +232,57 @@ async fn a_body_larger_than_the_read_buffer_arrives_whole() {
     assert!(got[0].1.contains(&long), "the body came back cut");
     r.shutdown().await;
 }
+
+/// An engine that answers every request `HEAD`-style with a chunked head and no length: what
+/// the resource's length is, it does not say.
+async fn chunked_head_engine() -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..i + 4);
+                        let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+                        if s.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn a_relayed_head_answer_of_unknown_length_announces_no_length() {
+    let url = chunked_head_engine().await;
+    let r = support::router(support::settings(&[url])).await;
+    // Then a GET the router answers itself: it must start right after the HEAD answer's head.
+    let req = "HEAD /v1/files HTTP/1.1\r\nhost: r\r\n\r\nGET /health HTTP/1.1\r\nhost: r\r\n\r\n";
+    let (text, _) = raw(r.local_addr(), req.as_bytes(), |t| {
+        t.matches("HTTP/1.1 200").count() == 2
+            && complete_answer(t.rsplit_once("HTTP/1.1 ").map_or("", |(_, l)| l))
+    })
+    .await;
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_default();
+    let head = head.to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{text}");
+    // Saying `content-length: 0` would tell the client the resource is empty.
+    assert!(!head.contains("content-length"), "{text}");
+    assert!(
+        rest.starts_with("HTTP/1.1 200"),
+        "the HEAD answer had a body: {text}"
+    );
+    r.shutdown().await;
+}
