@@ -19,8 +19,10 @@ use http::{HeaderMap, Method, StatusCode, Version};
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most response headers accepted (hyper's client default too). Engines send a dozen.
 const MAX_HEADERS: usize = 100;
-/// Longest chunk size line (size, extensions, CRLF) and longest trailer section.
+/// Longest chunk size line (size, extensions, CRLF).
 const MAX_LINE: usize = 4 * 1024;
+/// Longest trailer section, all its lines together: each line is read past and dropped, so
+/// without a bound on the whole a peer could keep a body open with trailer lines forever.
 const MAX_TRAILERS: usize = 16 * 1024;
 /// Most bytes of a chunked body's data taken as one piece when several chunks are here at once
 /// (`take_joined`); the relay joins what arrives in successive reads up to the same size.
@@ -277,8 +279,8 @@ pub enum ChunkState {
     Data(u64),
     /// After a chunk's data: expecting its CRLF.
     DataEnd,
-    /// After the last chunk: trailer lines until an empty one.
-    Trailers,
+    /// After the last chunk: trailer lines until an empty one; bytes of them still allowed.
+    Trailers(usize),
     /// The body ended.
     Done,
 }
@@ -329,7 +331,7 @@ fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded,
                 };
                 buf.advance(len);
                 *state = if size == 0 {
-                    ChunkState::Trailers
+                    ChunkState::Trailers(MAX_TRAILERS)
                 } else {
                     ChunkState::Data(size)
                 };
@@ -355,16 +357,18 @@ fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded,
                 }
                 *state = ChunkState::Size;
             }
-            ChunkState::Trailers => {
-                let Some(nl) = line_end(buf, MAX_TRAILERS, "trailers too long")? else {
+            ChunkState::Trailers(left) => {
+                let Some(nl) = line_end(buf, left, "trailers too long")? else {
                     return Ok(Decoded::More);
                 };
                 let empty = nl == 0 || (nl == 1 && buf[0] == b'\r');
                 // Trailers are read past and dropped: engines send none that a client needs.
                 buf.advance(nl + 1);
-                if empty {
-                    *state = ChunkState::Done;
-                }
+                *state = if empty {
+                    ChunkState::Done
+                } else {
+                    ChunkState::Trailers(left.saturating_sub(nl + 1))
+                };
             }
             ChunkState::Done => return Ok(Decoded::End),
         }

@@ -251,6 +251,40 @@ fn broken_chunked_bodies_are_errors() {
 }
 
 #[test]
+fn a_trailer_section_is_bounded_as_a_whole_not_only_line_by_line() {
+    // Short lines, each far under the bound: only their sum can exceed it.
+    let line = b"x-t: 0123456789abcdef0123456789abcdef\r\n";
+    let fits = MAX_TRAILERS / line.len() - 1;
+    let wire = |lines: usize| {
+        let mut w = b"2\r\nab\r\n0\r\n".to_vec();
+        for _ in 0..lines {
+            w.extend_from_slice(line);
+        }
+        w.extend_from_slice(b"\r\nNEXT");
+        w
+    };
+    // Fed a line at a time, as a peer trickling them would.
+    let cuts = |w: &[u8]| (0..w.len()).step_by(line.len()).collect::<Vec<_>>();
+    let ok = wire(fits);
+    let (body, rest) =
+        decode_in_pieces(BodyDecoder::new(Framing::Chunked), &ok, &cuts(&ok)).expect("fits");
+    assert_eq!(
+        (body.as_slice(), rest.as_slice()),
+        (&b"ab"[..], &b"NEXT"[..])
+    );
+    let endless = wire(fits * 4);
+    assert_eq!(
+        decode_in_pieces(
+            BodyDecoder::new(Framing::Chunked),
+            &endless,
+            &cuts(&endless)
+        )
+        .err(),
+        Some(WireError::Chunk("trailers too long"))
+    );
+}
+
+#[test]
 fn length_and_close_bodies_take_what_is_theirs() {
     let (body, rest) =
         decode_in_pieces(BodyDecoder::new(Framing::Length(5)), b"helloNEXT", &[2]).expect("ok");
