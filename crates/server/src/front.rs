@@ -82,7 +82,8 @@ where
         timeouts
             .client_header
             .min(timeouts.client_idle)
-            .min(timeouts.client_body),
+            .min(timeouts.client_body)
+            .min(timeouts.client_write),
     );
     let mut first = true;
     loop {
@@ -133,8 +134,8 @@ where
                 Ok(Some(head)) => break head,
                 Ok(None) => {}
                 Err(e) => {
-                    let _ =
-                        answer_error(&mut io, &mut out, e.to_api(limits.max_header_bytes)).await;
+                    let e = e.to_api(limits.max_header_bytes);
+                    let _ = answer_error(&mut io, &mut out, &mut clock, state, e).await;
                     return None;
                 }
             }
@@ -151,7 +152,7 @@ where
         let body = match read_body(&mut io, &mut buf, &mut clock, &head, state).await {
             Ok(body) => body,
             Err(BodyFailure::Answer(e)) => {
-                let _ = answer_error(&mut io, &mut out, e).await;
+                let _ = answer_error(&mut io, &mut out, &mut clock, state, e).await;
                 return None;
             }
             Err(BodyFailure::Gone) => return None,
@@ -167,6 +168,7 @@ where
         let keep = keep_alive && !*stop.borrow();
         let written = write_answer(
             (&mut io, &mut out, &mut buf, limits.max_header_bytes),
+            (&mut clock, timeouts.client_write),
             resp,
             head_request,
             http11,
@@ -174,6 +176,11 @@ where
         );
         match written.await {
             Ok(true) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                count_close(state, "write_timeout");
+                tracing::debug!("client stopped reading its answer; connection closed");
+                return None;
+            }
             Ok(false) | Err(_) => return None,
         }
     }
@@ -405,11 +412,14 @@ async fn answer_unless_gone<S: AsyncRead + Unpin>(
 async fn answer_error<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
     out: &mut Vec<u8>,
+    clock: &mut Deadlines,
+    state: &AppState,
     e: ApiError,
 ) -> std::io::Result<bool> {
     let mut buf = BytesMut::new();
     write_answer(
         (io, out, &mut buf, 0),
+        (clock, state.settings.timeouts.client_write),
         e.into_response(),
         false,
         true,

@@ -4,6 +4,8 @@
 
 mod support;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use support::{chat, complete_answer, content_length, echo_router, raw, total_in_flight};
@@ -284,5 +286,81 @@ async fn a_relayed_head_answer_of_unknown_length_announces_no_length() {
         rest.starts_with("HTTP/1.1 200"),
         "the HEAD answer had a body: {text}"
     );
+    r.shutdown().await;
+}
+
+/// An engine that streams without end once asked (64 KiB chunks), and says so in `gone` when
+/// its connection breaks: the router let go of the answer.
+async fn endless_engine(gone: Arc<AtomicBool>, asked: Arc<AtomicBool>) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let (gone, asked) = (Arc::clone(&gone), Arc::clone(&asked));
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                asked.store(true, Ordering::SeqCst);
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                let mut piece = b"10000\r\n".to_vec();
+                piece.extend(std::iter::repeat_n(b'x', 0x10000));
+                piece.extend_from_slice(b"\r\n");
+                if s.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                // Bounded: 1 GiB at most, far beyond any socket buffer.
+                for _ in 0..16 * 1024 {
+                    if s.write_all(&piece).await.is_err() {
+                        gone.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_its_answer_is_disconnected_and_its_request_cancelled() {
+    let (gone, asked) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let url = endless_engine(Arc::clone(&gone), Arc::clone(&asked)).await;
+    let mut s = support::settings(&[url]);
+    s.timeouts.client_write = Duration::from_millis(300);
+    let r = support::router(s).await;
+    let mut client = TcpStream::connect(r.local_addr()).await.expect("connect");
+    client
+        .write_all(post(&chat("a long answer"), "").as_bytes())
+        .await
+        .expect("send");
+    // The client never reads: the answer fills its socket, then the router's.
+    support::eventually("the engine was asked", || asked.load(Ordering::SeqCst)).await;
+    support::eventually("the router let go of the engine's answer", || {
+        gone.load(Ordering::SeqCst)
+    })
+    .await;
+    support::eventually("no request left in flight", || total_in_flight(&r) == 0).await;
+    let page = support::metrics_text(r.local_addr()).await;
+    assert_eq!(
+        support::metric(
+            &page,
+            "prefix_router_client_connections_closed_total",
+            &[("reason", "write_timeout")]
+        ),
+        1.0,
+        "{page}"
+    );
+    drop(client);
     r.shutdown().await;
 }

@@ -2,19 +2,24 @@
 
 use std::io::IoSlice;
 use std::task::Poll;
+use std::time::Duration;
 
 use http::Response;
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 
 use super::response::{self, chunk_start, encode_head, OutFraming, Persist};
-use super::{read_some, Conn, WRITE_DIRECT, WRITE_MAX};
+use super::{read_some, Conn, Deadlines, WRITE_DIRECT, WRITE_MAX};
 use crate::body::ProxyBody;
 
 /// Writes `resp` to the client: its head, then its body as it comes, written out whenever the
 /// body has nothing more ready. Returns whether the connection can carry another request.
+/// Each write must be taken by the client within `write_limit` (`timeouts.client_write`), or
+/// the connection closes (`TimedOut`) and the answer's body is dropped, which cancels it.
 pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
     (io, out, buf, max): Conn<'_, S>,
+    (clock, write_limit): (&mut Deadlines, Duration),
     resp: Response<ProxyBody>,
     head_request: bool,
     http11: bool,
@@ -43,8 +48,7 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
     drop(parts);
     if let OutFraming::Empty(_) = framing {
         drop(body);
-        io.write_all(out).await?;
-        io.flush().await?;
+        put(io, clock, write_limit, out).await?;
         return Ok(keep);
     }
     let declared = match framing {
@@ -61,8 +65,7 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
             Poll::Ready(frame) => frame,
             Poll::Pending => {
                 // Nothing more ready: what is buffered goes out before waiting.
-                io.write_all(out).await?;
-                io.flush().await?;
+                put(io, clock, write_limit, out).await?;
                 out.clear();
                 // The client is watched while the answer waits (an engine queueing or
                 // prefilling, for minutes perhaps, or between tokens): one that leaves cancels
@@ -84,7 +87,7 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
             // The answer broke off: the client sees the connection close before its end.
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "answer body failed; closing the client connection");
-                io.write_all(out).await?;
+                put(io, clock, write_limit, out).await?;
                 return Ok(false);
             }
             Some(Ok(frame)) => match frame.into_data() {
@@ -103,7 +106,11 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
             chunk_start(data.len(), out);
         }
         if data.len() >= WRITE_DIRECT {
-            write_two(io, out, data).await?;
+            let due = Instant::now() + write_limit;
+            clock
+                .by(due, write_two(io, out, data))
+                .await
+                .unwrap_or_else(|| Err(stalled()))?;
             out.clear();
         } else {
             out.extend_from_slice(data);
@@ -112,7 +119,7 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
             out.extend_from_slice(response::CHUNK_END);
         }
         if out.len() >= WRITE_MAX {
-            io.write_all(out).await?;
+            put(io, clock, write_limit, out).await?;
             out.clear();
         }
         if body.is_end_stream() || declared == Some(sent) {
@@ -125,11 +132,32 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
     if chunked {
         out.extend_from_slice(response::LAST_CHUNK);
     }
-    io.write_all(out).await?;
-    io.flush().await?;
+    put(io, clock, write_limit, out).await?;
     // A body shorter than its announced length leaves the client waiting for the rest: only
     // closing tells it.
     Ok(keep && declared.is_none_or(|n| n == sent))
+}
+
+/// Writes `bytes` out, or fails with `TimedOut` when the client has not taken them within
+/// `limit` (it stopped reading: its socket buffer and ours are full). The deadline shares the
+/// connection's one timer, and a write that completes at once never polls it.
+async fn put<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    clock: &mut Deadlines,
+    limit: Duration,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    let due = Instant::now() + limit;
+    let write = async {
+        io.write_all(bytes).await?;
+        io.flush().await
+    };
+    clock.by(due, write).await.unwrap_or_else(|| Err(stalled()))
+}
+
+/// A client that took nothing of its answer for `timeouts.client_write`.
+fn stalled() -> std::io::Error {
+    std::io::ErrorKind::TimedOut.into()
 }
 
 /// Writes `a` then `b`, vectored.

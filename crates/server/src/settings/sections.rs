@@ -190,6 +190,10 @@ pub struct Timeouts {
     /// Receiving a request head, from its first byte (slow clients are cut after it).
     #[serde(rename = "client_header_ms", deserialize_with = "de::millis")]
     pub client_header: Duration,
+    /// A client that takes nothing of its answer for this long (it stopped reading) is
+    /// disconnected, and its request cancelled. HTTP/1 only.
+    #[serde(rename = "client_write_ms", deserialize_with = "de::millis")]
+    pub client_write: Duration,
     /// A client connection idle (no request open, no traffic) for this long is closed.
     #[serde(rename = "client_idle_ms", deserialize_with = "de::millis")]
     pub client_idle: Duration,
@@ -207,6 +211,7 @@ impl Default for Timeouts {
             idle_stream: ms(300_000),
             client_body: ms(30_000),
             client_header: ms(10_000),
+            client_write: ms(60_000),
             client_idle: ms(60_000),
             shutdown_grace: ms(30_000),
         }
