@@ -62,6 +62,13 @@ const READ_MIN: usize = 2 * 1024;
 const WRITE_DIRECT: usize = 4 * 1024;
 /// Buffered answer bytes written out once they reach this many, even while more is ready.
 const WRITE_MAX: usize = 64 * 1024;
+/// After an error answer, how long and how much of what the client still sends is read and
+/// dropped before the connection closes (a "lingering close", as nginx and HAProxy do).
+/// Closing with unread bytes makes the kernel reset the connection, and a reset can destroy
+/// the answer before the client reads it: a 413 to an upload in progress would arrive as
+/// "connection reset". Beyond either bound the connection closes anyway.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_MAX: usize = 4 * 1024 * 1024;
 
 /// Serves HTTP/1.1 on `io` until the client leaves, a rule above closes it, or shutdown.
 /// Returns the connection, its first bytes put back, when they are HTTP/2's preface: hyper
@@ -408,14 +415,15 @@ async fn answer_unless_gone<S: AsyncRead + Unpin>(
     }
 }
 
-/// Writes an error answer and closes.
+/// Writes an error answer and closes, reading what the client still sends for a while
+/// ([`LINGER`]) so that the answer is not lost to a reset.
 async fn answer_error<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
     out: &mut Vec<u8>,
     clock: &mut Deadlines,
     state: &AppState,
     e: ApiError,
-) -> std::io::Result<bool> {
+) -> std::io::Result<()> {
     let mut buf = BytesMut::new();
     write_answer(
         (io, out, &mut buf, 0),
@@ -425,5 +433,19 @@ async fn answer_error<S: AsyncRead + AsyncWrite + Unpin>(
         true,
         false,
     )
-    .await
+    .await?;
+    // The answer is out: say so with a FIN, then drop what arrives until the client closes.
+    io.shutdown().await?;
+    let drain = async {
+        let mut sink = [0u8; 8 * 1024];
+        let mut read = 0;
+        while read < LINGER_MAX {
+            match io.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => read += n,
+            }
+        }
+    };
+    clock.by(Instant::now() + LINGER, drain).await;
+    Ok(())
 }

@@ -364,3 +364,33 @@ async fn a_client_that_stops_reading_its_answer_is_disconnected_and_its_request_
     drop(client);
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_refusal_reaches_a_client_still_sending_its_body() {
+    // The router refuses at the head (too large) while the body is still on its way: closing
+    // with those bytes unread would reset the connection, and a reset can destroy the 413
+    // before the client reads it.
+    let (up, r) = echo_router(|s| s.limits.max_body_bytes = 1024).await;
+    for _ in 0..3 {
+        let body = "x".repeat(512 * 1024);
+        let req = post(&body, "");
+        let mut client = TcpStream::connect(r.local_addr()).await.expect("connect");
+        // All of it, before reading anything (a client uploading a file does the same).
+        let sent =
+            tokio::time::timeout(Duration::from_secs(5), client.write_all(req.as_bytes())).await;
+        assert!(
+            matches!(sent, Ok(Ok(()))),
+            "the router stopped taking the body: {sent:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut got)).await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            matches!(read, Ok(Ok(_))) && text.starts_with("HTTP/1.1 413"),
+            "{read:?}: {text}"
+        );
+    }
+    assert_eq!(up.hits(), 0);
+    r.shutdown().await;
+}
