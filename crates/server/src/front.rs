@@ -49,6 +49,7 @@ use crate::error::ApiError;
 use crate::h1::{BodyDecoder, Decoded, Framing};
 use crate::handler;
 use crate::server::count_close;
+use crate::settings::Timeouts;
 use crate::state::AppState;
 use answer::write_answer;
 
@@ -85,13 +86,7 @@ where
     let timeouts = &state.settings.timeouts;
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let mut out = Vec::with_capacity(READ_BUF);
-    let mut clock = Deadlines::new(
-        timeouts
-            .client_header
-            .min(timeouts.client_idle)
-            .min(timeouts.client_body)
-            .min(timeouts.client_write),
-    );
+    let mut clock = Deadlines::new(timeouts);
     let mut first = true;
     loop {
         if buf.is_empty() {
@@ -142,7 +137,7 @@ where
                 Ok(None) => {}
                 Err(e) => {
                     let e = e.to_api(limits.max_header_bytes);
-                    let _ = answer_error(&mut io, &mut out, &mut clock, state, e).await;
+                    let _ = answer_error(&mut io, &mut out, &mut clock, e).await;
                     return None;
                 }
             }
@@ -159,7 +154,7 @@ where
         let body = match read_body(&mut io, &mut buf, &mut clock, &head, state).await {
             Ok(body) => body,
             Err(BodyFailure::Answer(e)) => {
-                let _ = answer_error(&mut io, &mut out, &mut clock, state, e).await;
+                let _ = answer_error(&mut io, &mut out, &mut clock, e).await;
                 return None;
             }
             Err(BodyFailure::Gone) => return None,
@@ -175,7 +170,7 @@ where
         let keep = keep_alive && !*stop.borrow();
         let written = write_answer(
             (&mut io, &mut out, &mut buf, limits.max_header_bytes),
-            (&mut clock, timeouts.client_write),
+            &mut clock,
             resp,
             head_request,
             http11,
@@ -193,7 +188,8 @@ where
     }
 }
 
-/// The deadlines of one connection's reads, on one timer re-armed only when it fires. Each
+/// The deadlines of one connection's reads and writes, on one timer re-armed only when it
+/// fires. Each
 /// wait arming a timer of its own cost a write to the runtime's eventfd per request (tokio
 /// wakes its driver when a timer is due sooner than anything it waits for): under strace, one
 /// `write` per request that hyper's path, with its one watchdog timer, did not make.
@@ -202,14 +198,35 @@ struct Deadlines {
     /// The shortest of the connection's timeouts: the timer is never armed further ahead, so
     /// no deadline can fall before it.
     step: Duration,
+    /// How long one write may wait for the client to take it (`timeouts.client_write`).
+    write_limit: Duration,
 }
 
 impl Deadlines {
-    fn new(step: Duration) -> Self {
+    fn new(timeouts: &Timeouts) -> Self {
+        let step = timeouts
+            .client_header
+            .min(timeouts.client_idle)
+            .min(timeouts.client_body)
+            .min(timeouts.client_write);
         Self {
             timer: Box::pin(tokio::time::sleep(step)),
             step,
+            write_limit: timeouts.client_write,
         }
+    }
+
+    /// Runs the write `fut`, or fails with `TimedOut` when the client has not taken it within
+    /// the write limit (it stopped reading: its socket buffer and ours are full). A write that
+    /// completes at once never polls the timer.
+    async fn write<F>(&mut self, fut: F) -> std::io::Result<()>
+    where
+        F: Future<Output = std::io::Result<()>>,
+    {
+        let due = Instant::now() + self.write_limit;
+        self.by(due, fut)
+            .await
+            .unwrap_or_else(|| Err(std::io::ErrorKind::TimedOut.into()))
     }
 
     /// `fut`'s output, or `None` once `due` passed first.
@@ -421,13 +438,12 @@ async fn answer_error<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
     out: &mut Vec<u8>,
     clock: &mut Deadlines,
-    state: &AppState,
     e: ApiError,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::new();
     write_answer(
         (io, out, &mut buf, 0),
-        (clock, state.settings.timeouts.client_write),
+        clock,
         e.into_response(),
         false,
         true,

@@ -92,7 +92,8 @@ pub struct ApiLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     /// Retries: `connect`, `status_503`, `status_429`. Connections closed by the router:
-    /// `header_timeout`, `idle`, `per_client_limit`, `write_timeout`. Requests refused: `in_flight_cap`.
+    /// `header_timeout`, `idle`, `per_client_limit`, `write_timeout`. Requests refused:
+    /// `in_flight_cap`.
     pub reason: &'static str,
 }
 

@@ -373,8 +373,7 @@ impl Body for Leased {
         match self.decoder {
             // Zero bytes follow a HEAD's answer, but the resource is not empty: telling the
             // client `content-length: 0` would say it is.
-            _ if self.head_request => SizeHint::default(),
-            BodyDecoder::Length(n) => SizeHint::with_exact(n),
+            BodyDecoder::Length(n) if !self.head_request => SizeHint::with_exact(n),
             _ => SizeHint::default(),
         }
     }

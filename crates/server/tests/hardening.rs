@@ -9,7 +9,6 @@ use http::{Method, StatusCode};
 use prefix_router_core::InstanceState;
 use support::*;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
 
 fn state_of(r: &prefix_router_server::RunningRouter, url: &str) -> Option<InstanceState> {
     let snap = r.state().fleet.snapshot();
@@ -364,22 +363,13 @@ async fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() {
 /// An engine that reads a request and closes the connection without answering (it crashed on
 /// the request).
 async fn crashing_engine() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                continue;
-            };
-            tokio::spawn(async move {
-                use tokio::io::AsyncReadExt;
-                let mut buf = vec![0u8; 65536];
-                let _ = s.read(&mut buf).await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-    format!("http://{addr}")
+    raw_engine(|mut s| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 65536];
+        let _ = s.read(&mut buf).await;
+        let _ = s.shutdown().await;
+    })
+    .await
 }
 
 #[tokio::test]

@@ -163,17 +163,29 @@ async fn http_1_0_closes_unless_asked_to_keep_the_connection() {
     r.shutdown().await;
 }
 
-#[tokio::test]
-async fn head_answers_carry_the_length_and_no_body() {
-    let (_up, r) = echo_router(|_| {}).await;
-    let req = "HEAD /health HTTP/1.1\r\nhost: r\r\n\r\nGET /health HTTP/1.1\r\nhost: r\r\n\r\n";
+/// `HEAD path`, then on the same connection a `GET /health` the router answers itself, which
+/// must start right after the HEAD answer's head: everything read, the HEAD answer's head
+/// (lower case) and what follows it.
+async fn head_then_get(
+    r: &prefix_router_server::RunningRouter,
+    path: &str,
+) -> (String, String, String) {
+    let req =
+        format!("HEAD {path} HTTP/1.1\r\nhost: r\r\n\r\nGET /health HTTP/1.1\r\nhost: r\r\n\r\n");
     let (text, _) = raw(r.local_addr(), req.as_bytes(), |t| {
         t.matches("HTTP/1.1 200").count() == 2
             && complete_answer(t.rsplit_once("HTTP/1.1 ").map_or("", |(_, l)| l))
     })
     .await;
     let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_default();
-    let head = head.to_ascii_lowercase();
+    let (head, rest) = (head.to_ascii_lowercase(), rest.to_string());
+    (text, head, rest)
+}
+
+#[tokio::test]
+async fn head_answers_carry_the_length_and_no_body() {
+    let (_up, r) = echo_router(|_| {}).await;
+    let (text, head, rest) = head_then_get(&r, "/health").await;
     assert!(head.contains("content-length: "), "{text}");
     assert!(head.contains("date: "), "{text}");
     assert!(
@@ -238,47 +250,31 @@ async fn a_body_larger_than_the_read_buffer_arrives_whole() {
 /// An engine that answers every request `HEAD`-style with a chunked head and no length: what
 /// the resource's length is, it does not say.
 async fn chunked_head_engine() -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    while let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        buf.drain(..i + 4);
-                        let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
-                        if s.write_all(answer.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
+    support::raw_engine(|mut s| async move {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            while let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                buf.drain(..i + 4);
+                let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+                if s.write_all(answer.as_bytes()).await.is_err() {
+                    return;
                 }
-            });
+            }
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
         }
-    });
-    format!("http://{addr}")
+    })
+    .await
 }
 
 #[tokio::test]
 async fn a_relayed_head_answer_of_unknown_length_announces_no_length() {
     let url = chunked_head_engine().await;
     let r = support::router(support::settings(&[url])).await;
-    // Then a GET the router answers itself: it must start right after the HEAD answer's head.
-    let req = "HEAD /v1/files HTTP/1.1\r\nhost: r\r\n\r\nGET /health HTTP/1.1\r\nhost: r\r\n\r\n";
-    let (text, _) = raw(r.local_addr(), req.as_bytes(), |t| {
-        t.matches("HTTP/1.1 200").count() == 2
-            && complete_answer(t.rsplit_once("HTTP/1.1 ").map_or("", |(_, l)| l))
-    })
-    .await;
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_default();
-    let head = head.to_ascii_lowercase();
+    let (text, head, rest) = head_then_get(&r, "/v1/files").await;
     assert!(head.starts_with("http/1.1 200"), "{text}");
     // Saying `content-length: 0` would tell the client the resource is empty.
     assert!(!head.contains("content-length"), "{text}");
@@ -292,41 +288,35 @@ async fn a_relayed_head_answer_of_unknown_length_announces_no_length() {
 /// An engine that streams without end once asked (64 KiB chunks), and says so in `gone` when
 /// its connection breaks: the router let go of the answer.
 async fn endless_engine(gone: Arc<AtomicBool>, asked: Arc<AtomicBool>) -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let (gone, asked) = (Arc::clone(&gone), Arc::clone(&asked));
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
+    support::raw_engine(move |mut s| {
+        let (gone, asked) = (Arc::clone(&gone), Arc::clone(&asked));
+        async move {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
                 }
-                asked.store(true, Ordering::SeqCst);
-                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-                let mut piece = b"10000\r\n".to_vec();
-                piece.extend(std::iter::repeat_n(b'x', 0x10000));
-                piece.extend_from_slice(b"\r\n");
-                if s.write_all(head.as_bytes()).await.is_err() {
+            }
+            asked.store(true, Ordering::SeqCst);
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            let mut piece = b"10000\r\n".to_vec();
+            piece.extend(std::iter::repeat_n(b'x', 0x10000));
+            piece.extend_from_slice(b"\r\n");
+            if s.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            // Bounded: 1 GiB at most, far beyond any socket buffer.
+            for _ in 0..16 * 1024 {
+                if s.write_all(&piece).await.is_err() {
+                    gone.store(true, Ordering::SeqCst);
                     return;
                 }
-                // Bounded: 1 GiB at most, far beyond any socket buffer.
-                for _ in 0..16 * 1024 {
-                    if s.write_all(&piece).await.is_err() {
-                        gone.store(true, Ordering::SeqCst);
-                        return;
-                    }
-                }
-            });
+            }
         }
-    });
-    format!("http://{addr}")
+    })
+    .await
 }
 
 #[tokio::test]

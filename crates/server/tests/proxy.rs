@@ -597,31 +597,23 @@ async fn http2_streams_are_relayed_incrementally() {
 /// writes with a pause between (the first `split` chunks, then the rest with the last chunk).
 async fn burst_engine(events: &'static [&'static str], split: usize) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                let _ = s.read(&mut buf).await;
-                let chunk = |e: &str| format!("{:x}\r\n{e}\r\n", e.len());
-                let mut first = String::from(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
-                     transfer-encoding: chunked\r\n\r\n",
-                );
-                events[..split].iter().for_each(|e| first += &chunk(e));
-                let _ = s.write_all(first.as_bytes()).await;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                let mut rest: String = events[split..].iter().map(|e| chunk(e)).collect();
-                rest += "0\r\n\r\n";
-                let _ = s.write_all(rest.as_bytes()).await;
-                let _ = s.read(&mut buf).await;
-            });
-        }
-    });
-    format!("http://{addr}")
+    raw_engine(move |mut s| async move {
+        let mut buf = vec![0u8; 65536];
+        let _ = s.read(&mut buf).await;
+        let chunk = |e: &str| format!("{:x}\r\n{e}\r\n", e.len());
+        let mut first = String::from(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+             transfer-encoding: chunked\r\n\r\n",
+        );
+        events[..split].iter().for_each(|e| first += &chunk(e));
+        let _ = s.write_all(first.as_bytes()).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut rest: String = events[split..].iter().map(|e| chunk(e)).collect();
+        rest += "0\r\n\r\n";
+        let _ = s.write_all(rest.as_bytes()).await;
+        let _ = s.read(&mut buf).await;
+    })
+    .await
 }
 
 /// The chunks of a chunked HTTP/1.1 answer read whole from `raw` (head, then chunks).

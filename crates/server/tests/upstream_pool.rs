@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const BODY: &str = r#"{"id":"x","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
 
@@ -19,17 +19,14 @@ const BODY: &str = r#"{"id":"x","object":"text_completion","choices":[{"index":0
 /// with [`BODY`] (keep-alive, no `Connection: close`), and with `close_after_one` closes each
 /// connection 20 ms after its first answer, as an engine's idle timeout would.
 async fn engine(close_after_one: bool) -> (String, Arc<AtomicUsize>, Arc<AtomicUsize>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
     let (accepted, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (a, n) = (Arc::clone(&accepted), Arc::clone(&answered));
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            a.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(serve(s, close_after_one, Arc::clone(&n)));
-        }
-    });
-    (format!("http://{addr}"), accepted, answered)
+    let url = raw_engine(move |s| {
+        a.fetch_add(1, Ordering::SeqCst);
+        serve(s, close_after_one, Arc::clone(&n))
+    })
+    .await;
+    (url, accepted, answered)
 }
 
 async fn serve(mut s: TcpStream, close_after_one: bool, answered: Arc<AtomicUsize>) {

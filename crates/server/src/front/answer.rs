@@ -2,12 +2,10 @@
 
 use std::io::IoSlice;
 use std::task::Poll;
-use std::time::Duration;
 
 use http::Response;
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::time::Instant;
 
 use super::response::{self, chunk_start, encode_head, OutFraming, Persist};
 use super::{read_some, Conn, Deadlines, WRITE_DIRECT, WRITE_MAX};
@@ -15,11 +13,11 @@ use crate::body::ProxyBody;
 
 /// Writes `resp` to the client: its head, then its body as it comes, written out whenever the
 /// body has nothing more ready. Returns whether the connection can carry another request.
-/// Each write must be taken by the client within `write_limit` (`timeouts.client_write`), or
-/// the connection closes (`TimedOut`) and the answer's body is dropped, which cancels it.
+/// Each write must be taken by the client within `timeouts.client_write` ([`Deadlines::write`]),
+/// or the connection closes (`TimedOut`) and the answer's body is dropped, which cancels it.
 pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
     (io, out, buf, max): Conn<'_, S>,
-    (clock, write_limit): (&mut Deadlines, Duration),
+    clock: &mut Deadlines,
     resp: Response<ProxyBody>,
     head_request: bool,
     http11: bool,
@@ -48,7 +46,7 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
     drop(parts);
     if let OutFraming::Empty(_) = framing {
         drop(body);
-        put(io, clock, write_limit, out).await?;
+        put(io, clock, out).await?;
         return Ok(keep);
     }
     let declared = match framing {
@@ -65,7 +63,7 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
             Poll::Ready(frame) => frame,
             Poll::Pending => {
                 // Nothing more ready: what is buffered goes out before waiting.
-                put(io, clock, write_limit, out).await?;
+                put(io, clock, out).await?;
                 out.clear();
                 // The client is watched while the answer waits (an engine queueing or
                 // prefilling, for minutes perhaps, or between tokens): one that leaves cancels
@@ -87,7 +85,7 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
             // The answer broke off: the client sees the connection close before its end.
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "answer body failed; closing the client connection");
-                put(io, clock, write_limit, out).await?;
+                put(io, clock, out).await?;
                 return Ok(false);
             }
             Some(Ok(frame)) => match frame.into_data() {
@@ -106,11 +104,7 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
             chunk_start(data.len(), out);
         }
         if data.len() >= WRITE_DIRECT {
-            let due = Instant::now() + write_limit;
-            clock
-                .by(due, write_two(io, out, data))
-                .await
-                .unwrap_or_else(|| Err(stalled()))?;
+            clock.write(write_two(io, out, data)).await?;
             out.clear();
         } else {
             out.extend_from_slice(data);
@@ -119,7 +113,7 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
             out.extend_from_slice(response::CHUNK_END);
         }
         if out.len() >= WRITE_MAX {
-            put(io, clock, write_limit, out).await?;
+            put(io, clock, out).await?;
             out.clear();
         }
         if body.is_end_stream() || declared == Some(sent) {
@@ -132,32 +126,24 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
     if chunked {
         out.extend_from_slice(response::LAST_CHUNK);
     }
-    put(io, clock, write_limit, out).await?;
+    put(io, clock, out).await?;
     // A body shorter than its announced length leaves the client waiting for the rest: only
     // closing tells it.
     Ok(keep && declared.is_none_or(|n| n == sent))
 }
 
-/// Writes `bytes` out, or fails with `TimedOut` when the client has not taken them within
-/// `limit` (it stopped reading: its socket buffer and ours are full). The deadline shares the
-/// connection's one timer, and a write that completes at once never polls it.
+/// Writes `bytes` out and flushes, within the connection's write deadline.
 async fn put<S: AsyncWrite + Unpin>(
     io: &mut S,
     clock: &mut Deadlines,
-    limit: Duration,
     bytes: &[u8],
 ) -> std::io::Result<()> {
-    let due = Instant::now() + limit;
-    let write = async {
-        io.write_all(bytes).await?;
-        io.flush().await
-    };
-    clock.by(due, write).await.unwrap_or_else(|| Err(stalled()))
-}
-
-/// A client that took nothing of its answer for `timeouts.client_write`.
-fn stalled() -> std::io::Error {
-    std::io::ErrorKind::TimedOut.into()
+    clock
+        .write(async {
+            io.write_all(bytes).await?;
+            io.flush().await
+        })
+        .await
 }
 
 /// Writes `a` then `b`, vectored.

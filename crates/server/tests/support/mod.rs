@@ -430,6 +430,23 @@ impl Upstream {
     }
 }
 
+/// An engine on a raw socket, so that a test says exactly what goes on the wire: `serve` runs
+/// for each connection it accepts, on a task of its own. Returns its URL.
+pub async fn raw_engine<F, Fut>(serve: F) -> String
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(serve(s));
+        }
+    });
+    format!("http://{addr}")
+}
+
 /// A URL on which nothing listens (connection refused).
 pub async fn dead_url() -> String {
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
