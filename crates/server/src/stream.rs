@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
@@ -23,14 +23,6 @@ use crate::guard::InFlightGuard;
 use crate::outcome::Outcome;
 use crate::pool::Leased;
 use crate::usage::UsageScanner;
-
-/// Most bytes of a stream's chunks joined into one frame for the client (see
-/// [`RelayBody::gather`]): the size to which the upstream decoder joins the chunks of one read.
-const GATHER_MAX: usize = crate::h1::JOIN_MAX;
-
-/// What the instance's body gave after the frames joined into the last one: returned on the
-/// next poll.
-type Held = Option<Result<Frame<Bytes>, crate::pool::SendError>>;
 
 /// The instance sent nothing for longer than the idle-stream timeout.
 #[derive(Debug, thiserror::Error)]
@@ -55,8 +47,6 @@ pub struct RelayBody {
     sse: bool,
     /// The last two bytes relayed, to end a half-sent event before the error event.
     last_two: [u8; 2],
-    /// Polled from the instance while gathering, and not yet handled.
-    held: Option<Held>,
     done: bool,
 }
 
@@ -80,48 +70,8 @@ impl RelayBody {
             usage: scan_usage.then(UsageScanner::new),
             sse,
             last_two: *b"\n\n",
-            held: None,
             done: false,
         }
-    }
-
-    /// A stream's chunks that are already here, joined into one frame. An engine's tokens that
-    /// arrive together (one read of the socket holds several chunks: a fast engine, or a
-    /// client that reads slower than the engine writes) then cost one chunk and one write queue
-    /// entry on the way out instead of one each (bench/instructions.sh counts it). Nothing waits:
-    /// gathering stops at the first poll that is not ready, and a lone chunk goes out as it came,
-    /// without a copy. What stops it (an error, the end, a trailer) is held for the next poll.
-    fn gather(&mut self, first: Frame<Bytes>, cx: &mut Context<'_>) -> Frame<Bytes> {
-        let first = match first.into_data() {
-            Ok(data) => data,
-            Err(frame) => return frame,
-        };
-        let mut joined: Option<BytesMut> = None;
-        while joined.as_ref().map_or(first.len(), BytesMut::len) < GATHER_MAX {
-            match Pin::new(&mut self.inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(next))) => match next.into_data() {
-                    Ok(data) => {
-                        let buf = joined.get_or_insert_with(|| {
-                            let want = 4 * (first.len() + data.len());
-                            let mut buf = BytesMut::with_capacity(want.clamp(1024, GATHER_MAX));
-                            buf.extend_from_slice(&first);
-                            buf
-                        });
-                        buf.extend_from_slice(&data);
-                    }
-                    Err(frame) => {
-                        self.held = Some(Some(Ok(frame)));
-                        break;
-                    }
-                },
-                Poll::Ready(other) => {
-                    self.held = Some(other);
-                    break;
-                }
-                Poll::Pending => break,
-            }
-        }
-        Frame::data(joined.map_or(first, BytesMut::freeze))
     }
 
     /// The answer went out completely.
@@ -188,17 +138,8 @@ impl Body for RelayBody {
         if this.done {
             return Poll::Ready(None);
         }
-        let polled = match this.held.take() {
-            Some(held) => Poll::Ready(held),
-            None => Pin::new(&mut this.inner).poll_frame(cx),
-        };
-        match polled {
+        match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                let frame = if this.sse {
-                    this.gather(frame, cx)
-                } else {
-                    frame
-                };
                 if let Some(data) = frame.data_ref() {
                     this.guard.first_byte();
                     if let Some(scanner) = this.usage.as_mut() {
@@ -247,8 +188,7 @@ impl Body for RelayBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        // A held error still has to go out.
-        self.done || (!matches!(self.held, Some(Some(_))) && self.inner.is_end_stream())
+        self.done || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
