@@ -380,34 +380,27 @@ fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded,
 /// `buf` at the CRLF after the last one taken. An engine's streamed tokens arrive one chunk
 /// each, often many in one read: taken one by one, each cost a `Bytes` of its own, a frame and a
 /// poll through the relay (about 550 instructions per token under callgrind, most of what a
-/// streamed answer added to the router's count); joined here they cost a copy. A lone chunk is not copied.
-/// Only chunks wholly in the buffer are joined; anything else (a chunk still arriving, the last
-/// chunk, a malformed size line) is left for the next [`BodyDecoder::decode`], which decodes or
-/// refuses it as before.
+/// streamed answer added to the router's count). Joined, they are moved back over the framing
+/// between them, inside the read buffer the kernel just wrote: no allocation, and no fresh
+/// memory to fill (a new buffer per join cost 4.7 allocations per streamed answer). Only chunks
+/// wholly in the buffer are joined; anything else (a chunk still arriving, the last chunk, a
+/// malformed size line) is left for the next [`BodyDecoder::decode`], which decodes or refuses
+/// it as before.
 fn take_joined(buf: &mut BytesMut, n: usize) -> Bytes {
-    let mut joined: Option<BytesMut> = None;
-    let mut pos = n;
-    while joined.as_ref().map_or(n, BytesMut::len) < JOIN_MAX {
+    // The joined data is `buf[..len]`; the wire is read up to `pos`.
+    let (mut len, mut pos) = (n, n);
+    while len < JOIN_MAX {
         let Some((start, size)) = buf.get(pos..).and_then(whole_chunk) else {
             break;
         };
-        let data = &buf[pos + start..pos + start + size];
-        joined
-            .get_or_insert_with(|| {
-                let mut j = BytesMut::with_capacity(buf.len().min(JOIN_MAX + MAX_LINE));
-                j.extend_from_slice(&buf[..n]);
-                j
-            })
-            .extend_from_slice(data);
-        pos += start + size;
+        let from = pos + start;
+        buf.copy_within(from..from + size, len);
+        len += size;
+        pos = from + size;
     }
-    match joined {
-        None => buf.split_to(n).freeze(),
-        Some(j) => {
-            buf.advance(pos);
-            j.freeze()
-        }
-    }
+    let joined = buf.split_to(len).freeze();
+    buf.advance(pos - len);
+    joined
 }
 
 /// Where the data of the next chunk lies (offset and length) when `bytes`, which follows a

@@ -346,6 +346,29 @@ fn whole_chunks_in_one_read_come_out_as_one_piece() {
 }
 
 #[test]
+fn joined_chunks_stay_in_the_read_buffer_without_a_copy() {
+    // Three chunks and the start of a fourth in one read: the joined data is a slice of the
+    // buffer the socket filled (moved back over the framing), not a new allocation, and what
+    // follows it is still decoded right.
+    let wire = b"3\r\nabc\r\n2\r\nde\r\n4\r\nfghi\r\n5\r\njk";
+    let mut buf = BytesMut::from(&wire[..]);
+    let range = buf.as_ptr_range();
+    let mut d = BodyDecoder::new(Framing::Chunked);
+    let Ok(Decoded::Data(joined)) = d.decode(&mut buf) else {
+        panic!("data first");
+    };
+    assert_eq!(&joined[..], b"abcdefghi");
+    assert!(
+        range.contains(&joined.as_ptr()),
+        "the joined chunks were copied out of the read buffer"
+    );
+    assert_eq!(d.decode(&mut buf), data(b"jk"));
+    buf.extend_from_slice(b"lmn\r\n0\r\n\r\n");
+    assert_eq!(d.decode(&mut buf), data(b"lmn"));
+    assert_eq!(d.decode(&mut buf), Ok(Decoded::End));
+}
+
+#[test]
 fn joining_stops_at_a_chunk_still_arriving_and_at_the_size_bound() {
     // The third chunk's data is cut short: the first two come out joined, then the third's
     // part, then the decoder waits for the rest.
