@@ -25,8 +25,8 @@ const MAX_LINE: usize = 4 * 1024;
 /// without a bound on the whole a peer could keep a body open with trailer lines forever.
 const MAX_TRAILERS: usize = 16 * 1024;
 /// Most bytes of a chunked body's data taken as one piece when several chunks are here at once
-/// (`take_joined`); the relay joins what arrives in successive reads up to the same size.
-pub const JOIN_MAX: usize = 16 * 1024;
+/// (`take_joined`).
+const JOIN_MAX: usize = 16 * 1024;
 
 /// An instance's answer the router cannot read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -382,10 +382,10 @@ fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded,
 /// poll through the relay (about 550 instructions per token under callgrind, most of what a
 /// streamed answer added to the router's count). Joined, they are moved back over the framing
 /// between them, inside the read buffer the kernel just wrote: no allocation, and no fresh
-/// memory to fill (a new buffer per join cost 4.7 allocations per streamed answer). Only chunks
-/// wholly in the buffer are joined; anything else (a chunk still arriving, the last chunk, a
-/// malformed size line) is left for the next [`BodyDecoder::decode`], which decodes or refuses
-/// it as before.
+/// memory to fill (a new buffer per join: 4.7 allocations per `sharegpt` answer in
+/// bench/instructions.sh). Only chunks wholly in the buffer are joined; anything else (a chunk
+/// still arriving, the last chunk, a malformed size line) is left for the next
+/// [`BodyDecoder::decode`], which decodes or refuses it as before.
 fn take_joined(buf: &mut BytesMut, n: usize) -> Bytes {
     // The joined data is `buf[..len]`; the wire is read up to `pos`.
     let (mut len, mut pos) = (n, n);

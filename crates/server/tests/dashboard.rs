@@ -176,6 +176,11 @@ async fn chromium_renders_a_row_per_instance_with_numbers() {
     );
 
     let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/dashboard.png");
+    // Chromium writes nothing into a folder that is not there (a build with CARGO_TARGET_DIR
+    // elsewhere leaves the checkout without `target/`).
+    if let Some(dir) = shot.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
     let out = render(
         &bin,
         &profile,
