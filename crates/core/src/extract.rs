@@ -91,12 +91,6 @@ impl KeyOptions {
             chain: None,
         }
     }
-
-    /// Characters the canonical-text buffer keeps.
-    pub(crate) fn max_chars(&self) -> usize {
-        let chain = self.chain.map_or(0, |c| c.max_units as usize);
-        self.prefix_length.get().max(chain)
-    }
 }
 
 /// A request body the router cannot route; the message names the field.
@@ -203,24 +197,38 @@ fn utf8_error(body: &[u8]) -> ExtractError {
     ExtractError::Json(format!("invalid UTF-8 at byte {at}"))
 }
 
-thread_local! {
-    /// The prefix buffer, reused across requests on a thread. It never grows beyond
-    /// `prefix_length` characters (at most 4 x 65,536 bytes).
-    static PREFIX_BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
+/// The buffers one extraction writes into, reused across requests on a thread.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    /// The key's text: never more than `prefix_length` characters (at most 4 x 65,536 bytes).
+    pub(crate) key: String,
+    /// A chain block that spans decoded pieces: one block at most.
+    pub(crate) pending: Vec<u8>,
 }
 
-/// Runs `f` with this thread's prefix buffer (a fresh one if it is unavailable).
-pub(crate) fn with_prefix_buffer<R>(f: impl FnOnce(&mut String) -> R) -> R {
-    let mut buf = PREFIX_BUFFER
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch {
+            key: String::new(),
+            pending: Vec::new(),
+        })
+    };
+}
+
+/// Runs `f` with this thread's scratch buffers (fresh ones if they are unavailable: a nested
+/// extraction, or a thread being torn down).
+pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    let mut scratch = SCRATCH
         .try_with(|b| b.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)).ok())
         .ok()
         .flatten()
         .unwrap_or_default();
-    let r = f(&mut buf);
-    buf.clear();
-    let _ = PREFIX_BUFFER.try_with(|b| {
+    let r = f(&mut scratch);
+    scratch.key.clear();
+    scratch.pending.clear();
+    let _ = SCRATCH.try_with(|b| {
         if let Ok(mut slot) = b.try_borrow_mut() {
-            *slot = buf;
+            *slot = scratch;
         }
     });
     r

@@ -6,12 +6,12 @@
 //! sonic-rs extractors cannot drift apart.
 
 use super::text::{decode_json_str, decode_owned, PrefixText};
-use super::KeyOptions;
 use super::{
     ExtractError, RequestInfo, MESSAGE_END, PART_STAND_IN, PROMPT_SEPARATOR, ROLE_SEPARATOR,
     TOOL_CALL_START,
 };
-use crate::chain::Chain;
+use super::{KeyOptions, Scratch};
+use crate::chain::ChainBuilder;
 use crate::{GroupId, KeyHash};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -104,10 +104,22 @@ pub(crate) struct Canon<'b> {
 }
 
 impl<'b> Canon<'b> {
-    pub(crate) fn new(api: Api, buf: &'b mut String, max_chars: usize) -> Self {
+    /// A body of `len` bytes, read for `opts`, in the thread's `scratch` buffers.
+    pub(crate) fn new(api: Api, scratch: &'b mut Scratch, opts: &KeyOptions, len: usize) -> Self {
+        let Scratch { key, pending } = scratch;
+        let key_chars = opts.prefix_length.get();
+        let text = match opts.chain {
+            Some(spec) => PrefixText::with_chain(
+                key,
+                key_chars,
+                ChainBuilder::new(spec, len, pending),
+                spec.max_units as usize,
+            ),
+            None => PrefixText::new(key, key_chars),
+        };
         Self {
             api,
-            text: PrefixText::new(buf, max_chars),
+            text,
             model: None,
             stream: false,
             group: None,
@@ -459,24 +471,15 @@ impl<'b> Canon<'b> {
     /// The request info, or `Missing` when the main field never appeared.
     /// The key covers the first `opts.prefix_length` characters of the text; the chain (when
     /// asked for) covers what was read, up to its own bound.
-    pub(crate) fn finish(self, opts: &KeyOptions) -> Result<RequestInfo, ExtractError> {
+    pub(crate) fn finish(mut self) -> Result<RequestInfo, ExtractError> {
         if self.seen & SEEN_MAIN == 0 {
             return Err(ExtractError::Missing(self.api.main_field()));
         }
-        let text = self.text.as_str();
-        let ascii = self.text.is_ascii();
-        let prefix = if ascii {
-            &text[..text.len().min(opts.prefix_length.get())]
-        } else {
-            super::text::take_chars(text, opts.prefix_length.get()).0
-        };
         let group = self.group.as_deref();
+        let chain = self.text.take_chain();
         Ok(RequestInfo {
-            key: KeyHash::new(group, prefix.as_bytes()),
-            chain: opts
-                .chain
-                .map(|spec| Chain::of_text(group, text, ascii, spec))
-                .unwrap_or_default(),
+            key: KeyHash::new(group, self.text.as_str().as_bytes()),
+            chain: chain.map(|c| c.finish(group)).unwrap_or_default(),
             model: self.model,
             stream: self.stream,
         })

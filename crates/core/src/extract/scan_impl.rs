@@ -19,7 +19,7 @@
 
 use super::canon::{Api, Canon, JsonNode, MessageFields, TopField};
 use super::text::{decode_json_str, hex4};
-use super::{checked_body, with_prefix_buffer, ExtractError, KeyOptions, RequestInfo, MAX_DEPTH};
+use super::{checked_body, with_scratch, ExtractError, KeyOptions, RequestInfo, MAX_DEPTH};
 use crate::PrefixLength;
 use std::borrow::Cow;
 
@@ -39,8 +39,8 @@ pub(crate) fn extract(
     api: Api,
 ) -> Result<RequestInfo, ExtractError> {
     let text = checked_body(body)?;
-    with_prefix_buffer(|buf| {
-        let mut canon = Canon::new(api, buf, opts.max_chars());
+    with_scratch(|scratch| {
+        let mut canon = Canon::new(api, scratch, opts, body.len());
         let mut r = Reader::new(text);
         r.ws();
         if r.peek() != Some(b'{') {
@@ -54,7 +54,7 @@ pub(crate) fn extract(
         if r.pos != text.len() {
             return Err(r.syntax("trailing characters"));
         }
-        canon.finish(opts)
+        canon.finish()
     })
 }
 

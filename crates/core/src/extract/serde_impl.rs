@@ -8,7 +8,7 @@
 //! are walked by a second, nested parse of their raw text.
 
 use super::canon::{Api, Canon, JsonNode, MessageFields, TopField};
-use super::{checked_body, with_prefix_buffer, ExtractError, KeyOptions, RequestInfo};
+use super::{checked_body, with_scratch, ExtractError, KeyOptions, RequestInfo};
 use crate::PrefixLength;
 use serde::de::{DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -32,9 +32,9 @@ pub(crate) fn extract(
 ) -> Result<RequestInfo, ExtractError> {
     // The `str` reader then borrows every string without re-checking.
     let text = checked_body(body)?;
-    with_prefix_buffer(|buf| {
+    with_scratch(|scratch| {
         let mut st = State {
-            canon: Canon::new(api, buf, opts.max_chars()),
+            canon: Canon::new(api, scratch, opts, body.len()),
             failure: None,
             context: None,
         };
@@ -45,7 +45,7 @@ pub(crate) fn extract(
         if let Err(e) = r {
             return Err(st.error(e));
         }
-        st.canon.finish(opts)
+        st.canon.finish()
     })
 }
 

@@ -17,7 +17,7 @@
 
 use super::canon::{Api, Canon, JsonNode};
 use super::text::{find_byte, nests_deeper_than};
-use super::{with_prefix_buffer, ExtractError, KeyOptions, RequestInfo};
+use super::{with_scratch, ExtractError, KeyOptions, RequestInfo};
 use crate::PrefixLength;
 use sonic_rs::LazyValue;
 
@@ -43,8 +43,8 @@ pub(crate) fn extract(
     if nests_deeper_than(body, MAX_LAZY_DEPTH) {
         return Err(ExtractError::too_deep());
     }
-    with_prefix_buffer(|buf| {
-        let mut canon = Canon::new(api, buf, opts.max_chars());
+    with_scratch(|scratch| {
+        let mut canon = Canon::new(api, scratch, opts, body.len());
         let mut end: Option<usize> = None;
         for entry in sonic_rs::to_object_iter(body) {
             let (key, value) = entry.map_err(json_error)?;
@@ -53,7 +53,7 @@ pub(crate) fn extract(
             canon.top_entry(&key, Lazy(value))?;
         }
         check_trailing(body, end)?;
-        canon.finish(opts)
+        canon.finish()
     })
 }
 

@@ -354,3 +354,37 @@ fn default_functions_match_back_ends() {
         sonic_impl::completion_request(body, len(1024))
     );
 }
+
+#[test]
+fn the_chain_is_hashed_as_decoded_and_equals_the_whole_texts() {
+    // The extractor hashes the chain from the decoded pieces (runs between escapes, escapes,
+    // separators) without a copy of the prompt; it must equal the chain of the canonical text
+    // written out whole, whichever bound is the larger and wherever the group is named.
+    let doc = "para\\n\\u00e9t\\u00e9 \\\"q\\\" \\ud83d\\ude00 ".repeat(200);
+    let decoded = "para\nété \"q\" 😀 ".repeat(200);
+    let text = format!("system\u{1F}{decoded}\u{1E}user\u{1F}why?\u{1E}");
+    for (prefix, max) in [(1024, 4096), (4096, 300), (1024, 1024)] {
+        let opts = KeyOptions {
+            prefix_length: len(prefix),
+            chain: Some(ChainSpec {
+                block_units: 16,
+                max_units: max,
+            }),
+        };
+        let messages = format!(
+            r#"[{{"role":"system","content":"{doc}"}},{{"role":"user","content":"why?"}}]"#
+        );
+        let before = format!(r#"{{"prompt_cache_key":"t","messages":{messages}}}"#);
+        let after = format!(r#"{{"messages":{messages},"prompt_cache_key":"t"}}"#);
+        let spec = opts.chain.unwrap_or_default();
+        let head: String = text.chars().take(prefix as usize).collect();
+        for body in [&before, &after] {
+            for api_fn in [scan_impl::extract, serde_impl::extract, sonic_impl::extract] {
+                let info = api_fn(body.as_bytes(), &opts, canon::Api::Chat)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(info.chain, Chain::of_chars(Some("t"), &text, spec));
+                assert_eq!(info.key, key(Some("t"), &head));
+            }
+        }
+    }
+}

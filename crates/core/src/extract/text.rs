@@ -3,18 +3,30 @@
 //! that the part of a long string beyond the prefix is never copied.
 
 use super::ExtractError;
+use crate::chain::ChainBuilder;
 
 /// Expected-type text used when a decoded string holds an escaped lone surrogate.
 pub(crate) const NO_LONE_SURROGATE: &str = "a string without unpaired UTF-16 surrogate escapes";
 
-/// The canonical text of a request, cut at a number of Unicode scalar values.
+/// The canonical text of a request as the extractor decodes it: its first characters, kept
+/// for the key (a copy of at most `prefix_length` characters), and, when a chain is asked for,
+/// the chain. The chain is hashed from the key's copy while the text fits in it, then from the
+/// decoded pieces as they come (see [`ChainBuilder`]), so a prompt longer than the key is never
+/// copied whole. Both stop at their own bound; the text is read as far as the further one.
 #[derive(Debug)]
 pub(crate) struct PrefixText<'b> {
+    /// The key's text.
     buf: &'b mut String,
+    /// Characters the key's text still takes.
+    key_room: usize,
+    /// Whether the key's text is known to be ASCII.
+    key_ascii: bool,
+    /// Characters still read by anything (the key or the chain).
     remaining: usize,
-    /// Whether every character taken is ASCII (the chain then cuts blocks by bytes without
-    /// looking at the text again).
-    ascii: bool,
+    chain: Option<ChainBuilder<'b>>,
+    /// Whether the chain has been given the key's text (done once, when the key is full or at
+    /// the end, whichever comes first; everything after goes to the chain as it comes).
+    chain_caught_up: bool,
 }
 
 impl<'b> PrefixText<'b> {
@@ -23,32 +35,69 @@ impl<'b> PrefixText<'b> {
         buf.clear();
         Self {
             buf,
+            key_room: max_chars,
+            key_ascii: true,
             remaining: max_chars,
-            ascii: true,
+            chain: None,
+            chain_caught_up: false,
         }
     }
 
-    /// Whether the text taken so far is all ASCII.
-    pub(crate) fn is_ascii(&self) -> bool {
-        self.ascii
+    /// [`PrefixText::new`] for a key of `key_chars` characters that also builds `chain`, which
+    /// reads at most `chain_chars`.
+    pub(crate) fn with_chain(
+        buf: &'b mut String,
+        key_chars: usize,
+        chain: ChainBuilder<'b>,
+        chain_chars: usize,
+    ) -> Self {
+        let mut p = Self::new(buf, key_chars.max(chain_chars));
+        p.key_room = key_chars;
+        p.chain = Some(chain);
+        p
     }
 
-    /// Whether `prefix_length` characters have been taken (everything else is ignored).
+    /// Whether everything that reads the text has all it takes (everything else is ignored).
     pub(crate) fn is_full(&self) -> bool {
         self.remaining == 0
     }
 
-    /// The text taken so far.
+    /// The key's text: the first characters taken, at most the key's bound.
     pub(crate) fn as_str(&self) -> &str {
         self.buf
     }
 
+    /// The chain builder with everything taken, when a chain is built.
+    pub(crate) fn take_chain(&mut self) -> Option<ChainBuilder<'b>> {
+        self.catch_up();
+        self.chain.take()
+    }
+
+    /// Hands the key's text to the chain, once.
+    fn catch_up(&mut self) {
+        if !self.chain_caught_up {
+            self.chain_caught_up = true;
+            if let Some(chain) = &mut self.chain {
+                chain.push(self.buf, self.key_ascii);
+            }
+        }
+    }
+
     /// Appends one character if there is room.
     pub(crate) fn push_char(&mut self, c: char) {
-        if self.remaining > 0 {
+        if self.remaining == 0 {
+            return;
+        }
+        self.remaining -= 1;
+        if self.key_room > 0 {
             self.buf.push(c);
-            self.remaining -= 1;
-            self.ascii &= c.is_ascii();
+            self.key_ascii &= c.is_ascii();
+            self.key_room -= 1;
+            if self.key_room == 0 {
+                self.catch_up();
+            }
+        } else if let Some(chain) = &mut self.chain {
+            chain.push_char(c);
         }
     }
 
@@ -57,16 +106,35 @@ impl<'b> PrefixText<'b> {
         if self.remaining == 0 {
             return;
         }
-        // Most text is ASCII: one vectorised check answers the count, and the chain later
-        // skips its own pass over the text.
+        // Most text is ASCII: one vectorised check answers the count, and the key's cut and
+        // the chain's skip their own passes over the text.
         let (head, n) = if s.len() <= self.remaining && s.is_ascii() {
             (s, s.len())
         } else {
             take_chars(s, self.remaining)
         };
-        self.ascii &= n == head.len();
-        self.buf.push_str(head);
+        let ascii = n == head.len();
         self.remaining -= n;
+        let mut rest = head;
+        if self.key_room > 0 {
+            let (key, k) = if ascii {
+                let k = head.len().min(self.key_room);
+                (&head[..k], k)
+            } else {
+                take_chars(head, self.key_room)
+            };
+            self.buf.push_str(key);
+            self.key_ascii &= k == key.len();
+            self.key_room -= k;
+            if self.key_room > 0 {
+                return;
+            }
+            rest = &head[key.len()..];
+            self.catch_up();
+        }
+        if let Some(chain) = &mut self.chain {
+            chain.push(rest, ascii);
+        }
     }
 
     /// Decodes the raw JSON string `raw` (with its quotes) into the prefix, stopping when full.
@@ -468,6 +536,32 @@ mod tests {
             }
             let expected: String = a.chars().chain(b.chars()).take(n).collect();
             prop_assert_eq!(p.as_str(), expected.as_str());
+        }
+
+        #[test]
+        fn key_and_chain_follow_their_own_bounds(
+            a in "(\\PC|[\"\\\\\n]|[a-z ]{8,40}){0,40}",
+            b in "(\\PC|[\"\\\\\n]){0,40}",
+            key_chars in 0usize..80,
+            max in 0u32..120,
+            block in 1u32..9,
+        ) {
+            // The key is the first `key_chars` characters; the chain is that of the first
+            // `max`, whether it was hashed from the key's copy, from the pieces, or both.
+            let spec = crate::chain::ChainSpec { block_units: block, max_units: max };
+            let mut buf = String::new();
+            let mut pending = Vec::new();
+            let chain = ChainBuilder::new(spec, 0, &mut pending);
+            let mut p = PrefixText::with_chain(&mut buf, key_chars, chain, max as usize);
+            let raw = serde_json::to_string(&a).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(p.push_json_str(&raw, "f"), Ok(()));
+            p.push_char('\u{1E}');
+            p.push_str(&b);
+            let text = format!("{a}\u{1E}{b}");
+            let key: String = text.chars().take(key_chars).collect();
+            prop_assert_eq!(p.as_str(), key.as_str());
+            let got = p.take_chain().map(|c| c.finish(None));
+            prop_assert_eq!(got, Some(crate::chain::Chain::of_chars(None, &text, spec)));
         }
 
         #[test]
