@@ -107,10 +107,10 @@ fn ungrouped_seed() -> u64 {
 
 /// Builds a chain from text handed over in pieces (the extractor's decoded runs between
 /// escapes), hashing each whole block straight from the piece that holds it. Only a block that
-/// spans pieces is copied, into `pending` (one block at most). Before, the extractor copied the
-/// whole prompt into one string and cut that: on a 40 KB prompt, 40 KB of fresh memory written
-/// per request, the whole of a 32 KiB level-1 data cache. The result equals [`Chain::of_chars`]
-/// of the pieces joined.
+/// spans pieces is copied, into `pending` (one block at most). Why: a copy of the whole prompt
+/// to cut afterwards writes as much fresh memory as the prompt is long per request (40 KB for
+/// a long-context prompt, more than a 32 KiB level-1 data cache). The result equals
+/// [`Chain::of_chars`] of the pieces joined.
 #[derive(Debug)]
 pub(crate) struct ChainBuilder<'p> {
     block: usize,
@@ -152,12 +152,7 @@ impl<'p> ChainBuilder<'p> {
         }
         while self.room > 0 && !s.is_empty() {
             let want = (self.block - self.pending_units).min(self.room);
-            let (head, n) = if ascii {
-                let k = want.min(s.len());
-                (&s[..k], k)
-            } else {
-                take_chars(s, want)
-            };
+            let (head, n) = take_chars(s, want);
             s = &s[head.len()..];
             self.room -= n;
             self.read += n;
