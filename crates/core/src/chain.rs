@@ -114,9 +114,10 @@ fn ungrouped_seed() -> u64 {
 #[derive(Debug)]
 pub(crate) struct ChainBuilder<'p> {
     block: usize,
-    /// Units (characters) still to read before the bound.
+    /// Units (characters) read at most.
+    max: usize,
+    /// Units still to read before the bound (`max - room` have been read).
     room: usize,
-    read: usize,
     seed: u64,
     blocks: Vec<u64>,
     /// The bytes of the block being assembled from pieces, and its units so far.
@@ -133,8 +134,8 @@ impl<'p> ChainBuilder<'p> {
         pending.clear();
         Self {
             block,
+            max: room,
             room,
-            read: 0,
             seed: ungrouped_seed(),
             blocks: Vec::with_capacity(len_hint.min(room) / block + 1),
             pending,
@@ -155,7 +156,6 @@ impl<'p> ChainBuilder<'p> {
             let (head, n) = take_chars(s, want);
             s = &s[head.len()..];
             self.room -= n;
-            self.read += n;
             if self.pending_units == 0 && n == self.block {
                 self.seal(head.as_bytes());
             } else {
@@ -173,7 +173,6 @@ impl<'p> ChainBuilder<'p> {
     fn push_bytes(&mut self, bytes: &[u8]) {
         let mut rest = &bytes[..bytes.len().min(self.room)];
         self.room -= rest.len();
-        self.read += rest.len();
         if self.pending_units > 0 {
             let k = (self.block - self.pending_units).min(rest.len());
             self.pending.extend_from_slice(&rest[..k]);
@@ -208,7 +207,6 @@ impl<'p> ChainBuilder<'p> {
         if let Ok(b) = u8::try_from(c) {
             if b.is_ascii() {
                 self.room -= 1;
-                self.read += 1;
                 self.pending.push(b);
                 self.pending_units += 1;
                 if self.pending_units == self.block {
@@ -221,6 +219,11 @@ impl<'p> ChainBuilder<'p> {
         self.push(c.encode_utf8(&mut tmp), false);
     }
 
+    /// Units still to read before the bound.
+    pub(crate) fn room(&self) -> usize {
+        self.room
+    }
+
     #[inline(always)]
     fn seal(&mut self, block: &[u8]) {
         self.seed = xxh3_64_with_seed(block, self.seed);
@@ -231,7 +234,7 @@ impl<'p> ChainBuilder<'p> {
     pub(crate) fn finish(self, group: Option<&str>) -> Chain {
         Chain {
             blocks: self.blocks,
-            units: self.read as u32,
+            units: (self.max - self.room) as u32,
             group: None,
         }
         .grouped(group)

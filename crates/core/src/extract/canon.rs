@@ -109,12 +109,9 @@ impl<'b> Canon<'b> {
         let Scratch { key, pending } = scratch;
         let key_chars = opts.prefix_length.get();
         let text = match opts.chain {
-            Some(spec) => PrefixText::with_chain(
-                key,
-                key_chars,
-                ChainBuilder::new(spec, len, pending),
-                spec.max_units as usize,
-            ),
+            Some(spec) => {
+                PrefixText::with_chain(key, key_chars, ChainBuilder::new(spec, len, pending))
+            }
             None => PrefixText::new(key, key_chars),
         };
         Self {

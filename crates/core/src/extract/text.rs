@@ -23,10 +23,9 @@ pub(crate) struct PrefixText<'b> {
     key_ascii: bool,
     /// Characters still read by anything (the key or the chain).
     remaining: usize,
+    /// The chain, given the key's text once the key is full (or at the end, if it never
+    /// fills), and everything after the key as it comes.
     chain: Option<ChainBuilder<'b>>,
-    /// Whether the chain has been given the key's text (done once, when the key is full or at
-    /// the end, whichever comes first; everything after goes to the chain as it comes).
-    chain_caught_up: bool,
 }
 
 impl<'b> PrefixText<'b> {
@@ -39,19 +38,16 @@ impl<'b> PrefixText<'b> {
             key_ascii: true,
             remaining: max_chars,
             chain: None,
-            chain_caught_up: false,
         }
     }
 
-    /// [`PrefixText::new`] for a key of `key_chars` characters that also builds `chain`, which
-    /// reads at most `chain_chars`.
+    /// [`PrefixText::new`] for a key of `key_chars` characters that also builds `chain`.
     pub(crate) fn with_chain(
         buf: &'b mut String,
         key_chars: usize,
         chain: ChainBuilder<'b>,
-        chain_chars: usize,
     ) -> Self {
-        let mut p = Self::new(buf, key_chars.max(chain_chars));
+        let mut p = Self::new(buf, key_chars.max(chain.room()));
         p.key_room = key_chars;
         p.chain = Some(chain);
         p
@@ -69,17 +65,17 @@ impl<'b> PrefixText<'b> {
 
     /// The chain builder with everything taken, when a chain is built.
     pub(crate) fn take_chain(&mut self) -> Option<ChainBuilder<'b>> {
-        self.catch_up();
+        // A key that filled has been handed over already (see `key_filled`).
+        if self.key_room > 0 {
+            self.key_filled();
+        }
         self.chain.take()
     }
 
-    /// Hands the key's text to the chain, once.
-    fn catch_up(&mut self) {
-        if !self.chain_caught_up {
-            self.chain_caught_up = true;
-            if let Some(chain) = &mut self.chain {
-                chain.push(self.buf, self.key_ascii);
-            }
+    /// Hands the key's text to the chain: once, when the key is full or at the end.
+    fn key_filled(&mut self) {
+        if let Some(chain) = &mut self.chain {
+            chain.push(self.buf, self.key_ascii);
         }
     }
 
@@ -94,7 +90,7 @@ impl<'b> PrefixText<'b> {
             self.key_ascii &= c.is_ascii();
             self.key_room -= 1;
             if self.key_room == 0 {
-                self.catch_up();
+                self.key_filled();
             }
         } else if let Some(chain) = &mut self.chain {
             chain.push_char(c);
@@ -130,7 +126,7 @@ impl<'b> PrefixText<'b> {
                 return;
             }
             rest = &head[key.len()..];
-            self.catch_up();
+            self.key_filled();
         }
         if let Some(chain) = &mut self.chain {
             chain.push(rest, ascii);
@@ -552,7 +548,7 @@ mod tests {
             let mut buf = String::new();
             let mut pending = Vec::new();
             let chain = ChainBuilder::new(spec, 0, &mut pending);
-            let mut p = PrefixText::with_chain(&mut buf, key_chars, chain, max as usize);
+            let mut p = PrefixText::with_chain(&mut buf, key_chars, chain);
             let raw = serde_json::to_string(&a).map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(p.push_json_str(&raw, "f"), Ok(()));
             p.push_char('\u{1E}');
