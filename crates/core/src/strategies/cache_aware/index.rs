@@ -388,6 +388,10 @@ impl BlockIndex {
         // otherwise a long prompt's first blocks would be forgotten while its later ones, now
         // unreachable by a walk from the start, stayed.
         for (i, &h) in chain.iter().enumerate().rev() {
+            if let Some(then) = self.extend_run(h, tag, now, &mut walk) {
+                before.note(i, from, Some(then), start);
+                continue;
+            }
             let e = self.visit(h, &mut walk);
             let crowded = self.is_crowded(e);
             let holders = &self.entries[e as usize].holders;
@@ -412,6 +416,38 @@ impl BlockIndex {
         self.splice_front(walk.run);
         slots.counter[slot] = now.counter;
         before
+    }
+
+    /// The common case of a touch, on its own so that it stays a few dozen instructions: block
+    /// `hash` is the hint (the list predecessor of the block just visited), lies just before
+    /// the run being moved, and lists `tag` with a stamp `now` still takes for resident. Then
+    /// the touch only restamps it and extends the run, exactly as the general path would (no
+    /// counter advance, no holder displaced, nothing crowded). Returns the stamp it had, or
+    /// `None` (nothing changed) for the general path. A prompt sent before is mostly this: a
+    /// 256 KiB one is 2,048 blocks, walked on every request.
+    #[inline]
+    fn extend_run(
+        &mut self,
+        hash: u64,
+        tag: u16,
+        now: SlotView,
+        walk: &mut ListWalk,
+    ) -> Option<u32> {
+        let (first, _) = walk.run?;
+        let e = walk.hint;
+        let entry = self.entries.get_mut(e as usize)?;
+        if entry.hash != hash || entry.next != first {
+            return None;
+        }
+        let holder = entry.holders.iter_mut().find(|x| x.slot == tag)?;
+        let then = holder.stamp;
+        if !now.resident(then) {
+            return None;
+        }
+        holder.stamp = now.counter;
+        walk.run = walk.run.map(|(_, last)| (e, last));
+        walk.hint = entry.prev;
+        Some(then)
     }
 
     /// The entry of block `hash` during a touch, found or added, its place on the LRU list

@@ -355,3 +355,48 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// Stamps and counters after each touch equal a per-block model's: walking the chain last
+    /// block first, a block the instance does not (probably) hold advances its counter, and
+    /// every block takes the counter as its stamp. Repeat touches of a chain take the touch's
+    /// run-extending shortcut; small caches and forgotten instances send blocks down the
+    /// general path in the middle of a run. Four instances at most, so every holder is listed
+    /// (nothing crowded), and a budget that keeps every block.
+    #[test]
+    fn stamps_and_counters_follow_a_block_by_block_model(
+        ops in proptest::collection::vec((0u64..6, 1usize..40, 0usize..HOLDERS, 0u8..12), 1..150),
+        opening in 0usize..6,
+        caps in proptest::collection::vec(4u32..200, HOLDERS),
+    ) {
+        let mut ix = BlockIndex::new(1 << 12);
+        let mut s = slots(HOLDERS);
+        s.capacity = caps.clone();
+        let mut stamps: std::collections::HashMap<(u64, usize), u32> = Default::default();
+        let mut counter = [0u32; HOLDERS];
+        let mut forgotten = [0u32; HOLDERS];
+        for (doc, len, slot, action) in ops {
+            let chain: Vec<u64> = (0..len).map(|b| block(doc, opening, b)).collect();
+            if action == 0 {
+                s.forget(slot);
+                forgotten[slot] = counter[slot];
+                continue;
+            }
+            ix.touch(&chain, slot, &mut s, 0);
+            for &h in chain.iter().rev() {
+                let resident = stamps.get(&(h, slot)).is_some_and(|&st| {
+                    let d = counter[slot].wrapping_sub(st);
+                    d < caps[slot] && d < counter[slot].wrapping_sub(forgotten[slot])
+                });
+                if !resident {
+                    counter[slot] = counter[slot].wrapping_add(1);
+                }
+                stamps.insert((h, slot), counter[slot]);
+            }
+            prop_assert_eq!(&s.counter, &counter.to_vec());
+            for (&(h, sl), &st) in &stamps {
+                prop_assert_eq!(ix.stamp(h, sl), Some(st), "block {} on {}", h, sl);
+            }
+        }
+    }
+}
