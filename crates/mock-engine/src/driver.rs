@@ -28,8 +28,9 @@ const TIMER_LEAD: Duration = Duration::from_micros(800);
 pub(crate) enum Progress {
     /// Prefill done; so many prompt tokens came from the prefix cache.
     Started {
-        /// Prompt tokens served from the cache.
-        cached_tokens: u32,
+        /// Prompt tokens served from the cache; `None` where there is no cache to report on
+        /// (instant answers), and `usage` then leaves `prompt_tokens_details` out.
+        cached_tokens: Option<u32>,
     },
     /// Output tokens generated so far (cumulative).
     Generated(u32),
@@ -171,7 +172,9 @@ fn deliver(
                 if let Some(t) = tracked.get(&id) {
                     m.observe_ttft(at - t.submitted_at);
                     // A closed receiver means the client left; the engine still finishes it.
-                    let _ = t.progress.send(Progress::Started { cached_tokens });
+                    let _ = t.progress.send(Progress::Started {
+                        cached_tokens: Some(cached_tokens),
+                    });
                 }
             }
             EngineEvent::Finished { id, .. } => {

@@ -230,7 +230,7 @@ async fn answer(
         );
         return Ok(r);
     }
-    let mut cached_tokens = 0;
+    let mut cached_tokens = None;
     loop {
         match rx.recv().await {
             Some(Progress::Started { cached_tokens: c }) => cached_tokens = c,

@@ -5,7 +5,12 @@
 //! latency through it and straight to the upstream, and that difference is readable only when
 //! the upstream itself is cheap. So the body is only skimmed: the fields that shape the answer
 //! are read, the prompt is skipped unparsed (`IgnoredAny`), and `prompt_tokens` is an estimate
-//! (a quarter of the body's bytes), not a count.
+//! (a quarter of the body's bytes), not a count. With no cache there is no cached count to
+//! report either: `usage` has no `prompt_tokens_details`, as from vLLM without
+//! `--enable-prompt-tokens-details`. (Reporting 0 cached tokens for every request made
+//! `cache-aware` learn that each engine's cache holds about one block, a state no real engine
+//! puts it in, and the cost benchmarks then measured that router instead of one whose
+//! placements hold.)
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -91,14 +96,16 @@ pub(crate) fn skim(
     })
 }
 
-/// The progress an engine would report, all of it at once: started (nothing cached), each
+/// The progress an engine would report, all of it at once: started (no cache to report on), each
 /// token (a stream sends one chunk per token, as an engine's does), finished. The sender is
 /// dropped, so the receiver ends after `Finished`.
 pub(crate) fn progress(max_tokens: u32) -> mpsc::UnboundedReceiver<Progress> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let steps = std::iter::once(Progress::Started { cached_tokens: 0 })
-        .chain((1..=max_tokens).map(Progress::Generated))
-        .chain(std::iter::once(Progress::Finished));
+    let steps = std::iter::once(Progress::Started {
+        cached_tokens: None,
+    })
+    .chain((1..=max_tokens).map(Progress::Generated))
+    .chain(std::iter::once(Progress::Finished));
     for p in steps {
         // The receiver is alive: it is returned below.
         let _ = tx.send(p);

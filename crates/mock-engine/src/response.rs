@@ -29,18 +29,23 @@ pub(crate) struct Meta {
 }
 
 impl Meta {
-    /// The `usage` object, with `prompt_tokens_details.cached_tokens` as vLLM reports it.
-    pub fn usage(&self, completion_tokens: u32, cached_tokens: u32) -> Value {
-        json!({
+    /// The `usage` object, with `prompt_tokens_details.cached_tokens` as vLLM reports it when
+    /// asked to (`--enable-prompt-tokens-details`); without a count (`None`), without the
+    /// details, as vLLM's default does.
+    pub fn usage(&self, completion_tokens: u32, cached_tokens: Option<u32>) -> Value {
+        let mut u = json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": u64::from(self.prompt_tokens) + u64::from(completion_tokens),
-            "prompt_tokens_details": { "cached_tokens": cached_tokens },
-        })
+        });
+        if let Some(c) = cached_tokens {
+            u["prompt_tokens_details"] = json!({ "cached_tokens": c });
+        }
+        u
     }
 
     /// The whole (non-streaming) response body.
-    pub fn full(&self, completion_tokens: u32, cached_tokens: u32) -> Vec<u8> {
+    pub fn full(&self, completion_tokens: u32, cached_tokens: Option<u32>) -> Vec<u8> {
         let mut text = String::new();
         push_words(self.seed, 0, completion_tokens, &mut text);
         let choice = match self.kind {
@@ -98,7 +103,7 @@ impl Meta {
     }
 
     /// The final usage chunk (`include_usage`): no choices, the whole request's usage.
-    pub fn usage_chunk(&self, completion_tokens: u32, cached_tokens: u32) -> Bytes {
+    pub fn usage_chunk(&self, completion_tokens: u32, cached_tokens: Option<u32>) -> Bytes {
         let mut v = self.chunk_head(Vec::new());
         v["usage"] = self.usage(completion_tokens, cached_tokens);
         sse(&v)
@@ -154,7 +159,7 @@ mod tests {
         let v: Value = serde_json::from_slice(&m.chunk(2, 4, true)[6..]).unwrap();
         assert!(v["choices"][0]["delta"].get("role").is_none());
         assert_eq!(v["choices"][0]["finish_reason"], "length");
-        let v: Value = serde_json::from_slice(&m.usage_chunk(4, 8)[6..]).unwrap();
+        let v: Value = serde_json::from_slice(&m.usage_chunk(4, Some(8))[6..]).unwrap();
         assert_eq!(v["choices"].as_array().map(Vec::len), Some(0));
         assert_eq!(v["usage"]["total_tokens"], 14);
         assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
@@ -163,7 +168,7 @@ mod tests {
     #[test]
     fn full_text_equals_the_concatenated_deltas() {
         let m = meta(ApiKind::Completion);
-        let full: Value = serde_json::from_slice(&m.full(5, 0)).unwrap();
+        let full: Value = serde_json::from_slice(&m.full(5, Some(0))).unwrap();
         let mut joined = String::new();
         for (a, b) in [(0, 2), (2, 5)] {
             let v: Value = serde_json::from_slice(&m.chunk(a, b, b == 5)[6..]).unwrap();

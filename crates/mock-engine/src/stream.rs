@@ -36,7 +36,7 @@ pub(crate) struct SseStream {
     output_tokens: u32,
     /// Tokens sent in chunks so far.
     sent: u32,
-    cached_tokens: u32,
+    cached_tokens: Option<u32>,
     /// Cut the stream after this many tokens (fault injection).
     cut_after: Option<u32>,
     pending: VecDeque<Bytes>,
@@ -58,7 +58,7 @@ impl SseStream {
             progress,
             output_tokens,
             sent: 0,
-            cached_tokens: 0,
+            cached_tokens: None,
             cut_after: cut_after.filter(|&n| n < output_tokens),
             pending: VecDeque::new(),
             state: State::Running,
