@@ -387,11 +387,19 @@ impl BlockIndex {
         // a request's blocks tail first, as vLLM does) loses a prefix's tail before its head;
         // otherwise a long prompt's first blocks would be forgotten while its later ones, now
         // unreachable by a walk from the start, stayed.
-        for (i, &h) in chain.iter().enumerate().rev() {
-            if let Some(then) = self.extend_run(h, tag, now, &mut walk) {
-                before.note(i, from, Some(then), start);
-                continue;
-            }
+        let mut i = chain.len();
+        while i > 0 {
+            i = self.extend_run(chain, i, tag, now, &mut walk, |b, then| {
+                // Blocks before the deepest predicted one tell `before` nothing.
+                if b + 1 >= from {
+                    before.note(b, from, Some(then), start);
+                }
+            });
+            let Some(b) = i.checked_sub(1) else {
+                break;
+            };
+            i = b;
+            let h = chain[i];
             let e = self.visit(h, &mut walk);
             let crowded = self.is_crowded(e);
             let holders = &self.entries[e as usize].holders;
@@ -418,36 +426,52 @@ impl BlockIndex {
         before
     }
 
-    /// The common case of a touch, on its own so that it stays a few dozen instructions: block
-    /// `hash` is the hint (the list predecessor of the block just visited), lies just before
-    /// the run being moved, and lists `tag` with a stamp `now` still takes for resident. Then
-    /// the touch only restamps it and extends the run, exactly as the general path would (no
-    /// counter advance, no holder displaced, nothing crowded). Returns the stamp it had, or
-    /// `None` (nothing changed) for the general path. A prompt sent before is mostly this: a
-    /// 256 KiB one is 2,048 blocks, walked on every request.
+    /// The common case of a touch, as a loop of its own so that a block costs a few dozen
+    /// instructions: walking back from block `i` (exclusive), each block that is the hint (the
+    /// list predecessor of the block just visited), lies just before the run being moved, and
+    /// lists `tag` with a stamp `now` still takes for resident is only restamped and joins the
+    /// run, exactly as the general path would do it (no counter advance, no holder displaced,
+    /// nothing crowded); `noted(block, stamp before)` is told of each. Stops at the first block
+    /// that is not such a block and returns its index + 1 (0: the chain is done). A prompt
+    /// sent before is mostly this: a 256 KiB one is 2,048 blocks, walked on every request.
     #[inline]
     fn extend_run(
         &mut self,
-        hash: u64,
+        chain: &[u64],
+        mut i: usize,
         tag: u16,
         now: SlotView,
         walk: &mut ListWalk,
-    ) -> Option<u32> {
-        let (first, _) = walk.run?;
-        let e = walk.hint;
-        let entry = self.entries.get_mut(e as usize)?;
-        if entry.hash != hash || entry.next != first {
-            return None;
+        mut noted: impl FnMut(usize, u32),
+    ) -> usize {
+        let Some((mut first, last)) = walk.run else {
+            return i;
+        };
+        // `now.resident(stamp)`, with what does not change during the loop taken out.
+        let limit = now.capacity.min(now.distance(now.forgotten_at));
+        let mut e = walk.hint;
+        for &hash in chain.get(..i).unwrap_or_default().iter().rev() {
+            let Some(entry) = self.entries.get_mut(e as usize) else {
+                break;
+            };
+            if entry.hash != hash || entry.next != first {
+                break;
+            }
+            let Some(holder) = entry.holders.iter_mut().find(|x| x.slot == tag) else {
+                break;
+            };
+            let then = holder.stamp;
+            if now.distance(then) >= limit {
+                break;
+            }
+            holder.stamp = now.counter;
+            i -= 1;
+            noted(i, then);
+            (first, e) = (e, entry.prev);
         }
-        let holder = entry.holders.iter_mut().find(|x| x.slot == tag)?;
-        let then = holder.stamp;
-        if !now.resident(then) {
-            return None;
-        }
-        holder.stamp = now.counter;
-        walk.run = walk.run.map(|(_, last)| (e, last));
-        walk.hint = entry.prev;
-        Some(then)
+        walk.run = Some((first, last));
+        walk.hint = e;
+        i
     }
 
     /// The entry of block `hash` during a touch, found or added, its place on the LRU list
