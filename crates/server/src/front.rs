@@ -256,10 +256,10 @@ type Conn<'a, S> = (&'a mut S, &'a mut Vec<u8>, &'a mut BytesMut, usize);
 fn could_end(buf: &[u8], scanned: usize) -> bool {
     let new = &buf[scanned.saturating_sub(3).min(buf.len())..];
     // One pass that stops at the first blank line: the end of a head, usually followed by a
-    // body that need not be scanned.
-    new.iter().enumerate().any(|(i, &b)| {
-        b == b'\n' && matches!(new.get(i + 1..), Some([b'\n', ..] | [b'\r', b'\n', ..]))
-    })
+    // body that need not be scanned. Line ends found with memchr: byte by byte, this was 1,350
+    // instructions of a 1 KiB request's 45,000 (callgrind, bench/peers.sh count mode).
+    memchr::memchr_iter(b'\n', new)
+        .any(|i| matches!(new.get(i + 1..), Some([b'\n', ..] | [b'\r', b'\n', ..])))
 }
 
 /// What the first bytes of a connection say.

@@ -244,3 +244,19 @@ fn chunk_size_lines_are_hex() {
         assert_eq!(out, line.as_bytes());
     }
 }
+
+proptest::proptest! {
+    /// `could_end` finds a blank line (`\n\n` or `\n\r\n`) in what was not scanned yet, and the
+    /// 3 bytes before it, exactly where a byte-by-byte scan does.
+    #[test]
+    fn could_end_finds_a_blank_line_where_a_byte_scan_does(
+        buf in proptest::collection::vec(proptest::sample::select(b"\r\nab:".to_vec()), 0..64),
+        scanned in 0usize..70,
+    ) {
+        let new = &buf[scanned.saturating_sub(3).min(buf.len())..];
+        let want = (0..new.len()).any(|i| {
+            new[i] == b'\n' && (new.get(i + 1) == Some(&b'\n') || new.get(i + 1..i + 3) == Some(&b"\r\n"[..]))
+        });
+        proptest::prop_assert_eq!(super::could_end(&buf, scanned), want);
+    }
+}
