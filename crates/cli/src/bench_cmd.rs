@@ -624,9 +624,10 @@ mod tests {
     fn outcome() -> BenchOutcome {
         let mut records = vec![
             record(0, "a", "preferred", 0),
-            record(1, "a", "preferred", 50),
+            record(1, "a", "cache_hit", 50),
             record(2, "b", "overflow", 50),
-            record(3, "a", "preferred", 100),
+            // cache-aware's overflows count as the server and the simulator count them.
+            record(3, "a", "hot_replica", 100),
         ];
         let mut failed = record(4, "b", "preferred", 0);
         failed.failure = Some(Failure {
@@ -736,7 +737,7 @@ mod tests {
         assert_eq!(r["strategy"], "router");
         assert_eq!(r["requests"], 4);
         assert_eq!(r["kv_hit_rate"], 0.5);
-        assert_eq!(r["overflow_rate"], 0.25);
+        assert_eq!(r["overflow_rate"], 0.5);
         assert_eq!(r["instance_share"], serde_json::json!([0.75, 0.25]));
         assert_eq!(r["errors"]["http-5xx"], 1);
         assert_eq!(r["errors"]["connect"], 0);

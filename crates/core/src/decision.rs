@@ -39,21 +39,7 @@ pub enum Reason {
 impl Reason {
     /// Short label for metrics (`preferred`, `overflow`, `all_busy`, `no_key`, ...).
     pub fn label(&self) -> &'static str {
-        match self {
-            Reason::Preferred => "preferred",
-            Reason::Overflow { .. } => "overflow",
-            Reason::AllBusy { .. } => "all_busy",
-            Reason::NoKey => "no_key",
-            Reason::Random => "random",
-            Reason::RoundRobin => "round_robin",
-            Reason::LeastOutstanding => "least_outstanding",
-            Reason::CacheHit => "cache_hit",
-            Reason::Cold => "cold",
-            Reason::HotReplica { .. } => "hot_replica",
-            Reason::Load { .. } => "load",
-            Reason::Prewarm => "prewarm",
-            Reason::Fallback { .. } => "fallback",
-        }
+        Self::LABELS[self.index()]
     }
     /// Every label, in the order of [`Reason::index`] (per-instance counters keep one slot per
     /// reason, without a lock or a string key).
@@ -91,6 +77,11 @@ impl Reason {
             Reason::Fallback { .. } => 12,
         }
     }
+
+    /// The labels of the reasons [`Reason::is_overflow`] counts: for whoever reads decisions
+    /// back by label (`bench`, from the decision header), so that its overflow share counts
+    /// what the server's and the simulator's do.
+    pub const OVERFLOW_LABELS: [&'static str; 4] = ["overflow", "all_busy", "hot_replica", "load"];
 
     /// Whether the key's preferred instance was skipped because of load.
     pub fn is_overflow(&self) -> bool {
@@ -150,8 +141,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_reason_sits_at_its_label() {
+    fn every_reason_has_its_own_label_and_overflow_labels_name_the_overflows() {
         let id = InstanceId(std::sync::Arc::from("x"));
+        let mut seen = [false; Reason::LABELS.len()];
         for r in [
             Reason::Preferred,
             Reason::Overflow { from: id.clone() },
@@ -167,7 +159,13 @@ mod tests {
             Reason::Prewarm,
             Reason::Fallback { from: id },
         ] {
-            assert_eq!(Reason::LABELS[r.index()], r.label());
+            assert!(!std::mem::replace(&mut seen[r.index()], true), "{r:?}");
+            assert_eq!(
+                r.is_overflow(),
+                Reason::OVERFLOW_LABELS.contains(&r.label()),
+                "{r:?}"
+            );
         }
+        assert!(seen.iter().all(|&s| s), "a label no reason has");
     }
 }

@@ -18,6 +18,7 @@ pub mod reported;
 pub mod residency;
 pub mod strategies;
 pub mod strategy;
+pub mod wire;
 
 pub use chain::{Chain, ChainSpec};
 pub use config::{ConcurrencyThreshold, ConfigError, PrefixLength};

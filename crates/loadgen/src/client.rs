@@ -15,10 +15,8 @@ use crate::record::{Failure, RequestRecord};
 use crate::sse::{parse_chunk, Chunk, SseParser};
 use crate::{FailureKind, Target};
 
-/// Response header naming the instance a router sent the request to.
-pub const INSTANCE_HEADER: &str = "x-prefix-router-instance";
-/// Response header with the router's decision reason (`preferred`, `overflow`, ...).
-pub const DECISION_HEADER: &str = "x-prefix-router-decision";
+/// The headers prefix-router answers with: where it sent the request, and why.
+pub use prefix_router_core::wire::{DECISION_HEADER, INSTANCE_HEADER};
 
 /// Largest non-streamed response body read.
 const MAX_JSON_BODY: usize = 64 << 20;

@@ -11,8 +11,9 @@ const HIST_MAX_US: u64 = 3_600_000_000;
 /// Significant decimal digits the histograms keep (0.1% relative error).
 const HIST_DIGITS: u8 = 3;
 
-/// Decision labels that mean the key's preferred instance was skipped because of load.
-pub const OVERFLOW_DECISIONS: [&str; 2] = ["overflow", "all_busy"];
+/// Decision labels that mean the key's preferred instance was skipped because of load: the
+/// server's and the simulator's (`cache-aware`'s `hot_replica` and `load` among them).
+pub const OVERFLOW_DECISIONS: [&str; 4] = prefix_router_core::Reason::OVERFLOW_LABELS;
 
 /// Percentiles, mean and maximum of a latency, milliseconds (all 0 when there are no samples).
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]

@@ -25,10 +25,7 @@ use crate::state::AppState;
 use crate::stream::RelayBody;
 use crate::upstream::{build_request, strip_hop_by_hop};
 
-/// Response header naming the instance that served the request.
-pub const INSTANCE_HEADER: &str = "x-prefix-router-instance";
-/// Response header with the routing decision's reason (`preferred`, `overflow`, ...).
-pub const DECISION_HEADER: &str = "x-prefix-router-decision";
+pub use prefix_router_core::wire::{DECISION_HEADER, INSTANCE_HEADER};
 /// The two as header names, parsed once: inserting by `&str` parses the name on every response
 /// (about 900 instructions each under callgrind).
 static INSTANCE_NAME: http::HeaderName = http::HeaderName::from_static(INSTANCE_HEADER);
