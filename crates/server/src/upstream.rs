@@ -43,13 +43,25 @@ static HOP_BY_HOP: [HeaderName; HOPS] = [
     header::PROXY_AUTHORIZATION,
 ];
 
+/// The lengths of the [`HOP_BY_HOP`] names, one bit each: a name of another length is none of
+/// them, found without comparing it with the eight (`Host`, `Content-Type`, `Content-Length`,
+/// `Accept`, `Date`, `Server`: most of a head). The comparisons were 800 instructions of a 1 KiB
+/// request's 46,000 (callgrind, bench/peers.sh count mode).
+const HOP_LENGTHS: u32 = 1 << 2 | 1 << 7 | 1 << 10 | 1 << 16 | 1 << 17 | 1 << 19;
+
+/// Whether `name` is as long as one of the [`HOP_BY_HOP`] names.
+fn hop_length(name: &HeaderName) -> bool {
+    let len = name.as_str().len();
+    len < 32 && HOP_LENGTHS & (1 << len) != 0
+}
+
 /// Removes hop-by-hop headers, including those named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most heads carry none or one of them: one pass over the names present finds which,
     // where a removal per hop-by-hop name would hash each of the eight.
     let mut present = [false; HOPS];
     let mut connection = false;
-    for name in headers.keys() {
+    for name in headers.keys().filter(|n| hop_length(n)) {
         if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
             present[i] = true;
             connection |= name == header::CONNECTION;
