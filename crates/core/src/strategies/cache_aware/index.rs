@@ -388,7 +388,7 @@ impl BlockIndex {
         // otherwise a long prompt's first blocks would be forgotten while its later ones, now
         // unreachable by a walk from the start, stayed.
         let mut i = chain.len();
-        while i > 0 {
+        loop {
             i = self.extend_run(chain, i, tag, now, &mut walk, |b, then| {
                 // Blocks before the deepest predicted one tell `before` nothing.
                 if b + 1 >= from {
