@@ -12,8 +12,11 @@
 //! [RFC 9112]: https://www.rfc-editor.org/rfc/rfc9112
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, Method, StatusCode, Version};
+use http::header::{HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{Method, StatusCode, Version};
+
+use crate::fields::Fields;
+use crate::upstream::is_hop_by_hop;
 
 /// Largest response head accepted (status line and headers).
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -103,8 +106,8 @@ pub struct Head {
     pub status: StatusCode,
     /// HTTP/1.0 or HTTP/1.1.
     pub version: Version,
-    /// Every header as sent (hop-by-hop ones included: the proxy strips them).
-    pub headers: HeaderMap,
+    /// The end-to-end headers, as the client is to get them.
+    pub fields: Fields,
     /// How the body ends.
     pub framing: Framing,
     /// Whether the connection can carry another request once the body ended.
@@ -114,7 +117,7 @@ pub struct Head {
 /// Parses the response head at the start of `buf` and takes it from there; `None` (and `buf`
 /// untouched) while incomplete. Interim answers (`1xx` but 101) come back as heads too: the
 /// caller skips them. `head_request`: the request was `HEAD` (its answer has no body whatever
-/// it says). Header values share the head's bytes instead of each being copied.
+/// it says). The end-to-end headers are copied once, as lines ([`Fields`]).
 pub fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, WireError> {
     // Engines send a handful of headers: room for 16 first (the arrays are set up on every
     // answer), and for all MAX_HEADERS only when that is too few.
@@ -163,58 +166,66 @@ fn parse_head_in<const N: usize>(
     } else {
         Version::HTTP_11
     };
-    // Where each name and value lies in `buf`, so that the head can be split off (frozen) and
-    // the values made slices of it once httparse's borrow of `buf` ends.
-    // Kept small (u32, within MAX_HEAD): zeroing a larger array per answer showed under
-    // callgrind.
-    let base = buf.as_ptr() as usize;
-    let at = |s: &[u8]| ((s.as_ptr() as usize - base) as u32, s.len() as u32);
-    let mut spans = [((0u32, 0u32), (0u32, 0u32)); N];
-    let count = resp.headers.len();
-    for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
-        *span = (at(h.name.as_bytes()), at(h.value));
-    }
-    let head = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(count);
+    // The end-to-end headers are copied out as lines (names lowercased); the head then leaves
+    // the buffer.
+    let headers = &*resp.headers;
     let (mut chunked, mut coded, mut length) = (false, false, None::<u64>);
-    let (mut close, mut keep) = (false, false);
-    for &((ns, nl), (vs, vl)) in &spans[..count] {
-        let (ns, nl, vs, vl) = (ns as usize, nl as usize, vs as usize, vl as usize);
-        let raw_name = &head[ns..ns + nl];
-        let raw_value = &head[vs..vs + vl];
-        let name = HeaderName::from_bytes(raw_name).map_err(|_| {
-            WireError::Head(format!(
-                "header name {:?}",
-                String::from_utf8_lossy(raw_name)
-            ))
-        })?;
-        if name == TRANSFER_ENCODING {
-            // The last coding decides: chunked last is chunked framing, anything else after it
-            // leaves the body to end with the connection.
-            let last = tokens(raw_value).last().unwrap_or_default();
-            coded = true;
-            chunked = last.eq_ignore_ascii_case(b"chunked");
-        } else if name == CONTENT_LENGTH {
-            let n = std::str::from_utf8(raw_value)
-                .ok()
-                .map(str::trim)
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| WireError::Head("content-length is not a number".into()))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(WireError::Head("conflicting content-length values".into()));
+    let (mut close, mut keep, mut named) = (false, false, false);
+    for h in headers {
+        let (raw_name, raw_value) = (h.name.as_bytes(), h.value);
+        // By length first: most names are none of these, found with one comparison.
+        match raw_name.len() {
+            17 if raw_name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                // The last coding decides: chunked last is chunked framing, anything else
+                // after it leaves the body to end with the connection.
+                let last = tokens(raw_value).last().unwrap_or_default();
+                coded = true;
+                chunked = last.eq_ignore_ascii_case(b"chunked");
             }
-            length = Some(n);
-        } else if name == CONNECTION {
-            for t in tokens(raw_value) {
-                close |= t.eq_ignore_ascii_case(b"close");
-                keep |= t.eq_ignore_ascii_case(b"keep-alive");
+            14 if raw_name.eq_ignore_ascii_case(b"content-length") => {
+                let n = std::str::from_utf8(raw_value)
+                    .ok()
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| WireError::Head("content-length is not a number".into()))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(WireError::Head("conflicting content-length values".into()));
+                }
+                length = Some(n);
             }
+            10 if raw_name.eq_ignore_ascii_case(b"connection") => {
+                for t in tokens(raw_value) {
+                    let (c, k) = (
+                        t.eq_ignore_ascii_case(b"close"),
+                        t.eq_ignore_ascii_case(b"keep-alive"),
+                    );
+                    close |= c;
+                    keep |= k;
+                    named |= !(c || k);
+                }
+            }
+            _ => {}
         }
-        let value = HeaderValue::from_maybe_shared(head.slice(vs..vs + vl))
-            .map_err(|_| WireError::Head(format!("value of header {name}")))?;
-        headers.append(name, value);
     }
+    // Names a `Connection` header lists (besides its own options) are hop-by-hop too.
+    let listed = |name: &[u8]| {
+        named
+            && headers.iter().any(|h| {
+                h.name.eq_ignore_ascii_case("connection")
+                    && tokens(h.value).any(|t| t.eq_ignore_ascii_case(name))
+            })
+    };
+    let mut fields = Fields::with_capacity(len);
+    for h in headers {
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") || is_hop_by_hop(name) || listed(name) {
+            continue;
+        }
+        fields.push(name, h.value);
+    }
+    fields.set_content_length(length);
+    buf.advance(len);
     let bodiless = head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -234,7 +245,7 @@ fn parse_head_in<const N: usize>(
     Ok(Some(Head {
         status,
         version,
-        headers,
+        fields,
         framing,
         keep_alive,
     }))

@@ -17,6 +17,7 @@ pub mod dashboard;
 pub mod discovery;
 pub mod engine_metrics;
 pub mod error;
+pub mod fields;
 pub mod front;
 pub mod guard;
 pub mod h1;

@@ -32,6 +32,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tower_service::Service;
 
 use crate::body::BoxError;
+use crate::fields::Fields;
 use crate::h1::{self, BodyDecoder, Decoded, WireError};
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
@@ -210,6 +211,7 @@ impl Upstreams {
             }
             let head = link.read_head(head_request).await?;
             let leased = Leased {
+                fields: head.fields,
                 decoder: BodyDecoder::new(head.framing),
                 keep_alive: head.keep_alive,
                 head_request,
@@ -219,7 +221,6 @@ impl Upstreams {
             let mut resp = Response::new(leased);
             *resp.status_mut() = head.status;
             *resp.version_mut() = head.version;
-            *resp.headers_mut() = head.headers;
             return Ok(resp);
         }
     }
@@ -301,6 +302,9 @@ pub struct Leased {
     /// length is the `content-length` header's to say, if the instance sent one).
     head_request: bool,
     pool: std::sync::Arc<Upstreams>,
+    /// The answer's end-to-end headers, until the proxy takes them ([`Leased::take_fields`]).
+    /// They travel here rather than in the response's `HeaderMap`: see [`crate::fields`].
+    fields: Fields,
 }
 
 impl std::fmt::Debug for Leased {
@@ -313,6 +317,12 @@ impl std::fmt::Debug for Leased {
 }
 
 impl Leased {
+    /// The answer's end-to-end headers (hop-by-hop and framing ones left out), taken once:
+    /// the response itself carries none.
+    pub fn take_fields(&mut self) -> Fields {
+        std::mem::take(&mut self.fields)
+    }
+
     /// The body ended: the connection goes back to the pool if it can take another request
     /// (kept alive, and nothing unasked after the body).
     fn release(&mut self) {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::HeaderValue;
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use prefix_router_core::Instance;
@@ -23,13 +22,9 @@ pub use crate::pick::{Api, GROUP_HEADER, GROUP_HEADER_COMPAT};
 use crate::pool::Leased;
 use crate::state::AppState;
 use crate::stream::RelayBody;
-use crate::upstream::{build_request, strip_hop_by_hop};
+use crate::upstream::build_request;
 
 pub use prefix_router_core::wire::{DECISION_HEADER, INSTANCE_HEADER};
-/// The two as header names, parsed once: inserting by `&str` parses the name on every response
-/// (about 900 instructions each under callgrind).
-static INSTANCE_NAME: http::HeaderName = http::HeaderName::from_static(INSTANCE_HEADER);
-static DECISION_NAME: http::HeaderName = http::HeaderName::from_static(DECISION_HEADER);
 
 /// Proxies one request; every failure becomes an OpenAI-shaped error response.
 pub async fn proxy(
@@ -225,24 +220,14 @@ fn relay(
     settings: &crate::settings::Settings,
     scan_usage: bool,
 ) -> Response<ProxyBody> {
-    let (mut parts, incoming) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
+    let (mut parts, mut incoming) = resp.into_parts();
+    // The instance's headers come without hop-by-hop ones already (`h1::parse_head`).
+    let mut fields = incoming.take_fields();
     parts.version = Version::default();
-    if let Ok(v) = HeaderValue::from_str(routed.id()) {
-        parts.headers.insert(INSTANCE_NAME.clone(), v);
-    }
-    parts.headers.insert(
-        DECISION_NAME.clone(),
-        HeaderValue::from_static(routed.reason),
-    );
-    let sse = parts
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.get(..17)
-                .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
-        });
+    fields.push_checked(INSTANCE_HEADER.as_bytes(), routed.id().as_bytes());
+    fields.push(DECISION_HEADER.as_bytes(), routed.reason.as_bytes());
+    let sse = fields.is_event_stream();
+    parts.extensions.insert(fields);
     let body = RelayBody::new(
         incoming,
         routed.guard,

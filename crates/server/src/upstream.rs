@@ -55,6 +55,16 @@ fn hop_length(name: &HeaderName) -> bool {
     len < 32 && HOP_LENGTHS & (1 << len) != 0
 }
 
+/// Whether `name` (raw, any case) is one of the [`HOP_BY_HOP`] names.
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
+    let len = name.len();
+    len < 32
+        && HOP_LENGTHS & (1 << len) != 0
+        && HOP_BY_HOP
+            .iter()
+            .any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(name))
+}
+
 /// Removes hop-by-hop headers, including those named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most heads carry none or one of them: one pass over the names present finds which,

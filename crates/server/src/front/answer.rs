@@ -7,9 +7,10 @@ use http::Response;
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::response::{self, chunk_start, encode_head, OutFraming, Persist};
+use super::response::{self, chunk_start, declared_length, encode_head, OutFraming, Persist};
 use super::{read_some, Conn, Deadlines, WRITE_DIRECT, WRITE_MAX};
 use crate::body::ProxyBody;
+use crate::fields::Fields;
 
 /// Writes `resp` to the client: its head, then its body as it comes, written out whenever the
 /// body has nothing more ready. Returns whether the connection can carry another request.
@@ -23,12 +24,16 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
     http11: bool,
     keep: bool,
 ) -> std::io::Result<bool> {
-    let (parts, mut body) = resp.into_parts();
+    let (mut parts, mut body) = resp.into_parts();
+    // A relayed answer's own headers travel as wire lines beside the (then router-only) map.
+    let fields = parts.extensions.remove::<Fields>().unwrap_or_default();
     let framing = OutFraming::choose(
         head_request,
         http11,
         parts.status,
-        &parts.headers,
+        fields
+            .content_length()
+            .or_else(|| declared_length(&parts.headers)),
         &body.size_hint(),
     );
     let asked_close = parts
@@ -42,7 +47,7 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
         (true, false) => Persist::KeepAlive,
     };
     out.clear();
-    encode_head(parts.status, &parts.headers, framing, persist, out);
+    encode_head(parts.status, &parts.headers, &fields, framing, persist, out);
     drop(parts);
     if let OutFraming::Empty(_) = framing {
         drop(body);

@@ -13,6 +13,8 @@ use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 use http::{HeaderMap, StatusCode};
 use http_body::SizeHint;
 
+use crate::fields::Fields;
+
 /// How an answer's body goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutFraming {
@@ -28,20 +30,15 @@ pub enum OutFraming {
 
 impl OutFraming {
     /// The framing for an answer: `head` (the request was `HEAD`), `http11` (the client
-    /// speaks HTTP/1.1), the answer's status, its headers and what its body says of its length.
+    /// speaks HTTP/1.1), the answer's status, the `content-length` its headers declare and what
+    /// its body says of its length.
     pub fn choose(
         head: bool,
         http11: bool,
         status: StatusCode,
-        headers: &HeaderMap,
+        declared: Option<u64>,
         hint: &SizeHint,
     ) -> Self {
-        let declared = || {
-            headers
-                .get(CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
         if status.is_informational()
             || status == StatusCode::NO_CONTENT
             || status == StatusCode::NOT_MODIFIED
@@ -49,7 +46,7 @@ impl OutFraming {
             return OutFraming::Empty(None);
         }
         if head {
-            return OutFraming::Empty(declared().or(hint.exact()));
+            return OutFraming::Empty(declared.or(hint.exact()));
         }
         // The body's own length only: a relayed answer may carry a content-length beside a
         // chunked framing of its own, which the router does not follow.
@@ -59,6 +56,14 @@ impl OutFraming {
             None => OutFraming::Close,
         }
     }
+}
+
+/// The `content-length` that `headers` declare, if a number.
+pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
 }
 
 /// What the `connection` header says, beside the framing.
@@ -72,11 +77,13 @@ pub enum Persist {
     Close,
 }
 
-/// Writes the head of an answer to `out`: status line, its headers but the framing ones, then
-/// the router's framing, `connection` and (when the answer has none) `date`.
+/// Writes the head of an answer to `out`: status line, a relayed answer's own header lines
+/// (`fields`), its headers but the framing ones, then the router's framing, `connection` and
+/// (when the answer has none) `date`.
 pub fn encode_head(
     status: StatusCode,
     headers: &HeaderMap,
+    fields: &Fields,
     framing: OutFraming,
     persist: Persist,
     out: &mut Vec<u8>,
@@ -86,6 +93,7 @@ pub fn encode_head(
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(fields.lines());
     for (name, value) in headers {
         if name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION {
             continue;
@@ -109,7 +117,7 @@ pub fn encode_head(
         Persist::KeepAlive => out.extend_from_slice(b"connection: keep-alive\r\n"),
         Persist::Close => out.extend_from_slice(b"connection: close\r\n"),
     }
-    if !headers.contains_key(DATE) {
+    if !fields.has_date() && !headers.contains_key(DATE) {
         out.extend_from_slice(b"date: ");
         with_date(|d| out.extend_from_slice(d));
         out.extend_from_slice(b"\r\n");

@@ -5,7 +5,8 @@ use http::{HeaderMap, HeaderValue, StatusCode, Version};
 use http_body::SizeHint;
 
 use super::request::{parse, BodyFraming, HeadError};
-use super::response::{chunk_start, encode_head, OutFraming, Persist};
+use super::response::{chunk_start, declared_length, encode_head, OutFraming, Persist};
+use crate::fields::Fields;
 
 fn parsed(text: &str) -> Result<Option<super::RequestHead>, HeadError> {
     parse(&mut BytesMut::from(text.as_bytes()), 64 * 1024)
@@ -140,39 +141,42 @@ fn framing_two_hops_could_read_differently_is_malformed() {
 
 #[test]
 fn the_framing_follows_the_body_the_status_and_the_method() {
-    let none = HeaderMap::new();
-    let mut declared = HeaderMap::new();
-    declared.insert("content-length", HeaderValue::from_static("12"));
+    let none = None;
+    let mut headers = HeaderMap::new();
+    assert_eq!(declared_length(&headers), None);
+    headers.insert("content-length", HeaderValue::from_static(" 12"));
+    let declared = declared_length(&headers);
+    assert_eq!(declared, Some(12));
     let exact = SizeHint::with_exact(5);
     let open = SizeHint::new();
     let ok = StatusCode::OK;
     assert_eq!(
-        OutFraming::choose(false, true, ok, &none, &exact),
+        OutFraming::choose(false, true, ok, none, &exact),
         OutFraming::Length(5)
     );
     assert_eq!(
-        OutFraming::choose(false, true, ok, &declared, &open),
+        OutFraming::choose(false, true, ok, declared, &open),
         OutFraming::Chunked
     );
     assert_eq!(
-        OutFraming::choose(false, true, ok, &none, &open),
+        OutFraming::choose(false, true, ok, none, &open),
         OutFraming::Chunked
     );
     assert_eq!(
-        OutFraming::choose(false, false, ok, &none, &open),
+        OutFraming::choose(false, false, ok, none, &open),
         OutFraming::Close
     );
     assert_eq!(
-        OutFraming::choose(true, true, ok, &declared, &exact),
+        OutFraming::choose(true, true, ok, declared, &exact),
         OutFraming::Empty(Some(12))
     );
     assert_eq!(
-        OutFraming::choose(true, true, ok, &none, &exact),
+        OutFraming::choose(true, true, ok, none, &exact),
         OutFraming::Empty(Some(5))
     );
     let no_content = StatusCode::NO_CONTENT;
     assert_eq!(
-        OutFraming::choose(false, true, no_content, &declared, &exact),
+        OutFraming::choose(false, true, no_content, declared, &exact),
         OutFraming::Empty(None)
     );
 }
@@ -188,6 +192,7 @@ fn an_answer_head_carries_the_routers_framing_instead_of_the_relayed_one() {
     encode_head(
         StatusCode::NOT_FOUND,
         &headers,
+        &Fields::default(),
         OutFraming::Length(3),
         Persist::Close,
         &mut out,
@@ -220,6 +225,7 @@ fn an_answer_head_carries_the_routers_framing_instead_of_the_relayed_one() {
     encode_head(
         StatusCode::OK,
         &headers,
+        &Fields::default(),
         OutFraming::Chunked,
         Persist::Default,
         &mut out,
@@ -228,6 +234,27 @@ fn an_answer_head_carries_the_routers_framing_instead_of_the_relayed_one() {
     assert_eq!(
         text,
         "HTTP/1.1 200 OK\r\ndate: Sat, 05 Dec 2026 02:00:00 GMT\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+
+    // A relayed answer's lines come first, as they are; its `date` is kept, not added twice.
+    out.clear();
+    let mut fields = Fields::default();
+    fields.push(b"Content-Type", b"text/event-stream");
+    fields.push(b"Date", b"Sat, 05 Dec 2026 02:00:00 GMT");
+    let mut router = HeaderMap::new();
+    router.insert("x-extra", HeaderValue::from_static("1"));
+    encode_head(
+        StatusCode::OK,
+        &router,
+        &fields,
+        OutFraming::Chunked,
+        Persist::KeepAlive,
+        &mut out,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ndate: Sat, 05 Dec 2026 02:00:00 GMT\r\n\
+         x-extra: 1\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n"
     );
 }
 
