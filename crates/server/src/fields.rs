@@ -11,8 +11,8 @@
 use bytes::BytesMut;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH};
 
-/// End-to-end response headers, `name: value\r\n` each (names lowercased, as a `HeaderMap`
-/// writes them), without the hop-by-hop ones, those `Connection` names, and the framing ones
+/// End-to-end response headers, `name: value\r\n` each (an instance's as it spelled them,
+/// the router's lowercase), without the hop-by-hop ones, those `Connection` names, and the framing ones
 /// (`content-length`, `transfer-encoding`): the front frames every answer itself.
 #[derive(Debug, Clone, Default)]
 pub struct Fields {
@@ -35,8 +35,30 @@ impl Fields {
     }
 
     /// Appends a header. `name` must be a valid header name (any case) and `value` a valid
-    /// value ([`valid_value`]); the caller has checked them (httparse does for an instance's).
+    /// value ([`valid_value`]); the caller has checked them.
     pub fn push(&mut self, name: &[u8], value: &[u8]) {
+        self.note(name, value);
+        self.lines.reserve(name.len() + value.len() + 4);
+        let at = self.lines.len();
+        self.lines.extend_from_slice(name);
+        self.lines[at..].make_ascii_lowercase();
+        self.lines.extend_from_slice(b": ");
+        self.lines.extend_from_slice(value);
+        self.lines.extend_from_slice(b"\r\n");
+    }
+
+    /// Appends an instance's header line as it came (`line`: from its name to the end of its
+    /// value, line end excluded), `name` and `value` being its parts as httparse read and
+    /// checked them: one copy, the instance's spelling kept (names are case-insensitive).
+    pub fn push_line(&mut self, name: &[u8], value: &[u8], line: &[u8]) {
+        self.note(name, value);
+        self.lines.reserve(line.len() + 2);
+        self.lines.extend_from_slice(line);
+        self.lines.extend_from_slice(b"\r\n");
+    }
+
+    /// Notes what the front needs to know of a header.
+    fn note(&mut self, name: &[u8], value: &[u8]) {
         match name.len() {
             4 if name.eq_ignore_ascii_case(b"date") => self.date = true,
             12 if name.eq_ignore_ascii_case(b"content-type") => {
@@ -47,12 +69,6 @@ impl Fields {
             }
             _ => {}
         }
-        let at = self.lines.len();
-        self.lines.extend_from_slice(name);
-        self.lines[at..].make_ascii_lowercase();
-        self.lines.extend_from_slice(b": ");
-        self.lines.extend_from_slice(value);
-        self.lines.extend_from_slice(b"\r\n");
     }
 
     /// Appends a header whose value may not be valid (an instance id from configuration):

@@ -12,7 +12,7 @@
 //! [RFC 9112]: https://www.rfc-editor.org/rfc/rfc9112
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, EXPECT, HOST};
 use http::{Method, StatusCode, Version};
 
 use crate::fields::Fields;
@@ -52,7 +52,10 @@ pub enum WireError {
 }
 
 /// Writes the head of `parts` (origin form) with `host`, framed by `body_len` bytes of body.
-/// Framing headers of the client's request are not copied: the router frames what it sends.
+/// What the router does not pass on is left out here, with no copy of the client's headers
+/// made first: framing headers (the router frames what it sends), `host` (the instance's),
+/// `expect` (the router already holds the whole body), hop-by-hop headers and those the
+/// client's `Connection` names.
 pub fn encode_request(
     parts: &http::request::Parts,
     host: &HeaderValue,
@@ -66,8 +69,22 @@ pub fn encode_request(
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(host.as_bytes());
     out.extend_from_slice(b"\r\n");
+    let connection = parts.headers.get_all(CONNECTION);
+    // Names listed in `Connection` (only looked for when it lists any besides its options).
+    let lists = connection.iter().any(|v| {
+        tokens(v.as_bytes())
+            .any(|t| !t.eq_ignore_ascii_case(b"close") && !t.eq_ignore_ascii_case(b"keep-alive"))
+    });
     for (name, value) in &parts.headers {
-        if name == http::header::HOST || name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+        if name == HOST
+            || name == CONTENT_LENGTH
+            || name == EXPECT
+            || is_hop_by_hop(name.as_str().as_bytes())
+            || (lists
+                && connection.iter().any(|v| {
+                    tokens(v.as_bytes()).any(|t| t.eq_ignore_ascii_case(name.as_str().as_bytes()))
+                }))
+        {
             continue;
         }
         out.extend_from_slice(name.as_str().as_bytes());
@@ -217,12 +234,22 @@ fn parse_head_in<const N: usize>(
             })
     };
     let mut fields = Fields::with_capacity(len);
+    let head = &buf[..len];
+    let at = |s: &[u8]| (s.as_ptr() as usize).wrapping_sub(head.as_ptr() as usize);
     for h in headers {
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(b"content-length") || is_hop_by_hop(name) || listed(name) {
             continue;
         }
-        fields.push(name, h.value);
+        // The line as it came, from the name to the value's end, when the value lies after the
+        // name in the head (it does, but an empty value's place is httparse's to choose).
+        let (from, to) = (at(name), at(h.value) + h.value.len());
+        match head.get(from..to) {
+            Some(line) if !h.value.is_empty() && to > from + name.len() => {
+                fields.push_line(name, h.value, line)
+            }
+            _ => fields.push(name, h.value),
+        }
     }
     fields.set_content_length(length);
     buf.advance(len);

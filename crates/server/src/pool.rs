@@ -24,7 +24,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderValue, Method, Request, Response, Uri};
+use http::{HeaderValue, Method, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
@@ -184,15 +184,16 @@ impl Upstreams {
         }
     }
 
-    /// Sends `req` (origin form: its URI is the path) to the instance at `base` and waits for
-    /// the response head. The body that comes back reads the connection further and puts it
-    /// back for the next request when it ends.
+    /// Sends a request (`parts`: method, path and headers; `body`) to the instance at `base`
+    /// over HTTP/1.1, less what a proxy does not pass on ([`h1::encode_request`]), and waits
+    /// for the response head. The body that comes back reads the connection further and puts
+    /// it back for the next request when it ends.
     pub async fn send(
         self: &std::sync::Arc<Self>,
         base: &str,
-        req: Request<Bytes>,
+        parts: &http::request::Parts,
+        body: &Bytes,
     ) -> Result<Response<Leased>, SendError> {
-        let (parts, body) = req.into_parts();
         let head_request = parts.method == Method::HEAD;
         loop {
             let mut link = match self.checkout(base) {
@@ -200,8 +201,8 @@ impl Upstreams {
                 None => self.connect(base).await?,
             };
             link.head.clear();
-            h1::encode_request(&parts, &link.host, body.len(), &mut link.head);
-            if let Err(e) = link.write(&body).await {
+            h1::encode_request(parts, &link.host, body.len(), &mut link.head);
+            if let Err(e) = link.write(body).await {
                 // The instance closed a reused connection before it read the request: it never
                 // saw it, so it goes out again, on a new connection.
                 if link.reused {

@@ -135,10 +135,11 @@ async fn replay(
     body: Bytes,
 ) -> bool {
     let path = prepared.api.path().unwrap_or("/v1/completions");
-    let mut req = http::Request::new(body);
-    *req.method_mut() = http::Method::POST;
-    *req.uri_mut() = http::Uri::from_static(path);
-    req.headers_mut()
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = http::Method::POST;
+    parts.uri = http::Uri::from_static(path);
+    parts
+        .headers
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     let mut ticket = {
         let route = prepared.request(&state, state.now_s());
@@ -151,7 +152,7 @@ async fn replay(
     };
     let sent = tokio::time::timeout(
         state.settings.timeouts.first_byte,
-        state.client.send(&inst.spec().url, req),
+        state.client.send(&inst.spec().url, &parts, &body),
     )
     .await;
     let Ok(Ok(resp)) = sent else {

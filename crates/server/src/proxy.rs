@@ -22,7 +22,6 @@ pub use crate::pick::{Api, GROUP_HEADER, GROUP_HEADER_COMPAT};
 use crate::pool::Leased;
 use crate::state::AppState;
 use crate::stream::RelayBody;
-use crate::upstream::build_request;
 
 pub use prefix_router_core::wire::{DECISION_HEADER, INSTANCE_HEADER};
 
@@ -69,10 +68,9 @@ async fn attempt(
     routed: &mut Routed,
 ) -> Result<Result<Response<Leased>, Failure>, ApiError> {
     let settings = &state.settings;
-    let upstream_req = build_request(parts, body.clone());
     let sent = tokio::time::timeout(
         settings.timeouts.first_byte,
-        state.client.send(&routed.instance.spec().url, upstream_req),
+        state.client.send(&routed.instance.spec().url, parts, body),
     )
     .await;
     let failure = match sent {

@@ -1,12 +1,12 @@
-//! The client side: connections to the instances ([`crate::pool`]), and how a client's request
-//! is turned into an instance's request (and an instance's response head into the client's).
+//! The client side: connections to the instances ([`crate::pool`]), and the headers that are
+//! never passed on from one to the other (hop-by-hop).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName};
-use http::{Request, Uri, Version};
+use http::header::{self, HeaderName};
+use http::Request;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::pool::Upstreams;
@@ -49,12 +49,6 @@ static HOP_BY_HOP: [HeaderName; HOPS] = [
 /// request's 46,000 (callgrind, bench/peers.sh count mode).
 const HOP_LENGTHS: u32 = 1 << 2 | 1 << 7 | 1 << 10 | 1 << 16 | 1 << 17 | 1 << 19;
 
-/// Whether `name` is as long as one of the [`HOP_BY_HOP`] names.
-fn hop_length(name: &HeaderName) -> bool {
-    let len = name.as_str().len();
-    len < 32 && HOP_LENGTHS & (1 << len) != 0
-}
-
 /// Whether `name` (raw, any case) is one of the [`HOP_BY_HOP`] names.
 pub fn is_hop_by_hop(name: &[u8]) -> bool {
     let len = name.len();
@@ -63,66 +57,6 @@ pub fn is_hop_by_hop(name: &[u8]) -> bool {
         && HOP_BY_HOP
             .iter()
             .any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(name))
-}
-
-/// Removes hop-by-hop headers, including those named in `Connection`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most heads carry none or one of them: one pass over the names present finds which,
-    // where a removal per hop-by-hop name would hash each of the eight.
-    let mut present = [false; HOPS];
-    let mut connection = false;
-    for name in headers.keys().filter(|n| hop_length(n)) {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
-            present[i] = true;
-            connection |= name == header::CONNECTION;
-        }
-    }
-    // Names listed in `Connection` count only when there is a `Connection` header.
-    if connection {
-        strip_connection_named(headers);
-    }
-    for (name, here) in HOP_BY_HOP.iter().zip(present) {
-        if here {
-            headers.remove(name);
-        }
-    }
-}
-
-/// Removes the headers that `Connection` names.
-fn strip_connection_named(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        headers.remove(n);
-    }
-}
-
-/// The instance's request: same method, path, query, headers (less hop-by-hop) and body, sent
-/// over HTTP/1.1 (the connection sets `Host` to the instance's).
-pub fn build_request(parts: &http::request::Parts, body: Bytes) -> Request<Bytes> {
-    // Origin form (path and query): the connection is already the instance's. The path is
-    // shared with the client's request, not copied.
-    let uri = match parts.uri.path_and_query() {
-        Some(p) => Uri::from(p.clone()),
-        None => Uri::from_static("/"),
-    };
-    let mut req = Request::new(body);
-    *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = uri;
-    *req.version_mut() = Version::HTTP_11;
-    let headers = req.headers_mut();
-    *headers = parts.headers.clone();
-    strip_hop_by_hop(headers);
-    headers.remove(header::HOST);
-    headers.remove(header::CONTENT_LENGTH);
-    // The router already holds the whole body: the instance has nothing to confirm.
-    headers.remove(header::EXPECT);
-    req
 }
 
 /// `GET {instance}{path}` for the router's own checks (health probes, model lists, engine
@@ -136,9 +70,9 @@ pub async fn get(
     timeout: Duration,
 ) -> Option<(http::StatusCode, Bytes)> {
     use http_body_util::BodyExt;
-    let req = Request::get(path).body(Bytes::new()).ok()?;
+    let (parts, ()) = Request::get(path).body(()).ok()?.into_parts();
     let answer = async {
-        let resp = client.send(base, req).await.ok()?;
+        let resp = client.send(base, &parts, &Bytes::new()).await.ok()?;
         let status = resp.status();
         // Read whole, so the pooled connection is reused.
         let body = http_body_util::Limited::new(resp.into_body(), max_bytes)
@@ -154,76 +88,26 @@ pub async fn get(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
+    #[test]
+    fn hop_by_hop_names_are_found_in_any_case_and_no_others() {
+        for name in HOP_BY_HOP.iter() {
+            assert!(is_hop_by_hop(name.as_str().as_bytes()), "{name}");
+            assert!(
+                is_hop_by_hop(name.as_str().to_uppercase().as_bytes()),
+                "{name}"
             );
         }
-        h
-    }
-
-    fn names(h: &HeaderMap) -> Vec<String> {
-        let mut n: Vec<String> = h.keys().map(|k| k.as_str().to_string()).collect();
-        n.sort();
-        n
-    }
-
-    #[test]
-    fn hop_by_hop_headers_and_those_connection_names_are_removed() {
-        let mut h = map(&[
-            ("connection", "keep-alive, X-Secret"),
-            ("x-secret", "1"),
-            ("keep-alive", "timeout=5"),
-            ("proxy-connection", "keep-alive"),
-            ("transfer-encoding", "chunked"),
-            ("te", "trailers"),
-            ("trailer", "x-t"),
-            ("upgrade", "h2c"),
-            ("proxy-authorization", "Basic eA=="),
-            ("content-type", "application/json"),
-            ("authorization", "Bearer k"),
-            ("x-keep", "1"),
-        ]);
-        strip_hop_by_hop(&mut h);
-        assert_eq!(names(&h), ["authorization", "content-type", "x-keep"]);
-    }
-
-    #[test]
-    fn a_head_without_hop_by_hop_headers_is_unchanged_and_one_alone_goes() {
-        let pairs = [
-            ("content-type", "application/json"),
-            ("x-a", "1"),
-            ("x-a", "2"),
-        ];
-        let mut h = map(&pairs);
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h, map(&pairs));
-        // Without `Connection`, what a header lists is not read as names to strip.
-        let mut h = map(&[("transfer-encoding", "chunked"), ("x-secret", "1")]);
-        strip_hop_by_hop(&mut h);
-        assert_eq!(names(&h), ["x-secret"]);
-    }
-
-    #[test]
-    fn the_instance_request_drops_host_length_and_expect() {
-        let (mut parts, ()) = Request::post("http://client.example/v1/chat/completions?x=1")
-            .header("host", "client.example")
-            .header("content-length", "2")
-            .header("expect", "100-continue")
-            .header("connection", "close")
-            .header("content-type", "application/json")
-            .body(())
-            .unwrap()
-            .into_parts();
-        parts.version = Version::HTTP_2;
-        let req = build_request(&parts, Bytes::from_static(b"{}"));
-        assert_eq!(req.uri(), "/v1/chat/completions?x=1");
-        assert_eq!(req.version(), Version::HTTP_11);
-        assert_eq!(names(req.headers()), ["content-type"]);
+        for other in [
+            "host",
+            "content-type",
+            "content-length",
+            "te2",
+            "connections",
+            "x-te",
+            "",
+        ] {
+            assert!(!is_hop_by_hop(other.as_bytes()), "{other}");
+        }
     }
 }

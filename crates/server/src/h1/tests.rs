@@ -108,6 +108,53 @@ fn a_request_head_is_framed_by_the_router() {
     }
 }
 
+/// The client's request as an instance gets it: what belongs to the client's connection, or
+/// to the router, is left out (RFC 9110 section 7.6.1).
+#[test]
+fn a_request_head_leaves_out_hop_by_hop_headers_and_what_connection_names() {
+    let (mut parts, ()) = http::Request::post("http://client.example/v1/chat/completions?x=1")
+        .header("host", "client.example")
+        .header("content-length", "2")
+        .header("expect", "100-continue")
+        .header("connection", "keep-alive, X-Secret")
+        .header("x-secret", "1")
+        .header("keep-alive", "timeout=5")
+        .header("proxy-connection", "keep-alive")
+        .header("transfer-encoding", "chunked")
+        .header("te", "trailers")
+        .header("trailer", "x-t")
+        .header("upgrade", "h2c")
+        .header("proxy-authorization", "Basic eA==")
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer k")
+        .header("x-a", "1")
+        .header("x-a", "2")
+        .body(())
+        .expect("request")
+        .into_parts();
+    parts.version = http::Version::HTTP_2;
+    let mut out = Vec::new();
+    encode_request(&parts, &HeaderValue::from_static("h:1"), 2, &mut out);
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: h:1\r\ncontent-type: application/json\r\n\
+         authorization: Bearer k\r\nx-a: 1\r\nx-a: 2\r\ncontent-length: 2\r\n\r\n"
+    );
+    // Without `Connection`, no header is taken for a name it lists.
+    let (parts, ()) = http::Request::post("/x")
+        .header("connection", "close")
+        .header("x-secret", "1")
+        .body(())
+        .expect("request")
+        .into_parts();
+    out.clear();
+    encode_request(&parts, &HeaderValue::from_static("h"), 0, &mut out);
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "POST /x HTTP/1.1\r\nhost: h\r\nx-secret: 1\r\ncontent-length: 0\r\n\r\n"
+    );
+}
+
 #[test]
 fn heads_parse_only_when_complete() {
     let text = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\nabc";
@@ -141,13 +188,14 @@ fn hop_by_hop_headers_and_those_connection_names_are_left_out() {
     let h = head(
         "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nX-Trace: 1\r\nConnection: keep-alive, X-Trace\r\n\
          Server: vllm\r\nContent-Length: 2\r\nTE: trailers\r\nProxy-Connection: x\r\n\
-         Upgrade: h2c\r\nDate: Sat, 05 Dec 2026 02:00:00 GMT\r\n\r\n",
+         Upgrade: h2c\r\nDate: Sat, 05 Dec 2026 02:00:00 GMT\r\nX-Empty:\r\nX-Spaced:  v w \r\n\r\n",
     )
     .expect("parses")
     .expect("complete");
     assert_eq!(
         String::from_utf8_lossy(h.fields.lines()),
-        "server: vllm\r\ndate: Sat, 05 Dec 2026 02:00:00 GMT\r\n"
+        "Server: vllm\r\nDate: Sat, 05 Dec 2026 02:00:00 GMT\r\nx-empty: \r\nX-Spaced:  v w\r\n",
+        "each line as the instance spelled it; an empty value written out"
     );
     assert!(h.fields.has_date());
     assert_eq!(h.fields.content_length(), Some(2));
@@ -156,7 +204,7 @@ fn hop_by_hop_headers_and_those_connection_names_are_left_out() {
     let h = head("HTTP/1.1 204 No Content\r\nConnection: close\r\nX-Trace: 1\r\n\r\n")
         .expect("parses")
         .expect("complete");
-    assert_eq!(h.fields.lines(), b"x-trace: 1\r\n");
+    assert_eq!(h.fields.lines(), b"X-Trace: 1\r\n");
     assert!(!h.keep_alive);
 }
 
