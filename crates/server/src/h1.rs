@@ -233,7 +233,9 @@ fn parse_head_in<const N: usize>(
                     && tokens(h.value).any(|t| t.eq_ignore_ascii_case(name))
             })
     };
-    let mut fields = Fields::with_capacity(len);
+    // Room for the routing headers the proxy adds too: growing the lines then was a
+    // reallocation per answer.
+    let mut fields = Fields::with_capacity(len + 128);
     let head = &buf[..len];
     let at = |s: &[u8]| (s.as_ptr() as usize).wrapping_sub(head.as_ptr() as usize);
     for h in headers {

@@ -32,6 +32,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tower_service::Service;
 
 use crate::body::BoxError;
+use prefix_router_core::prehashed::PreHashed;
 use crate::fields::Fields;
 use crate::h1::{self, BodyDecoder, Decoded, WireError};
 
@@ -88,7 +89,10 @@ impl std::fmt::Debug for Upstreams {
 }
 
 struct Idle {
-    by_base: HashMap<Box<str>, Vec<(Link, Instant)>>,
+    /// Keyed by instance URL, hashed by `PreHashed`'s fold rather than SipHash: the URLs are
+    /// the router's configuration, not a peer's choice, and SipHash over one was 2 x 200
+    /// instructions of every request (checkout and check-in).
+    by_base: HashMap<Box<str>, Vec<(Link, Instant)>, PreHashed>,
     swept: Instant,
 }
 
@@ -166,7 +170,7 @@ impl Upstreams {
             idle: (0..=io_threads)
                 .map(|_| {
                     Mutex::new(Idle {
-                        by_base: HashMap::new(),
+                        by_base: HashMap::with_hasher(PreHashed),
                         swept: Instant::now(),
                     })
                 })
