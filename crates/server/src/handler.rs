@@ -54,7 +54,7 @@ pub fn check_path(path: &str) -> Result<(), ApiError> {
     let bytes = path.as_bytes();
     // The common path (`/v1/chat/completions`) has none of these: nothing more to look at,
     // and nothing allocated on the way.
-    if !bytes.iter().any(|&b| matches!(b, b'.' | b'%' | b'\\')) {
+    if memchr::memchr3(b'.', b'%', b'\\', bytes).is_none() {
         return Ok(());
     }
     for (i, &b) in bytes.iter().enumerate() {
@@ -136,26 +136,27 @@ pub async fn handle(
 ) -> Result<Response<ProxyBody>, Infallible> {
     let received = Instant::now();
     let method = req.method().clone();
-    let path = req.uri().path().to_string();
+    // Borrowed from the request until it is handed on (no copy of the path per request).
+    let path = req.uri().path();
     let get_only = |m: &Method| *m == Method::GET || *m == Method::HEAD;
-    if let Err(e) = check_path(&path) {
+    if let Err(e) = check_path(path) {
         return Ok(e.into_response());
     }
-    if let Some(resp) = operational(&state, &method, &path) {
+    if let Some(resp) = operational(&state, &method, path) {
         return Ok(resp);
     }
-    let resp = match path.as_str() {
-        "/v1/models" if get_only(&method) => models::list(&state).await,
-        "/v1/models" => not_allowed(&method, &path, "GET, HEAD"),
+    let api = match path {
+        "/v1/models" if get_only(&method) => return Ok(models::list(&state).await),
+        "/v1/models" => return Ok(not_allowed(&method, path, "GET, HEAD")),
         "/v1/chat/completions" | "/v1/completions" | "/invocations" if method != Method::POST => {
-            not_allowed(&method, &path, "POST")
+            return Ok(not_allowed(&method, path, "POST"))
         }
         p => match Api::of_path(p) {
-            Some(api) => proxy(state, api, req, received).await,
-            None => ApiError::unknown_route(&path).into_response(),
+            Some(api) => api,
+            None => return Ok(ApiError::unknown_route(p).into_response()),
         },
     };
-    Ok(resp)
+    Ok(proxy(state, api, req, received).await)
 }
 
 #[cfg(test)]

@@ -32,9 +32,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tower_service::Service;
 
 use crate::body::BoxError;
-use prefix_router_core::prehashed::PreHashed;
 use crate::fields::Fields;
 use crate::h1::{self, BodyDecoder, Decoded, WireError};
+use prefix_router_core::prehashed::PreHashed;
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 type Io = TokioIo<hyper_rustls::MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>>;
