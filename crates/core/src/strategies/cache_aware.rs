@@ -56,7 +56,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use self::choose::Candidate;
 use self::index::{BlockIndex, Slots};
-use self::load::{Cost, InstanceLoad, Pool};
+use self::load::{Cost, Fades, InstanceLoad, Pool};
 use crate::strategy::{Feedback, MembershipChange, Note, ParamSpec, StrategyEntry, StrategyStats};
 use crate::{
     ChainSpec, ConfigError, Decision, FleetSnapshot, Instance, InstanceId, RouteError,
@@ -254,6 +254,8 @@ struct State {
     loads: Vec<InstanceLoad>,
     /// The fleet's cost fit, which each instance's is blended with.
     pool: Pool,
+    /// Each instance's fading weight by gap, remembered (see [`Fades`]).
+    fades: Fades,
     /// Per slot, the insertion counter at which each request still waiting for its first
     /// token started: blocks stamped after one of these may not be computed yet.
     pending: Vec<VecDeque<u32>>,
@@ -364,6 +366,7 @@ impl CacheAware {
             slot_of: Default::default(),
             loads: Vec::new(),
             pool: Pool::new(config.prior),
+            fades: Fades::default(),
             pending: Vec::new(),
             matched: Vec::new(),
             recent: Vec::new(),
@@ -471,7 +474,7 @@ impl Strategy for CacheAware {
                 cached_units: matched_units,
                 reported: report.is_some(),
                 reach_units: matched_units.saturating_add(loadable_units),
-                cost: load.cost(&st.pool, instances),
+                cost: load.cost_with(&st.pool, |gap| st.fades.factor(gap, instances)),
                 queued_units: queued as f64,
                 decoding: f64::from(decoding),
                 expected_s: 0.0,

@@ -165,12 +165,17 @@ impl InstanceLoad {
     /// The current cost estimate: its own fit blended with the pool's, its own weight fading by
     /// one decay step for every `instances` samples the pool took since its last.
     pub fn cost(&self, pool: &Pool, instances: usize) -> Cost {
+        self.cost_with(pool, |gap| fade(gap, instances))
+    }
+
+    /// [`InstanceLoad::cost`], its fading factor for the pool's samples since the instance's
+    /// last (`gap`) given by `fade` (a [`Fades`] memo; [`fade`] itself).
+    pub fn cost_with(&self, pool: &Pool, fade: impl FnOnce(u64) -> f64) -> Cost {
         if self.fit.n < MIN_SAMPLES {
             return pool.cost();
         }
         let own = self.own;
-        let missed = pool.samples.saturating_sub(self.seen_at) as f64 / instances.max(1) as f64;
-        let n = self.fit.n * (1.0 - DECAY).powf(missed);
+        let n = self.fit.n * fade(pool.samples.saturating_sub(self.seen_at));
         let w = n / (n + POOL_WEIGHT);
         let p = pool.cost();
         let mix = |a: f64, b: f64| w * a + (1.0 - w) * b;
@@ -190,6 +195,49 @@ impl InstanceLoad {
             self.own = self.fit.cost();
             self.seen_at = pool.samples;
         }
+    }
+}
+
+/// An instance's own weight after `gap` samples of the pool since its last: one decay step
+/// for every `instances` of them.
+pub fn fade(gap: u64, instances: usize) -> f64 {
+    (1.0 - DECAY).powf(gap as f64 / instances.max(1) as f64)
+}
+
+/// Gaps below this are remembered by [`Fades`] (8 KiB of factors at most).
+const FADES: usize = 1024;
+
+/// [`fade`] for the gaps decisions meet, each computed once per fleet size. The same
+/// expression, so bit for bit what it gives (decisions, and `simulate`'s output, are
+/// unchanged), where a `powf` per candidate was about 130 instructions of each decision.
+#[derive(Debug, Clone, Default)]
+pub struct Fades {
+    instances: usize,
+    /// By gap; NaN where not computed yet (a factor never is NaN).
+    factors: Vec<f64>,
+}
+
+impl Fades {
+    /// [`fade`]`(gap, instances)`.
+    pub fn factor(&mut self, gap: u64, instances: usize) -> f64 {
+        if instances != self.instances {
+            self.instances = instances;
+            self.factors.clear();
+        }
+        let i = match usize::try_from(gap) {
+            Ok(i) if i < FADES => i,
+            _ => return fade(gap, instances),
+        };
+        if self.factors.len() <= i {
+            self.factors.resize(i + 1, f64::NAN);
+        }
+        let known = self.factors[i];
+        if !known.is_nan() {
+            return known;
+        }
+        let f = fade(gap, instances);
+        self.factors[i] = f;
+        f
     }
 }
 
@@ -453,5 +501,25 @@ mod tests {
             "{:?}",
             slow.cost(&pool, 2)
         );
+    }
+
+    #[test]
+    fn remembered_fades_are_the_computed_ones_bit_for_bit() {
+        let mut fades = Fades::default();
+        for instances in [1usize, 7, 64, 7] {
+            for gap in [0u64, 1, 2, 5, 63, 64, 1023, 1024, 5000, u64::MAX] {
+                for _ in 0..2 {
+                    let f = fades.factor(gap, instances);
+                    assert_eq!(
+                        f.to_bits(),
+                        fade(gap, instances).to_bits(),
+                        "{gap} {instances}"
+                    );
+                }
+            }
+        }
+        let pool = Pool::new(PRIOR);
+        let l = InstanceLoad::new(PRIOR);
+        assert_eq!(l.cost_with(&pool, |g| fades.factor(g, 3)), l.cost(&pool, 3));
     }
 }
