@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, Version};
-use http_body_util::BodyExt;
 use prefix_router_core::Instance;
 
 use crate::access_log::{unix_now, Entry};
@@ -225,14 +224,12 @@ fn relay(
     fields.push_checked(INSTANCE_HEADER.as_bytes(), routed.id().as_bytes());
     fields.push(DECISION_HEADER.as_bytes(), routed.reason.as_bytes());
     let sse = fields.is_event_stream();
-    parts.extensions.insert(fields);
     let body = RelayBody::new(
         incoming,
         routed.guard,
         settings.timeouts.idle_stream,
         scan_usage,
         sse,
-    )
-    .boxed_unsync();
-    Response::from_parts(parts, body)
+    );
+    Response::from_parts(parts, ProxyBody::relayed(body, fields))
 }

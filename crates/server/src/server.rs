@@ -19,7 +19,6 @@ use crate::body::RequestBody;
 use crate::conn::{Activity, PerClient, Tracked, TrackedIo, Verdict};
 use crate::discovery;
 use crate::error::{ApiError, ServerError};
-use crate::fields::Fields;
 use crate::front;
 use crate::handler;
 use crate::health;
@@ -371,9 +370,8 @@ async fn serve_connection<S>(
             let mut resp = handler::handle(state, req.map(RequestBody::Incoming)).await?;
             // A relayed answer's headers travel as wire lines (`crate::fields`): hyper
             // takes a map.
-            if let Some(fields) = resp.extensions_mut().remove::<Fields>() {
-                fields.into_map(resp.headers_mut());
-            }
+            let fields = resp.body_mut().take_fields();
+            fields.into_map(resp.headers_mut());
             Ok::<_, Infallible>(resp.map(|b| Tracked::new(b, open)))
         }
     });

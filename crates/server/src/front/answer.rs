@@ -10,7 +10,6 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use super::response::{self, chunk_start, declared_length, encode_head, OutFraming, Persist};
 use super::{read_some, Conn, Deadlines, WRITE_DIRECT, WRITE_MAX};
 use crate::body::ProxyBody;
-use crate::fields::Fields;
 
 /// Writes `resp` to the client: its head, then its body as it comes, written out whenever the
 /// body has nothing more ready. Returns whether the connection can carry another request.
@@ -24,9 +23,9 @@ pub(super) async fn write_answer<S: AsyncRead + AsyncWrite + Unpin>(
     http11: bool,
     keep: bool,
 ) -> std::io::Result<bool> {
-    let (mut parts, mut body) = resp.into_parts();
+    let (parts, mut body) = resp.into_parts();
     // A relayed answer's own headers travel as wire lines beside the (then router-only) map.
-    let fields = parts.extensions.remove::<Fields>().unwrap_or_default();
+    let fields = body.take_fields();
     let framing = OutFraming::choose(
         head_request,
         http11,
