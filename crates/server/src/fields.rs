@@ -11,8 +11,8 @@
 use bytes::BytesMut;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH};
 
-/// End-to-end response headers, `name: value\r\n` each (an instance's as it spelled them,
-/// the router's lowercase), without the hop-by-hop ones, those `Connection` names, and the framing ones
+/// End-to-end response headers, `name: value\r\n` each (names as the instance spelled them;
+/// HTTP/1 names are case-insensitive), without the hop-by-hop ones, those `Connection` names, and the framing ones
 /// (`content-length`, `transfer-encoding`): the front frames every answer itself.
 #[derive(Debug, Clone, Default)]
 pub struct Fields {
@@ -34,14 +34,12 @@ impl Fields {
         }
     }
 
-    /// Appends a header. `name` must be a valid header name (any case) and `value` a valid
-    /// value ([`valid_value`]); the caller has checked them.
+    /// Appends a header, its name as given. `name` must be a valid header name (any case) and
+    /// `value` a valid value ([`valid_value`]); the caller has checked them.
     pub fn push(&mut self, name: &[u8], value: &[u8]) {
         self.note(name, value);
         self.lines.reserve(name.len() + value.len() + 4);
-        let at = self.lines.len();
         self.lines.extend_from_slice(name);
-        self.lines[at..].make_ascii_lowercase();
         self.lines.extend_from_slice(b": ");
         self.lines.extend_from_slice(value);
         self.lines.extend_from_slice(b"\r\n");
@@ -140,13 +138,13 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn lines_are_lowercased_and_flags_follow_the_names() {
+    fn lines_are_kept_as_given_and_flags_follow_the_names_in_any_case() {
         let mut f = Fields::default();
         f.push(b"Content-Type", b"text/event-stream; charset=utf-8");
         f.push(b"X-Request-Id", b"Ab1");
         assert_eq!(
             f.lines(),
-            b"content-type: text/event-stream; charset=utf-8\r\nx-request-id: Ab1\r\n"
+            b"Content-Type: text/event-stream; charset=utf-8\r\nX-Request-Id: Ab1\r\n"
         );
         assert!(f.is_event_stream());
         assert!(!f.has_date());

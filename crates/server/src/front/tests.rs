@@ -253,7 +253,7 @@ fn an_answer_head_carries_the_routers_framing_instead_of_the_relayed_one() {
     );
     assert_eq!(
         String::from_utf8_lossy(&out),
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ndate: Sat, 05 Dec 2026 02:00:00 GMT\r\n\
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nDate: Sat, 05 Dec 2026 02:00:00 GMT\r\n\
          x-extra: 1\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n"
     );
 }

@@ -194,7 +194,7 @@ fn hop_by_hop_headers_and_those_connection_names_are_left_out() {
     .expect("complete");
     assert_eq!(
         String::from_utf8_lossy(h.fields.lines()),
-        "Server: vllm\r\nDate: Sat, 05 Dec 2026 02:00:00 GMT\r\nx-empty: \r\nX-Spaced:  v w\r\n",
+        "Server: vllm\r\nDate: Sat, 05 Dec 2026 02:00:00 GMT\r\nX-Empty: \r\nX-Spaced:  v w\r\n",
         "each line as the instance spelled it; an empty value written out"
     );
     assert!(h.fields.has_date());
