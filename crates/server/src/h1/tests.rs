@@ -550,3 +550,27 @@ fn a_head_with_many_headers_parses_and_too_many_is_an_error() {
         "{err:?}"
     );
 }
+
+proptest! {
+    /// `content_length` reads what the string check and `parse::<u64>` of ASCII-trimmed
+    /// digits read, and refuses what they refused.
+    #[test]
+    fn content_length_agrees_with_parse(v in proptest::collection::vec(
+        proptest::sample::select(b"0123456789 \t+-a\xa0".to_vec()), 0..24,
+    )) {
+        let want = std::str::from_utf8(v.trim_ascii())
+            .ok()
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|s| s.parse::<u64>().ok());
+        prop_assert_eq!(content_length(&v), want);
+    }
+}
+
+#[test]
+fn content_length_reads_up_to_u64_max() {
+    assert_eq!(content_length(b" 18446744073709551615\t"), Some(u64::MAX));
+    assert_eq!(content_length(b"18446744073709551616"), None);
+    assert_eq!(content_length(b"007"), Some(7));
+    assert_eq!(content_length(b""), None);
+    assert_eq!(content_length(b" "), None);
+}
