@@ -12,8 +12,9 @@ use bytes::BytesMut;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH};
 
 /// End-to-end response headers, `name: value\r\n` each (names as the instance spelled them;
-/// HTTP/1 names are case-insensitive), without the hop-by-hop ones, those `Connection` names, and the framing ones
-/// (`content-length`, `transfer-encoding`): the front frames every answer itself.
+/// HTTP/1 names are case-insensitive), without the hop-by-hop ones, those `Connection` names,
+/// the framing ones (`content-length`, `transfer-encoding`: the front frames every answer
+/// itself) and the router's own routing headers (the proxy adds its own).
 #[derive(Debug, Clone, Default)]
 pub struct Fields {
     lines: BytesMut,

@@ -16,7 +16,7 @@ use http::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, EXPECT, HOST};
 use http::{Method, StatusCode, Version};
 
 use crate::fields::Fields;
-use crate::upstream::is_hop_by_hop;
+use crate::upstream::{is_hop_by_hop, is_router_owned};
 
 /// Largest response head accepted (status line and headers).
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -69,9 +69,9 @@ pub fn encode_request(
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(host.as_bytes());
     out.extend_from_slice(b"\r\n");
-    // Names listed in `Connection` (only looked for when it lists any besides its options).
-    // Found by a pass over the few headers there are: a lookup by name hashed it (about 100
-    // instructions per request).
+    // Whether a `Connection` header lists names besides its options, found by a pass over the
+    // few headers there are (a lookup by name hashed it: about 100 instructions per request);
+    // only then is each header looked for among those names.
     let lists = parts.headers.iter().any(|(n, v)| {
         n == CONNECTION
             && tokens(v.as_bytes()).any(|t| {
@@ -239,12 +239,16 @@ fn parse_head_in<const N: usize>(
     let at = |s: &[u8]| (s.as_ptr() as usize).wrapping_sub(head.as_ptr() as usize);
     for h in headers {
         let name = h.name.as_bytes();
-        if name.eq_ignore_ascii_case(b"content-length") || is_hop_by_hop(name) || listed(name) {
+        if name.eq_ignore_ascii_case(b"content-length")
+            || is_hop_by_hop(name)
+            || is_router_owned(name)
+            || listed(name)
+        {
             continue;
         }
         // The line as it came, from the name to the value's end, when the value lies after the
         // name in the head (it does, but an empty value's place is httparse's to choose).
-        let (from, to) = (at(name), at(h.value) + h.value.len());
+        let (from, to) = (at(name), at(h.value).saturating_add(h.value.len()));
         match head.get(from..to) {
             Some(line) if !h.value.is_empty() && to > from + name.len() => {
                 fields.push_line(name, h.value, line)

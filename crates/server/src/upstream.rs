@@ -10,6 +10,7 @@ use http::Request;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::pool::Upstreams;
+use prefix_router_core::wire::{DECISION_HEADER, INSTANCE_HEADER};
 
 /// Every connection to the instances (`http://` and `https://`): connect timeout,
 /// TCP_NODELAY, HTTP/1.1 keep-alive, and `tls` for `https://` instances; idle connections are
@@ -57,6 +58,16 @@ pub fn is_hop_by_hop(name: &[u8]) -> bool {
         && HOP_BY_HOP
             .iter()
             .any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// Whether `name` (raw, any case) is a header the router sets on its answers
+/// ([`INSTANCE_HEADER`], [`DECISION_HEADER`]): an instance's own (another router in front of
+/// it, say) is not passed on, so the client reads this router's, once.
+pub fn is_router_owned(name: &[u8]) -> bool {
+    // Both are 24 bytes long: most names are ruled out by their length.
+    name.len() == INSTANCE_HEADER.len()
+        && (name.eq_ignore_ascii_case(INSTANCE_HEADER.as_bytes())
+            || name.eq_ignore_ascii_case(DECISION_HEADER.as_bytes()))
 }
 
 /// `GET {instance}{path}` for the router's own checks (health probes, model lists, engine
@@ -108,6 +119,23 @@ mod tests {
             "",
         ] {
             assert!(!is_hop_by_hop(other.as_bytes()), "{other}");
+        }
+    }
+
+    #[test]
+    fn the_routing_headers_are_the_routers_own_in_any_case() {
+        const _: () = assert!(INSTANCE_HEADER.len() == DECISION_HEADER.len());
+        for name in [INSTANCE_HEADER, DECISION_HEADER] {
+            assert!(is_router_owned(name.as_bytes()), "{name}");
+            assert!(is_router_owned(name.to_uppercase().as_bytes()), "{name}");
+        }
+        for other in [
+            "x-prefix-router-instances",
+            "x-prefix-router-group",
+            "content-type",
+            "",
+        ] {
+            assert!(!is_router_owned(other.as_bytes()), "{other}");
         }
     }
 }

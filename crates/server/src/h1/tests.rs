@@ -200,6 +200,14 @@ fn hop_by_hop_headers_and_those_connection_names_are_left_out() {
     assert!(h.fields.has_date());
     assert_eq!(h.fields.content_length(), Some(2));
     assert_eq!((h.framing, h.keep_alive), (Framing::Length(2), true));
+    // An instance's own routing headers (another router in front of it) give way to ours.
+    let h = head(
+        "HTTP/1.1 200 OK\r\nX-Prefix-Router-Instance: inner\r\nx-prefix-router-decision: cold\r\n\
+         x-prefix-router-group: t\r\n\r\n",
+    )
+    .expect("parses")
+    .expect("complete");
+    assert_eq!(h.fields.lines(), b"x-prefix-router-group: t\r\n");
     // Without a name listed in `Connection`, a header of that name stays.
     let h = head("HTTP/1.1 204 No Content\r\nConnection: close\r\nX-Trace: 1\r\n\r\n")
         .expect("parses")
