@@ -72,21 +72,21 @@ pub fn encode_request(
     // Whether a `Connection` header lists names besides its options, found by a pass over the
     // few headers there are (a lookup by name hashed it: about 100 instructions per request);
     // only then is each header looked for among those names.
-    let lists = parts.headers.iter().any(|(n, v)| {
-        n == CONNECTION
-            && tokens(v.as_bytes()).any(|t| {
-                !t.eq_ignore_ascii_case(b"close") && !t.eq_ignore_ascii_case(b"keep-alive")
-            })
-    });
+    let lists = parts
+        .headers
+        .iter()
+        .any(|(n, v)| n == CONNECTION && lists_names(v.as_bytes()));
     for (name, value) in &parts.headers {
         if name == HOST
             || name == CONTENT_LENGTH
             || name == EXPECT
             || is_hop_by_hop(name.as_str().as_bytes())
             || (lists
-                && parts.headers.get_all(CONNECTION).iter().any(|v| {
-                    tokens(v.as_bytes()).any(|t| t.eq_ignore_ascii_case(name.as_str().as_bytes()))
-                }))
+                && parts
+                    .headers
+                    .get_all(CONNECTION)
+                    .iter()
+                    .any(|v| names(v.as_bytes(), name.as_str().as_bytes())))
         {
             continue;
         }
@@ -203,7 +203,7 @@ fn parse_head_in<const N: usize>(
                 chunked = last.eq_ignore_ascii_case(b"chunked");
             }
             14 if raw_name.eq_ignore_ascii_case(b"content-length") => {
-                let n = content_length(raw_value)
+                let n = decimal(raw_value)
                     .ok_or_else(|| WireError::Head("content-length is not a number".into()))?;
                 if length.is_some_and(|l| l != n) {
                     return Err(WireError::Head("conflicting content-length values".into()));
@@ -212,14 +212,10 @@ fn parse_head_in<const N: usize>(
             }
             10 if raw_name.eq_ignore_ascii_case(b"connection") => {
                 for t in tokens(raw_value) {
-                    let (c, k) = (
-                        t.eq_ignore_ascii_case(b"close"),
-                        t.eq_ignore_ascii_case(b"keep-alive"),
-                    );
-                    close |= c;
-                    keep |= k;
-                    named |= !(c || k);
+                    close |= t.eq_ignore_ascii_case(b"close");
+                    keep |= t.eq_ignore_ascii_case(b"keep-alive");
                 }
+                named |= lists_names(raw_value);
             }
             _ => {}
         }
@@ -227,10 +223,9 @@ fn parse_head_in<const N: usize>(
     // Names a `Connection` header lists (besides its own options) are hop-by-hop too.
     let listed = |name: &[u8]| {
         named
-            && headers.iter().any(|h| {
-                h.name.eq_ignore_ascii_case("connection")
-                    && tokens(h.value).any(|t| t.eq_ignore_ascii_case(name))
-            })
+            && headers
+                .iter()
+                .any(|h| h.name.eq_ignore_ascii_case("connection") && names(h.value, name))
     };
     // Room for the routing headers the proxy adds too: growing the lines then was a
     // reallocation per answer.
@@ -283,10 +278,10 @@ fn parse_head_in<const N: usize>(
     }))
 }
 
-/// A `content-length` value: decimal digits, ASCII whitespace around them allowed (a proxy in
-/// front may not read Unicode spaces as ours), at most `u64::MAX`. Read without a string check
-/// and `parse`, which were about 60 instructions of each head.
-pub(crate) fn content_length(value: &[u8]) -> Option<u64> {
+/// A decimal number (a `content-length`, a usage count): digits, ASCII whitespace around them
+/// allowed (a proxy in front may not read Unicode spaces as ours), at most `u64::MAX`. Read
+/// without a string check and `parse`, which were about 60 instructions of each head.
+pub(crate) fn decimal(value: &[u8]) -> Option<u64> {
     let digits = value.trim_ascii();
     if digits.is_empty() {
         return None;
@@ -298,6 +293,18 @@ pub(crate) fn content_length(value: &[u8]) -> Option<u64> {
             None
         }
     })
+}
+
+/// Whether a `Connection` value lists header names besides its own options (`close`,
+/// `keep-alive`): those headers are hop-by-hop too (RFC 9110 section 7.6.1).
+fn lists_names(value: &[u8]) -> bool {
+    tokens(value)
+        .any(|t| !t.eq_ignore_ascii_case(b"close") && !t.eq_ignore_ascii_case(b"keep-alive"))
+}
+
+/// Whether a `Connection` value names the header `name`.
+fn names(value: &[u8], name: &[u8]) -> bool {
+    tokens(value).any(|t| t.eq_ignore_ascii_case(name))
 }
 
 /// The comma-separated tokens of a header value, trimmed.

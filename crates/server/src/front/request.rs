@@ -140,7 +140,7 @@ fn parse_in<const N: usize>(
         let name = HeaderName::from_bytes(&head[name.0 as usize..(name.0 + name.1) as usize])
             .map_err(|_| HeadError::Malformed("a header name is invalid"))?;
         if name == CONTENT_LENGTH {
-            let n = crate::h1::content_length(&raw_value)
+            let n = crate::h1::decimal(&raw_value)
                 .ok_or(HeadError::Malformed("content-length is not a number"))?;
             if length.is_some_and(|l| l != n) {
                 return Err(HeadError::Malformed("conflicting content-length values"));

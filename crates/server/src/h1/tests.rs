@@ -10,6 +10,13 @@ fn framing(text: &str) -> (Framing, bool) {
     (h.framing, h.keep_alive)
 }
 
+/// The request head `encode_request` writes for `parts`, to `host`, with `body_len` bytes.
+fn written(parts: &http::request::Parts, host: &'static str, body_len: usize) -> String {
+    let mut out = Vec::new();
+    encode_request(parts, &HeaderValue::from_static(host), body_len, &mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Decodes all of `wire` fed in pieces cut at `cuts`; the body and what follows it.
 fn decode_in_pieces(
     mut d: BodyDecoder,
@@ -68,15 +75,8 @@ fn a_request_head_is_framed_by_the_router() {
         .body(())
         .expect("request");
     let (parts, ()) = req.into_parts();
-    let mut out = Vec::new();
-    encode_request(
-        &parts,
-        &HeaderValue::from_static("127.0.0.1:9"),
-        12,
-        &mut out,
-    );
     assert_eq!(
-        String::from_utf8_lossy(&out),
+        written(&parts, "127.0.0.1:9", 12),
         "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 127.0.0.1:9\r\n\
          content-type: application/json\r\ncontent-length: 12\r\n\r\n"
     );
@@ -84,23 +84,17 @@ fn a_request_head_is_framed_by_the_router() {
         .body(())
         .expect("get")
         .into_parts();
-    out.clear();
-    encode_request(&get, &HeaderValue::from_static("h"), 0, &mut out);
     assert_eq!(
-        String::from_utf8_lossy(&out),
+        written(&get, "h", 0),
         "GET /health HTTP/1.1\r\nhost: h\r\n\r\n"
     );
     let (post, ()) = http::Request::post("/x")
         .body(())
         .expect("post")
         .into_parts();
-    out.clear();
-    encode_request(&post, &HeaderValue::from_static("h"), 0, &mut out);
-    assert!(String::from_utf8_lossy(&out).ends_with("content-length: 0\r\n\r\n"));
+    assert!(written(&post, "h", 0).ends_with("content-length: 0\r\n\r\n"));
     for n in [0usize, 7, 10, 1234567890, usize::MAX] {
-        out.clear();
-        encode_request(&post, &HeaderValue::from_static("h"), n, &mut out);
-        let text = String::from_utf8_lossy(&out).to_string();
+        let text = written(&post, "h", n);
         assert!(
             text.ends_with(&format!("content-length: {n}\r\n\r\n")),
             "{text}"
@@ -133,10 +127,8 @@ fn a_request_head_leaves_out_hop_by_hop_headers_and_what_connection_names() {
         .expect("request")
         .into_parts();
     parts.version = http::Version::HTTP_2;
-    let mut out = Vec::new();
-    encode_request(&parts, &HeaderValue::from_static("h:1"), 2, &mut out);
     assert_eq!(
-        String::from_utf8_lossy(&out),
+        written(&parts, "h:1", 2),
         "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: h:1\r\ncontent-type: application/json\r\n\
          authorization: Bearer k\r\nx-a: 1\r\nx-a: 2\r\ncontent-length: 2\r\n\r\n"
     );
@@ -147,10 +139,8 @@ fn a_request_head_leaves_out_hop_by_hop_headers_and_what_connection_names() {
         .body(())
         .expect("request")
         .into_parts();
-    out.clear();
-    encode_request(&parts, &HeaderValue::from_static("h"), 0, &mut out);
     assert_eq!(
-        String::from_utf8_lossy(&out),
+        written(&parts, "h", 0),
         "POST /x HTTP/1.1\r\nhost: h\r\nx-secret: 1\r\ncontent-length: 0\r\n\r\n"
     );
 }
@@ -560,7 +550,7 @@ fn a_head_with_many_headers_parses_and_too_many_is_an_error() {
 }
 
 proptest! {
-    /// `content_length` reads what the string check and `parse::<u64>` of ASCII-trimmed
+    /// `decimal` reads what the string check and `parse::<u64>` of ASCII-trimmed
     /// digits read, and refuses what they refused.
     #[test]
     fn content_length_agrees_with_parse(v in proptest::collection::vec(
@@ -570,15 +560,15 @@ proptest! {
             .ok()
             .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|s| s.parse::<u64>().ok());
-        prop_assert_eq!(content_length(&v), want);
+        prop_assert_eq!(decimal(&v), want);
     }
 }
 
 #[test]
 fn content_length_reads_up_to_u64_max() {
-    assert_eq!(content_length(b" 18446744073709551615\t"), Some(u64::MAX));
-    assert_eq!(content_length(b"18446744073709551616"), None);
-    assert_eq!(content_length(b"007"), Some(7));
-    assert_eq!(content_length(b""), None);
-    assert_eq!(content_length(b" "), None);
+    assert_eq!(decimal(b" 18446744073709551615\t"), Some(u64::MAX));
+    assert_eq!(decimal(b"18446744073709551616"), None);
+    assert_eq!(decimal(b"007"), Some(7));
+    assert_eq!(decimal(b""), None);
+    assert_eq!(decimal(b" "), None);
 }
