@@ -452,8 +452,10 @@ async fn answer_error<S: AsyncRead + AsyncWrite + Unpin>(
     .await?;
     // The answer is out: say so with a FIN, then drop what arrives until the client closes.
     io.shutdown().await?;
+    // On the heap, and only on this path: as an array, its 8 KiB sat in the future of every
+    // connection for as long as it lived (17.8 KiB against 4.2 without; front::tests).
     let drain = async {
-        let mut sink = [0u8; 8 * 1024];
+        let mut sink = vec![0u8; 8 * 1024];
         let mut read = 0;
         while read < LINGER_MAX {
             match io.read(&mut sink).await {
