@@ -384,3 +384,63 @@ async fn a_refusal_reaches_a_client_still_sending_its_body() {
     assert_eq!(up.hits(), 0);
     r.shutdown().await;
 }
+
+/// Reads from `conn` until `text` holds `n` complete answers (at most 5 s).
+async fn read_answers(conn: &mut TcpStream, text: &mut String, n: usize) {
+    let done = |t: &str| {
+        let got = answers(t);
+        got.len() >= n && got.iter().all(|(h, b)| b.len() == content_length(h))
+    };
+    let mut chunk = vec![0u8; 64 * 1024];
+    while !done(text) {
+        let read = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut chunk)).await;
+        match read {
+            Ok(Ok(n)) if n > 0 => text.push_str(&String::from_utf8_lossy(&chunk[..n])),
+            other => panic!("connection ended or stalled ({other:?}); so far: {text}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_connection_that_gave_its_buffers_back_while_quiet_serves_on() {
+    // The shortest client timeout (here the body's, 150 ms) is how long a connection keeps its
+    // buffers while quiet; it stays open until the idle timeout.
+    let (_up, r) = echo_router(|s| {
+        s.timeouts.client_body = Duration::from_millis(150);
+        s.timeouts.client_idle = Duration::from_secs(10);
+    })
+    .await;
+    let mut conn = TcpStream::connect(r.local_addr()).await.expect("connect");
+    let mut text = String::new();
+    conn.write_all(post(&chat("first"), "").as_bytes())
+        .await
+        .expect("write");
+    read_answers(&mut conn, &mut text, 1).await;
+    // Quiet past the release: the next request is larger than the small buffer it waits on,
+    // and two more follow it pipelined.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let long = "word ".repeat(2_000);
+    let mut next = post(&chat(&long), "");
+    next.push_str(&post(&chat("third"), ""));
+    next.push_str(&post(&chat("fourth"), ""));
+    conn.write_all(next.as_bytes()).await.expect("write");
+    read_answers(&mut conn, &mut text, 4).await;
+    let got = answers(&text);
+    for (i, want) in ["first", &long, "third", "fourth"].iter().enumerate() {
+        assert!(
+            got[i].0.starts_with("http/1.1 200"),
+            "answer {i}: {}",
+            got[i].0
+        );
+        assert!(got[i].1.contains(*want), "answer {i} lacks its question");
+    }
+    // Quiet again, then one more: released twice, still the same connection.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    conn.write_all(post(&chat("fifth"), "").as_bytes())
+        .await
+        .expect("write");
+    read_answers(&mut conn, &mut text, 5).await;
+    assert!(answers(&text)[4].1.contains("fifth"));
+    assert_eq!(total_in_flight(&r), 0);
+    r.shutdown().await;
+}

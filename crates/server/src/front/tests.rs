@@ -304,3 +304,43 @@ async fn a_connection_future_stays_small() {
     let size = std::mem::size_of_val(&serving);
     assert!(size <= 8 * 1024, "front::serve's future is {size} bytes");
 }
+
+/// Waits for a request with `await_request` on a connection whose client writes after
+/// `after`; the shortest timeout is 100 ms. Returns the read and write buffers' capacities then.
+async fn capacities_after_waiting(after: std::time::Duration) -> (usize, usize) {
+    let mut timeouts = crate::settings::Timeouts::default();
+    timeouts.client_body = std::time::Duration::from_millis(100);
+    let mut clock = super::Deadlines::new(&timeouts);
+    let (mut io, mut client) = tokio::io::duplex(4096);
+    let (_tx, mut stop) = tokio::sync::watch::channel(false);
+    let (mut buf, mut out) = (
+        BytesMut::with_capacity(super::READ_BUF),
+        Vec::with_capacity(super::READ_BUF),
+    );
+    let writer = tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"GET / HTTP/1.1\r\n\r\n")
+            .await
+            .ok();
+        client
+    });
+    let waited = super::await_request(&mut io, &mut buf, &mut out, &mut clock, &mut stop).await;
+    assert!(matches!(waited, super::Waited::Bytes));
+    assert_eq!(&buf[..], b"GET / HTTP/1.1\r\n\r\n");
+    drop(writer.await);
+    (buf.capacity(), out.capacity())
+}
+
+#[tokio::test]
+async fn a_quiet_connection_gives_its_buffers_back_and_a_busy_one_keeps_them() {
+    let (read, write) = capacities_after_waiting(std::time::Duration::ZERO).await;
+    assert!(
+        read >= super::READ_BUF && write >= super::READ_BUF,
+        "{read} {write}"
+    );
+    // Quiet past the 100 ms: the request is read into the small buffer, and the write buffer
+    // is made ready for its answer again.
+    let (read, write) = capacities_after_waiting(std::time::Duration::from_millis(300)).await;
+    assert!(read <= 2 * super::WAKE_READ, "read buffer {read}");
+    assert!(write >= super::READ_BUF, "write buffer {write}");
+}
