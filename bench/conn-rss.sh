@@ -14,6 +14,8 @@
 #                        limit, 1,024 by default)
 #   CONN_ROUNDS=2        alternations
 #   CONN_BASELINE_BIN=path/to/prefix-router   measure that binary's serve too
+#   CONN_HAPROXY=1       measure HAProxy too (Debian's haproxy, installed by bench/peers.sh or
+#                        apt-get): round-robin, the request buffered, default buffer size
 #   CONN_PORT=18700      router port; the engine on the next one
 # Everything listens on 127.0.0.1 and is stopped on exit.
 set -euo pipefail
@@ -37,6 +39,10 @@ pids+=($!)
 wait_ready "http://127.0.0.1:$((PORT + 1))/v1/models" "mock engine" "$OUT/engine.log" 10
 
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+if [[ -n "${CONN_HAPROXY:-}" ]] && ! command -v haproxy >/dev/null; then
+    echo "conn-rss: CONN_HAPROXY needs haproxy (Debian: apt-get install haproxy)" >&2
+    exit 2
+fi
 
 open_batch() { # flag file: opens COUNT connections, each answered once, and holds them
     rm -f "$1"
@@ -78,13 +84,25 @@ EOF
     openers+=("$opener")
 }
 
-measure() { # label binary
+measure() { # label binary (or "haproxy")
     local serve before first quiet second
     openers=()
-    "$2" serve --listen "127.0.0.1:$PORT" --instance "http://127.0.0.1:$((PORT + 1))" \
-        >"$OUT/serve.log" 2>&1 &
-    serve=$!
-    wait_ready "http://127.0.0.1:$PORT/ready" "serve ($1)" "$OUT/serve.log" 10
+    if [[ "$2" == haproxy ]]; then
+        # Round-robin with the request buffered (as its body hash needs); default buffer size.
+        printf '%s\n' global '  nbthread 2' '  maxconn 4096' defaults '  mode http' \
+            '  timeout connect 5s' '  timeout client 60s' '  timeout server 60s' \
+            frontend\ f "  bind 127.0.0.1:$PORT" '  default_backend b' backend\ b \
+            '  http-reuse always' '  option http-buffer-request' \
+            "  server s1 127.0.0.1:$((PORT + 1))" >"$OUT/haproxy.cfg"
+        haproxy -db -f "$OUT/haproxy.cfg" >"$OUT/serve.log" 2>&1 &
+        serve=$!
+        wait_ready "http://127.0.0.1:$PORT/health" "haproxy" "$OUT/serve.log" 10
+    else
+        "$2" serve --listen "127.0.0.1:$PORT" --instance "http://127.0.0.1:$((PORT + 1))" \
+            >"$OUT/serve.log" 2>&1 &
+        serve=$!
+        wait_ready "http://127.0.0.1:$PORT/ready" "serve ($1)" "$OUT/serve.log" 10
+    fi
     # One request first, so that what every process allocates once is in `before`.
     curl -fsS -o /dev/null -H 'content-type: application/json' \
         -d '{"model":"mock-llama","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}' \
@@ -107,4 +125,5 @@ measure() { # label binary
 for round in $(seq 1 "$ROUNDS"); do
     measure "prefix-router" "$BIN"
     if [[ -n "${CONN_BASELINE_BIN:-}" ]]; then measure "baseline" "$CONN_BASELINE_BIN"; fi
+    if [[ -n "${CONN_HAPROXY:-}" ]]; then measure "haproxy" haproxy; fi
 done
