@@ -274,9 +274,15 @@ fn summary(s: LatencyStats) -> LatencySummary {
     }
 }
 
-/// `simulate`'s per-strategy result for a bench outcome, named `label`.
-pub fn strategy_result(outcome: &BenchOutcome, label: &str) -> StrategyResult {
-    let per_instance = outcome.instance_requests();
+/// `simulate`'s per-strategy result for a bench outcome, named `label`. `fleet` names the
+/// instances known to be behind the target (the demo started them): one that served nothing
+/// counts with a share of 0, as in `simulate`, so the table's smallest share reads 0.0% where a
+/// strategy left instances idle. `bench` only knows the instances that answered, and passes none.
+pub fn strategy_result(outcome: &BenchOutcome, label: &str, fleet: &[String]) -> StrategyResult {
+    let mut per_instance = outcome.instance_requests();
+    for id in fleet {
+        per_instance.entry(id.clone()).or_insert(0);
+    }
     let with_instance: u64 = per_instance.values().sum();
     let instance_share = per_instance
         .values()
@@ -329,7 +335,7 @@ pub fn bench_result(outcome: &BenchOutcome, label: &str) -> BenchResult {
         .map(|k| (k.label().to_string(), failures.get(k).copied().unwrap_or(0)))
         .collect();
     BenchResult {
-        result: strategy_result(outcome, label),
+        result: strategy_result(outcome, label, &[]),
         errors,
         sent: outcome.sent(),
         failed: failures.values().sum(),
@@ -747,6 +753,18 @@ mod tests {
         assert_eq!(json["workload"]["driver"]["mode"], "open-loop");
         let ttft = r["ttft_ms"]["p50"].as_f64().unwrap_or(0.0);
         assert!((ttft - 50.0).abs() < 0.1, "{ttft}");
+    }
+
+    #[test]
+    fn instances_known_to_the_caller_that_served_nothing_count_with_a_share_of_0() {
+        let fleet = ["a".to_string(), "b".to_string(), "c".to_string()];
+        let r = strategy_result(&outcome(), "router", &fleet);
+        assert_eq!(r.instance_ids, vec!["a", "b", "c"]);
+        assert_eq!(r.instance_requests, vec![3, 1, 0]);
+        assert_eq!(r.instance_share, vec![0.75, 0.25, 0.0]);
+        // Without a fleet, only the instances that answered.
+        let seen = strategy_result(&outcome(), "router", &[]);
+        assert_eq!(seen.instance_ids, vec!["a", "b"]);
     }
 
     #[test]

@@ -582,6 +582,7 @@ async fn run_strategy(
     for router in routers {
         router.shutdown().await;
     }
+    let fleet: Vec<String> = engines.iter().map(MockEngine::url).collect();
     for e in engines {
         e.shutdown().await;
     }
@@ -602,6 +603,7 @@ async fn run_strategy(
     let result = strategy_result(
         &to_engine_time(&outcome, scale, http_path_wall_ms / 1e3),
         name,
+        &fleet,
     );
     let all_scaled = to_engine_time(&outcome, scale, 0.0);
     let summary = RunSummary {
