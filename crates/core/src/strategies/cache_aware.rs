@@ -80,7 +80,7 @@ pub(crate) const PARAMS: &[ParamSpec] = &[
     ParamSpec {
         name: "index-blocks",
         default: "1048576",
-        help: "blocks the index tracks for the whole fleet (56-64 bytes each, fixed at start)",
+        help: "blocks the index tracks for the whole fleet (48-56 bytes each, fixed at start)",
     },
     ParamSpec {
         name: "block-chars",
