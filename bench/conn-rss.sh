@@ -69,12 +69,16 @@ for _ in range(count):
     length = [int(l.split(b":")[1]) for l in head.split(b"\r\n")[1:]
               if l.lower().startswith(b"content-length:")]
     while length and len(rest) < length[0]:
-        rest += s.recv(65536)
+        got = s.recv(65536)
+        if not got:
+            sys.exit("conn-rss: serve closed a connection mid-answer")
+        rest += got
     held.append(s)
 open(flag, "w").close()
 time.sleep(120)
 EOF
     local opener=$!
+    pids+=("$opener")
     for _ in $(seq 1 600); do
         [[ -e "$1" ]] && break
         kill -0 "$opener" 2>/dev/null || { echo "conn-rss: the client failed" >&2; exit 1; }
@@ -96,11 +100,13 @@ measure() { # label binary (or "haproxy")
             "  server s1 127.0.0.1:$((PORT + 1))" >"$OUT/haproxy.cfg"
         haproxy -db -f "$OUT/haproxy.cfg" >"$OUT/serve.log" 2>&1 &
         serve=$!
+        pids+=("$serve")
         wait_ready "http://127.0.0.1:$PORT/health" "haproxy" "$OUT/serve.log" 10
     else
         "$2" serve --listen "127.0.0.1:$PORT" --instance "http://127.0.0.1:$((PORT + 1))" \
             >"$OUT/serve.log" 2>&1 &
         serve=$!
+        pids+=("$serve")
         wait_ready "http://127.0.0.1:$PORT/ready" "serve ($1)" "$OUT/serve.log" 10
     fi
     # One request first, so that what every process allocates once is in `before`.

@@ -202,8 +202,8 @@ enum Waited {
 /// Waits for the next request's first bytes. A connection quiet for the clock's step (the
 /// shortest client timeout: 10 s by default) gives its buffers back first and waits on a small
 /// one, as a client pool's idle connections are: each then holds its future (about 4 KiB) and
-/// [`WAKE_READ`] bytes instead of 20 KiB more (bench/conn-rss.sh). A busy connection keeps them,
-/// so requests that come often allocate nothing for them.
+/// [`WAKE_READ`] bytes instead of two 8 KiB buffers (21 KiB of RSS by bench/conn-rss.sh). A
+/// busy connection keeps them, so requests that come often allocate nothing for them.
 async fn await_request<S: AsyncRead + Unpin>(
     io: &mut S,
     buf: &mut BytesMut,

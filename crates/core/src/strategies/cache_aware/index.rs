@@ -576,8 +576,10 @@ impl BlockIndex {
         for h in chain {
             if let Some(e) = self.lookup(*h) {
                 let holders = &mut self.entries[e as usize].holders;
-                while let Some(k) = holders.position(tag) {
-                    holders.set(k, Holder::default());
+                for k in 0..HOLDERS {
+                    if holders.slot[k] == tag {
+                        holders.set(k, Holder::default());
+                    }
                 }
             }
         }
