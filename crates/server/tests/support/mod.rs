@@ -447,11 +447,19 @@ where
     format!("http://{addr}")
 }
 
-/// A URL on which nothing listens (connection refused).
+/// A URL on which nothing listens (connection refused), for as long as the test binary runs.
+/// The port stays bound to a socket that never listens: a port bound and then released went
+/// back to the pool, and a test running beside this one once got it for its own server, so the
+/// "dead" instance answered (CI, 2026-12-06: `dead_instance_is_retried_elsewhere_without_client_error`
+/// counted no connect retry). A bound port is neither handed out again nor listening.
 pub async fn dead_url() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    drop(l);
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind");
+    let addr = socket.local_addr().expect("addr");
+    // Held, never listened on, until the process ends.
+    std::mem::forget(socket);
     format!("http://{addr}")
 }
 
