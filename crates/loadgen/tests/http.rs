@@ -5,7 +5,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{refused_url, start, start_on, Behaviour};
+use common::{refused_url, reserved_url, start, start_on, Behaviour};
 use prefix_router_loadgen::schedule::send_offsets;
 use prefix_router_loadgen::{run, BenchConfig, BenchOutcome, FailureKind, LoadMode};
 use prefix_router_workload::{
@@ -355,10 +355,11 @@ async fn a_model_the_target_does_not_list_is_refused_before_sending() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_that_comes_up_a_moment_later_is_waited_for() {
-    let url = refused_url().await;
+    let (url, reservation) = reserved_url();
     let addr = url.trim_start_matches("http://").to_string();
     let late = tokio::spawn(async move {
         tokio::time::sleep(300 * MS).await;
+        drop(reservation);
         start_on(
             &addr,
             Behaviour {

@@ -135,12 +135,25 @@ pub async fn start_on(addr: &str, behaviour: Behaviour) -> StandIn {
     }
 }
 
-/// An address on 127.0.0.1 where nothing listens (bound, then closed).
+/// An address on 127.0.0.1 where nothing listens, for as long as the test binary runs: the port
+/// stays bound to a socket that never listens. Bound and released, it could go to a server of a
+/// test running beside this one (the server crate's tests met exactly that).
 pub async fn refused_url() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    drop(listener);
-    format!("http://{addr}")
+    let (url, socket) = reserved_url();
+    // Held, never listened on, until the process ends.
+    std::mem::forget(socket);
+    url
+}
+
+/// An address on 127.0.0.1 where nothing listens while the returned socket (bound, never
+/// listening) is held: drop it just before a server of the test's own binds the address.
+pub fn reserved_url() -> (String, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind");
+    let addr = socket.local_addr().expect("addr");
+    (format!("http://{addr}"), socket)
 }
 
 /// A response body fed from a channel.
