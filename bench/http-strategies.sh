@@ -41,17 +41,8 @@ param_flags=()
 for p in $PARAMS; do param_flags+=(--param "$p"); done
 
 run_one() { # strategy
-    local engines=() instance_flags=() serve e
-    for i in 1 2 3 4 5 6 7; do
-        "$BIN" mock-engine --listen "127.0.0.1:$((PORT + i))" --preset "$PRESET" \
-            --time-scale "$SCALE" >"$OUT/engine-$i.log" 2>&1 &
-        engines+=($!)
-        pids+=($!)
-        instance_flags+=(--instance "http://127.0.0.1:$((PORT + i))")
-    done
-    for i in 1 2 3 4 5 6 7; do
-        wait_ready "http://127.0.0.1:$((PORT + i))/v1/models" "mock engine $i" "$OUT/engine-$i.log" 10
-    done
+    local serve e
+    start_engines $((PORT + 1)) "$OUT" --preset "$PRESET" --time-scale "$SCALE"
     "$BIN" serve --listen "127.0.0.1:$PORT" --strategy "$1" "${instance_flags[@]}" \
         >"$OUT/serve-$1.log" 2>&1 &
     serve=$!

@@ -36,19 +36,12 @@ BENCH_NAME=serve-rss
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-instances=()
-for i in 1 2 3 4 5 6 7; do
-    port=$((PORT + i))
-    "$BIN" mock-engine --listen "127.0.0.1:$port" --time-scale "$SCALE" >"$OUT/engine-$i.log" 2>&1 &
-    pids+=($!)
-    instances+=(--instance "http://127.0.0.1:$port")
-done
-for i in 1 2 3 4 5 6 7; do wait_ready "http://127.0.0.1:$((PORT + i))/v1/models" "mock engine $i" "$OUT/engine-$i.log" 10; done
+start_engines $((PORT + 1)) "$OUT" --time-scale "$SCALE"
 
 params=()
 for p in $PARAMS; do params+=(--strategy-param "$p"); done
 "$BIN" serve --listen "127.0.0.1:$PORT" \
-    --strategy "$STRATEGY" "${params[@]}" "${instances[@]}" >"$OUT/serve.log" 2>&1 &
+    --strategy "$STRATEGY" "${params[@]}" "${instance_flags[@]}" >"$OUT/serve.log" 2>&1 &
 serve=$!
 pids+=($serve)
 wait_ready "http://127.0.0.1:$PORT/ready" "serve" "$OUT/serve.log" 10
