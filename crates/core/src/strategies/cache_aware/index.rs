@@ -491,11 +491,27 @@ impl BlockIndex {
         // `now.resident(stamp)`, with what does not change during the loop taken out.
         let limit = now.capacity.min(now.distance(now.forgotten_at));
         let mut e = walk.hint;
+        // The list predecessor read from the entry just visited (the answer), and the entry
+        // after that one in the slab (a guess). A chain sent at once was inserted last block
+        // first into consecutive places, so the guess is usually right; it is tried first
+        // because its address does not wait for a load: following `prev` makes every block's
+        // read wait for the one before (a chain of cache misses on a large index), the guess
+        // lets the processor read ahead. A wrong guess is caught by its `next` (an entry whose
+        // successor is `first` is `first`'s predecessor) and costs one extra read.
+        let mut known = e;
         for &hash in chain.get(lo..i).unwrap_or_default().iter().rev() {
-            let Some(entry) = self.entries.get_mut(e as usize) else {
-                break;
+            let entry = match self.entries.get(e as usize) {
+                Some(x) if x.next == first => x,
+                _ if e != known => {
+                    e = known;
+                    match self.entries.get(e as usize) {
+                        Some(x) if x.next == first => x,
+                        _ => break,
+                    }
+                }
+                _ => break,
             };
-            if entry.hash != hash || entry.next != first {
+            if entry.hash != hash {
                 break;
             }
             let Some(p) = entry.holders.position(tag) else {
@@ -505,13 +521,16 @@ impl BlockIndex {
             if now.distance(then) >= limit {
                 break;
             }
-            entry.holders.stamp[p] = now.counter;
+            known = entry.prev;
+            self.entries[e as usize].holders.stamp[p] = now.counter;
             i -= 1;
             noted(i, then);
-            (first, e) = (e, entry.prev);
+            first = e;
+            e = e.wrapping_add(1);
         }
         walk.run = Some((first, last));
-        walk.hint = e;
+        // The hint is the list predecessor of the block visited last (`known`), not the guess.
+        walk.hint = known;
         i
     }
 
