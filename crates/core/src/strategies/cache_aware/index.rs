@@ -522,7 +522,11 @@ impl BlockIndex {
                 break;
             }
             known = entry.prev;
-            self.entries[e as usize].holders.stamp[p] = now.counter;
+            // Unchanged (the instance cached nothing new since): left clean, so a line read
+            // from memory is not written back.
+            if then != now.counter {
+                self.entries[e as usize].holders.stamp[p] = now.counter;
+            }
             i -= 1;
             noted(i, then);
             first = e;
