@@ -10,15 +10,18 @@
 //! `revisit_256KiB` times what the server's decision histogram times for issue 12's largest
 //! prompt: the dispatch alone (the chain computed beforehand, as the server does while reading
 //! the body) of a 256 KiB prompt sent before, 2,048 blocks the index must restamp, round robin
-//! over 16 such prompts (1.3 MiB of entries: beyond the level-2 cache, as on a busy server).
+//! over 16 such prompts (1.3 MiB of entries: beyond the level-2 cache);
+//! `revisit_256KiB_from_memory` the same over all 512 prompts of the index, whose entries then
+//! come from memory. `DISPATCH_LOOP` (see [`dispatch_loop`]) counts instructions instead.
 
-use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{black_box, criterion_group, BenchmarkId, Criterion, Throughput};
 use prefix_router_core::extract::native_route;
 use prefix_router_core::{
-    dispatch, Chain, End, Fleet, InstanceSpec, KeyHash, KeyOptions, PrefixLength, RouteRequest,
-    RouteRng, StrategyConfig, StrategyKind,
+    dispatch, Chain, End, Fleet, FleetSnapshot, InstanceSpec, KeyHash, KeyOptions, PrefixLength,
+    RouteRequest, RouteRng, Strategy, StrategyConfig, StrategyKind,
 };
 use rand::{Rng, SeedableRng};
+use std::sync::Arc;
 
 const PROMPT: usize = 64 * 1024;
 
@@ -110,10 +113,12 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-fn bench_revisit(c: &mut Criterion) {
+/// A cache-aware strategy on 7 instances whose index (budget 1 Mi blocks) was sent `count`
+/// 256 KiB prompts of 2,048 blocks each: the strategy, the fleet and the prompts still indexed
+/// (the budget evicts the oldest whole), oldest first.
+fn long_prompts(count: usize) -> (Arc<dyn Strategy>, Fleet, Vec<(KeyHash, Chain)>) {
     const LONG: usize = 256 * 1024;
     let mut rng = RouteRng::seed_from_u64(12);
-    let mut group = c.benchmark_group("cache_aware_dispatch_index_1Mi_blocks");
     let kind = StrategyKind::named("cache-aware").expect("registered");
     let mut config = StrategyConfig::new(kind);
     config
@@ -131,31 +136,58 @@ fn bench_revisit(c: &mut Criterion) {
             .collect(),
     );
     let snap = fleet.snapshot();
-    let route = |body: &[u8]| native_route(body, None, &opts).expect("routes");
-    // Fill the index with 256 KiB prompts (2,048 blocks each), then keep the last 16.
     let mut all: Vec<(KeyHash, Chain)> = Vec::new();
-    for _ in 0..520 {
+    for _ in 0..count {
         let body: Vec<u8> = (0..LONG).map(|_| rng.gen_range(0x20..0x7f)).collect();
-        let (key, chain) = route(&body);
+        let (key, chain) = native_route(&body, None, &opts).expect("routes");
         let d =
             dispatch(&strategy, &request(key, &chain, 0.0), &snap, &mut rng).expect("dispatches");
         d.ticket.finish(End::Finished { usage: None }, 0.1);
         all.push((key, chain));
     }
-    // The first 8 were evicted (2,048 blocks each, 1 Mi of budget); the last 16 are kept.
-    let all = all.split_off(8);
-    let kept = &all[all.len() - 16..];
+    let indexed = (1 << 20) / 2048;
+    let all = all.split_off(count.saturating_sub(indexed));
+    (strategy, fleet, all)
+}
+
+/// Sends `chain` again (a revisit) or with its last block new (`new_tail`: a known document
+/// with a new question), and finishes the ticket.
+fn send(
+    strategy: &Arc<dyn Strategy>,
+    snap: &FleetSnapshot,
+    rng: &mut RouteRng,
+    (key, chain): &(KeyHash, Chain),
+    new_tail: Option<u64>,
+) {
+    let mut tailed;
+    let chain = match new_tail {
+        Some(h) => {
+            tailed = chain.clone();
+            if let Some(last) = tailed.blocks.last_mut() {
+                *last = h;
+            }
+            &tailed
+        }
+        None => chain,
+    };
+    let d = dispatch(strategy, &request(*key, chain, 1.0), snap, rng).expect("dispatches");
+    d.ticket.finish(End::Finished { usage: None }, 1.1);
+}
+
+fn bench_revisit(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cache_aware_dispatch_index_1Mi_blocks");
+    let (strategy, fleet, all) = long_prompts(520);
+    let snap = fleet.snapshot();
+    let mut rng = RouteRng::seed_from_u64(13);
     let stats = strategy.stats().expect("cache-aware has stats");
     assert!(stats.index_blocks >= 1_000_000, "{}", stats.index_blocks);
+    let kept = &all[all.len() - 16..];
     group.throughput(Throughput::Elements(1));
     let mut at = 0usize;
     group.bench_function("revisit_256KiB", |b| {
         b.iter(|| {
             at = (at + 1) % kept.len();
-            let (key, chain) = &kept[at];
-            let req = request(*key, chain, 1.0);
-            let d = dispatch(&strategy, &req, &snap, &mut rng).expect("dispatches");
-            d.ticket.finish(End::Finished { usage: None }, 1.1);
+            send(&strategy, &snap, &mut rng, &kept[at], None);
         })
     });
     // The same, round robin over every prompt of the index (40 MiB of entries, more than
@@ -167,14 +199,49 @@ fn bench_revisit(c: &mut Criterion) {
     group.bench_function("revisit_256KiB_from_memory", |b| {
         b.iter(|| {
             at = (at + 1) % all.len();
-            let (key, chain) = &all[at];
-            let req = request(*key, chain, 1.0);
-            let d = dispatch(&strategy, &req, &snap, &mut rng).expect("dispatches");
-            d.ticket.finish(End::Finished { usage: None }, 1.1);
+            send(&strategy, &snap, &mut rng, &all[at], None);
         })
     });
     group.finish();
 }
 
+/// `DISPATCH_LOOP="<revisit|new-tail> <n>"`: 32 prompts of 256 KiB indexed, then `n`
+/// dispatches of them in turn, sent again or each with a new last block, and exits: for
+/// counting instructions under callgrind (`bench/dispatch-instructions.sh` runs it at two
+/// values of `n` and takes the difference).
+fn dispatch_loop(spec: &str) {
+    let parts: Vec<&str> = spec.split_whitespace().collect();
+    let [case, n] = parts.as_slice() else {
+        panic!("DISPATCH_LOOP wants '<revisit|new-tail> <n>', got {spec:?}");
+    };
+    let n: u64 = n.parse().unwrap_or_else(|e| panic!("DISPATCH_LOOP n: {e}"));
+    let new_tail = match *case {
+        "revisit" => false,
+        "new-tail" => true,
+        other => panic!("DISPATCH_LOOP: unknown case {other:?}"),
+    };
+    let (strategy, fleet, all) = long_prompts(32);
+    let snap = fleet.snapshot();
+    let mut rng = RouteRng::seed_from_u64(13);
+    for i in 0..n {
+        let tail = new_tail.then_some(0x5eed_0000_0000 + i);
+        send(
+            &strategy,
+            &snap,
+            &mut rng,
+            &all[i as usize % all.len()],
+            tail,
+        );
+    }
+}
+
 criterion_group!(benches, bench, bench_revisit);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(spec) = std::env::var("DISPATCH_LOOP") {
+        dispatch_loop(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
