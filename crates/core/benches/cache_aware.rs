@@ -12,7 +12,8 @@
 //! the body) of a 256 KiB prompt sent before, 2,048 blocks the index must restamp, round robin
 //! over 16 such prompts (1.3 MiB of entries: beyond the level-2 cache);
 //! `revisit_256KiB_from_memory` the same over all 512 prompts of the index, whose entries then
-//! come from memory. `DISPATCH_LOOP` (see [`dispatch_loop`]) counts instructions instead.
+//! come from memory, and `new_tail_256KiB_from_memory` those prompts each with a new last
+//! block (a known document, a new question). `DISPATCH_LOOP` (see [`dispatch_loop`]) counts instructions instead.
 
 use criterion::{black_box, criterion_group, BenchmarkId, Criterion, Throughput};
 use prefix_router_core::extract::native_route;
@@ -200,6 +201,21 @@ fn bench_revisit(c: &mut Criterion) {
         b.iter(|| {
             at = (at + 1) % all.len();
             send(&strategy, &snap, &mut rng, &all[at], None);
+        })
+    });
+    // The same prompts with a new last block each time (a known document, a new question).
+    let (mut at, mut tail) = (0usize, 0u64);
+    group.bench_function("new_tail_256KiB_from_memory", |b| {
+        b.iter(|| {
+            at = (at + 1) % all.len();
+            tail += 1;
+            send(
+                &strategy,
+                &snap,
+                &mut rng,
+                &all[at],
+                Some(0x5eed_0000_0000 + tail),
+            );
         })
     });
     group.finish();

@@ -23,6 +23,11 @@ pub const HOLDERS: usize = 4;
 
 const NIL: u32 = u32::MAX;
 
+/// How many of a chain's last blocks [`BlockIndex::longest_matches`] looks at first: a prompt
+/// sent before often comes back with something new after it (a document with a new question, a
+/// conversation with its next message), a few blocks nobody was sent.
+const TAIL_PROBES: usize = 4;
+
 /// One holder: instance slot + 1 (0 = empty) and its stamp.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Holder {
@@ -308,16 +313,19 @@ impl BlockIndex {
     /// a cache miss in a large index; a 64 KiB prompt is 512 of them walked block by block.
     /// `tests::galloping_agrees_with_the_block_by_block_walk` checks it against that walk.
     ///
-    /// The same rule settles a prompt sent before in one probe: a slot that holds the chain's
-    /// last block (not crowded) holds all of it, so it is matched in full where the walk
+    /// The same rule settles a prompt sent before in a few probes: a slot that holds the
+    /// deepest of the chain's last [`TAIL_PROBES`] blocks that is tracked at all (not crowded)
+    /// holds every block up to it and none after, so it is matched that far where the walk
     /// reaches it, and the gallop goes on only for the others. Without it, a 256 KiB prompt's
     /// revisit galloped over its 2,048 blocks in about 21 probes, each a table slot and an
     /// entry at random places: in `serve`, with the index out of the processor's caches, 6 µs
-    /// of its decision.
+    /// of its decision. Looked up once some slot holds the first block, so a prompt nobody was
+    /// sent costs no more than before.
     ///
     /// [`touch`]: BlockIndex::touch
     pub fn longest_matches(&self, chain: &[u64], slots: &Slots, matched: &mut [u32]) {
-        let whole = self.whole_holders(chain, slots, matched.len());
+        let slots_len = matched.len();
+        let mut deepest: Option<(u32, [usize; HOLDERS])> = None;
         // Where the current run of crowded blocks started.
         let mut crowd_from: Option<u32> = None;
         let mut i = 0usize;
@@ -342,8 +350,10 @@ impl BlockIndex {
                 let slot = usize::from(holder.slot - 1);
                 if let Some(m) = matched.get_mut(slot) {
                     if reached(*m) && slots.resident(slot, holder.stamp) {
-                        if whole.contains(&slot) {
-                            *m = chain.len() as u32;
+                        let (depth, deep) = *deepest
+                            .get_or_insert_with(|| self.deepest_holders(chain, slots, slots_len));
+                        if deep.contains(&slot) {
+                            *m = depth;
                         } else {
                             *m = at + 1;
                             went[k] = slot;
@@ -396,24 +406,33 @@ impl BlockIndex {
         }
     }
 
-    /// The slots (at most [`HOLDERS`]; `usize::MAX` for none) listed with a resident stamp on
-    /// the last block of `chain`, when it is tracked and not crowded: they hold the whole chain
-    /// (see [`BlockIndex::longest_matches`]). Slots from `slots_len` on are left out.
-    fn whole_holders(&self, chain: &[u64], slots: &Slots, slots_len: usize) -> [usize; HOLDERS] {
-        let mut whole = [usize::MAX; HOLDERS];
-        let Some(e) = chain.last().and_then(|&h| self.lookup(h)) else {
-            return whole;
-        };
-        if self.is_crowded(e) {
-            return whole;
-        }
-        for (k, h) in self.entries[e as usize].holders.iter().enumerate() {
-            let slot = usize::from(h.slot).wrapping_sub(1);
-            if h.slot != 0 && slot < slots_len && slots.resident(slot, h.stamp) {
-                whole[k] = slot;
+    /// The deepest of the last [`TAIL_PROBES`] blocks of `chain` that is tracked (its index + 1;
+    /// 0 when none is), and the slots (at most [`HOLDERS`]; `usize::MAX` for none) listed on it
+    /// with a resident stamp, unless it is crowded: they hold the chain up to it, and nobody
+    /// holds the blocks after it (see [`BlockIndex::longest_matches`]). Slots from `slots_len`
+    /// on are left out.
+    fn deepest_holders(
+        &self,
+        chain: &[u64],
+        slots: &Slots,
+        slots_len: usize,
+    ) -> (u32, [usize; HOLDERS]) {
+        let mut deep = [usize::MAX; HOLDERS];
+        for j in (chain.len().saturating_sub(TAIL_PROBES)..chain.len()).rev() {
+            let Some(e) = self.lookup(chain[j]) else {
+                continue;
+            };
+            if !self.is_crowded(e) {
+                for (k, h) in self.entries[e as usize].holders.iter().enumerate() {
+                    let slot = usize::from(h.slot).wrapping_sub(1);
+                    if h.slot != 0 && slot < slots_len && slots.resident(slot, h.stamp) {
+                        deep[k] = slot;
+                    }
+                }
             }
+            return (j as u32 + 1, deep);
         }
-        whole
+        (0, deep)
     }
 
     /// Whether block `hash` is tracked, not crowded, and each of `want` (slots; `usize::MAX`

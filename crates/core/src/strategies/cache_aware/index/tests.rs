@@ -236,9 +236,11 @@ proptest! {
                 linear_matches(&ix, &probe, &s, &mut slow);
                 prop_assert_eq!(fast, slow, "doc {}", probe_doc);
             }
-            // This one at its own length and cut short: its last block is listed, so the
-            // walk's shortcut for slots holding the last block is taken.
-            for probe in [&chain[..], &chain[..len / 2]] {
+            // This one at its own length, cut short, and with a few blocks more (which other
+            // touches of the document may have sent): the walk's shortcut for the slots holding
+            // the deepest of the last blocks is taken.
+            let longer: Vec<u64> = (0..len + 1 + len % 4).map(|b| block(doc, opening, b)).collect();
+            for probe in [&chain[..], &chain[..len / 2], &longer[..]] {
                 let mut fast = vec![0; 7];
                 let mut slow = vec![0; 7];
                 ix.longest_matches(probe, &s, &mut fast);
