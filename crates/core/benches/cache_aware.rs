@@ -152,7 +152,8 @@ fn long_prompts(count: usize) -> (Arc<dyn Strategy>, Fleet, Vec<(KeyHash, Chain)
 }
 
 /// Sends `chain` again (a revisit) or with its last block new (`new_tail`: a known document
-/// with a new question), and finishes the ticket.
+/// with a new question; the chain's 16 KiB are copied to change it, inside what is measured,
+/// the same for every build), and finishes the ticket.
 fn send(
     strategy: &Arc<dyn Strategy>,
     snap: &FleetSnapshot,
