@@ -308,8 +308,10 @@ async fn a_connection_future_stays_small() {
 /// Waits for a request with `await_request` on a connection whose client writes after
 /// `after`; the shortest timeout is 100 ms. Returns the read and write buffers' capacities then.
 async fn capacities_after_waiting(after: std::time::Duration) -> (usize, usize) {
-    let mut timeouts = crate::settings::Timeouts::default();
-    timeouts.client_body = std::time::Duration::from_millis(100);
+    let timeouts = crate::settings::Timeouts {
+        client_body: std::time::Duration::from_millis(100),
+        ..Default::default()
+    };
     let mut clock = super::Deadlines::new(&timeouts);
     let (mut io, mut client) = tokio::io::duplex(4096);
     let (_tx, mut stop) = tokio::sync::watch::channel(false);
