@@ -6,10 +6,12 @@
 # what the server's decision histogram times: the choice, the index's touch, and (here) the
 # ticket's finish. Cases: `revisit` (a prompt sent before, sent again: 2,048 blocks to find
 # and restamp) and `new-tail` (the same prompts with a new last block: a known document and a
-# new question; its count includes copying the 16 KiB chain to change it).
+# new question; its count includes copying the 16 KiB chain to change it), and `grown` (8
+# conversations of 512 blocks, built up 4 blocks a turn with their turns interleaved, sent
+# again: a chain whose blocks sit in the index's slab in runs of 4, as agents' do).
 #
 # Usage: bench/dispatch-instructions.sh
-#   DISPATCH_CASES="revisit new-tail"
+#   DISPATCH_CASES="revisit new-tail grown"
 #   DISPATCH_BASELINE_BENCH=path/to/cache_aware-bench-binary   adds that build's counts
 #       beside this tree's. The mode is this tree's bench file, so build the other library with
 #       it: in a checkout of the other commit, copy this tree's
@@ -19,7 +21,7 @@ set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "needs valgrind (Debian: apt-get install valgrind)" >&2; exit 1; }
-CASES="${DISPATCH_CASES:-revisit new-tail}"
+CASES="${DISPATCH_CASES:-revisit new-tail grown}"
 BIN=$(cargo bench --locked -p prefix-router-core --bench cache_aware --no-run --message-format=json \
     | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1) \
     || { echo "could not build the cache_aware bench (cargo's error is above)" >&2; exit 1; }

@@ -222,22 +222,63 @@ fn bench_revisit(c: &mut Criterion) {
     group.finish();
 }
 
-/// `DISPATCH_LOOP="<revisit|new-tail> <n>"`: 32 prompts of 256 KiB indexed, then `n`
-/// dispatches of them in turn, sent again or each with a new last block, and exits: for
-/// counting instructions under callgrind (`bench/dispatch-instructions.sh` runs it at two
-/// values of `n` and takes the difference).
+/// 8 conversations of 512 blocks (64 KiB) each, built up 4 blocks a turn, the conversations'
+/// turns interleaved (as agents' steps are): each chain's blocks sit in the index's slab in
+/// runs of 4, between other conversations' runs. The strategy, the fleet and the chains.
+fn grown_conversations() -> (Arc<dyn Strategy>, Fleet, Vec<(KeyHash, Chain)>) {
+    let kind = StrategyKind::named("cache-aware").expect("registered");
+    let strategy = StrategyConfig::new(kind).build().expect("builds");
+    let fleet = Fleet::new(
+        (0..7)
+            .map(|i| InstanceSpec::from_url(format!("http://10.0.0.{i}:8000")))
+            .collect(),
+    );
+    let snap = fleet.snapshot();
+    let mut rng = RouteRng::seed_from_u64(14);
+    let block = |c: u64, b: u64| (c + 1) << 32 | b;
+    let full = |c: u64, len: u64| Chain {
+        blocks: (0..len).map(|b| block(c, b)).collect(),
+        units: (len * 128) as u32,
+        group: None,
+    };
+    for turn in 1..=128u64 {
+        for c in 0..8 {
+            let chain = full(c, turn * 4);
+            let d = dispatch(
+                &strategy,
+                &request(KeyHash(c), &chain, 0.0),
+                &snap,
+                &mut rng,
+            )
+            .expect("dispatches");
+            d.ticket.finish(End::Finished { usage: None }, 0.1);
+        }
+    }
+    let all = (0..8).map(|c| (KeyHash(c), full(c, 512))).collect();
+    (strategy, fleet, all)
+}
+
+/// `DISPATCH_LOOP="<revisit|new-tail|grown> <n>"`: 32 prompts of 256 KiB indexed, then `n`
+/// dispatches of them in turn, sent again or each with a new last block; or (`grown`) the 8
+/// conversations of [`grown_conversations`] sent again in turn. Then exits: for counting
+/// instructions under callgrind (`bench/dispatch-instructions.sh` runs it at two values of
+/// `n` and takes the difference).
 fn dispatch_loop(spec: &str) {
     let parts: Vec<&str> = spec.split_whitespace().collect();
     let [case, n] = parts.as_slice() else {
-        panic!("DISPATCH_LOOP wants '<revisit|new-tail> <n>', got {spec:?}");
+        panic!("DISPATCH_LOOP wants '<revisit|new-tail|grown> <n>', got {spec:?}");
     };
     let n: u64 = n.parse().unwrap_or_else(|e| panic!("DISPATCH_LOOP n: {e}"));
     let new_tail = match *case {
-        "revisit" => false,
+        "revisit" | "grown" => false,
         "new-tail" => true,
         other => panic!("DISPATCH_LOOP: unknown case {other:?}"),
     };
-    let (strategy, fleet, all) = long_prompts(32);
+    let (strategy, fleet, all) = if *case == "grown" {
+        grown_conversations()
+    } else {
+        long_prompts(32)
+    };
     let snap = fleet.snapshot();
     let mut rng = RouteRng::seed_from_u64(13);
     for i in 0..n {

@@ -558,14 +558,30 @@ impl BlockIndex {
         // places, so that is usually the same entry, and its address does not wait for a load:
         // following `prev` made each block's read wait for the one before (a chain of cache
         // misses on a large index); this lets the processor read ahead. A wrong guess fails the
-        // `next` test (an entry whose successor is `first` is `first`'s predecessor) and ends
-        // the loop: the general path takes that block from the hint, and the loop resumes.
+        // `next` test (an entry whose successor is `first` is `first`'s predecessor), and the
+        // block is read again from the address `prev` gave (`known`). Ending the loop there
+        // instead, for the general path, doubled the instructions of a chain built a few blocks
+        // at a time between other chains' (an agent's history; `grown` in the cache_aware
+        // bench's DISPATCH_LOOP).
         let mut e = walk.hint;
-        for &hash in chain.get(lo..i).unwrap_or_default().iter().rev() {
+        // The list predecessor of `first`, read from its entry: where a guess goes wrong.
+        let mut known = e;
+        while i > lo {
+            let Some(&hash) = chain.get(i - 1) else {
+                break;
+            };
             let Some(entry) = self.entries.get_mut(e as usize) else {
                 break;
             };
-            if entry.hash != hash || entry.next != first {
+            if entry.next != first {
+                if e == known {
+                    break;
+                }
+                // A wrong guess: the same block again, from its predecessor's real address.
+                e = known;
+                continue;
+            }
+            if entry.hash != hash {
                 break;
             }
             let Some(p) = entry.holders.position(tag) else {
@@ -575,9 +591,8 @@ impl BlockIndex {
             if now.distance(then) >= limit {
                 break;
             }
-            // Written even when unchanged: skipping the store (to leave a line read from memory
-            // clean) cost 3 instructions a block and, in cache, doubled the loop's time.
             entry.holders.stamp[p] = now.counter;
+            known = entry.prev;
             i -= 1;
             noted(i, then);
             first = e;
