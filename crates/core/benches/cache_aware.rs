@@ -44,28 +44,33 @@ fn next_probe(probes: &[Vec<u8>], at: &mut usize, opts: &KeyOptions) -> (KeyHash
     native_route(black_box(&probes[*at]), None, opts).expect("routes")
 }
 
+/// A cache-aware strategy with an index of 1 Mi blocks, the key options that read its chains
+/// (a 1,024-character key), and a fleet of `instances` (addresses 10.0.x.y, never dialled).
+fn cache_aware_on(instances: usize) -> (Arc<dyn Strategy>, KeyOptions, Fleet) {
+    let kind = StrategyKind::named("cache-aware").expect("registered");
+    let mut config = StrategyConfig::new(kind);
+    config
+        .params
+        .insert("index-blocks".into(), "1048576".into());
+    let strategy = config.build().expect("builds");
+    let spec = strategy.chain_spec().expect("cache-aware reads chains");
+    let opts = KeyOptions {
+        prefix_length: PrefixLength::new(1024).expect("valid"),
+        chain: Some(spec),
+    };
+    let fleet = Fleet::new(
+        (0..instances)
+            .map(|i| InstanceSpec::from_url(format!("http://10.0.{}.{}:8000", i / 256, i % 256)))
+            .collect(),
+    );
+    (strategy, opts, fleet)
+}
+
 fn bench(c: &mut Criterion) {
     let mut rng = RouteRng::seed_from_u64(11);
     let mut group = c.benchmark_group("cache_aware_decision_64KiB_index_1Mi_blocks");
     for n in [7usize, 64] {
-        let kind = StrategyKind::named("cache-aware").expect("registered");
-        let mut config = StrategyConfig::new(kind);
-        config
-            .params
-            .insert("index-blocks".into(), "1048576".into());
-        let strategy = config.build().expect("builds");
-        let spec = strategy.chain_spec().expect("cache-aware reads chains");
-        let opts = KeyOptions {
-            prefix_length: PrefixLength::new(1024).expect("valid"),
-            chain: Some(spec),
-        };
-        let fleet = Fleet::new(
-            (0..n)
-                .map(|i| {
-                    InstanceSpec::from_url(format!("http://10.0.{}.{}:8000", i / 256, i % 256))
-                })
-                .collect(),
-        );
+        let (strategy, opts, fleet) = cache_aware_on(n);
         let snap = fleet.snapshot();
         // Fill the index: 64 KiB prompts are 512 blocks of 128 bytes; 2,100 of them fill 1 Mi.
         let mut docs: Vec<Vec<u8>> = Vec::new();
@@ -120,22 +125,7 @@ fn bench(c: &mut Criterion) {
 fn long_prompts(count: usize) -> (Arc<dyn Strategy>, Fleet, Vec<(KeyHash, Chain)>) {
     const LONG: usize = 256 * 1024;
     let mut rng = RouteRng::seed_from_u64(12);
-    let kind = StrategyKind::named("cache-aware").expect("registered");
-    let mut config = StrategyConfig::new(kind);
-    config
-        .params
-        .insert("index-blocks".into(), "1048576".into());
-    let strategy = config.build().expect("builds");
-    let spec = strategy.chain_spec().expect("cache-aware reads chains");
-    let opts = KeyOptions {
-        prefix_length: PrefixLength::new(1024).expect("valid"),
-        chain: Some(spec),
-    };
-    let fleet = Fleet::new(
-        (0..7)
-            .map(|i| InstanceSpec::from_url(format!("http://10.0.0.{i}:8000")))
-            .collect(),
-    );
+    let (strategy, opts, fleet) = cache_aware_on(7);
     let snap = fleet.snapshot();
     let mut all: Vec<(KeyHash, Chain)> = Vec::new();
     for _ in 0..count {
@@ -226,13 +216,7 @@ fn bench_revisit(c: &mut Criterion) {
 /// turns interleaved (as agents' steps are): each chain's blocks sit in the index's slab in
 /// runs of 4, between other conversations' runs. The strategy, the fleet and the chains.
 fn grown_conversations() -> (Arc<dyn Strategy>, Fleet, Vec<(KeyHash, Chain)>) {
-    let kind = StrategyKind::named("cache-aware").expect("registered");
-    let strategy = StrategyConfig::new(kind).build().expect("builds");
-    let fleet = Fleet::new(
-        (0..7)
-            .map(|i| InstanceSpec::from_url(format!("http://10.0.0.{i}:8000")))
-            .collect(),
-    );
+    let (strategy, _, fleet) = cache_aware_on(7);
     let snap = fleet.snapshot();
     let mut rng = RouteRng::seed_from_u64(14);
     let block = |c: u64, b: u64| (c + 1) << 32 | b;
