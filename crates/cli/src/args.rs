@@ -334,6 +334,14 @@ fn parse_delay_ms(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A finite number above 0 (a duration, a timeout).
+pub(crate) fn parse_positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("must be a positive number, got '{s}'")),
+    }
+}
+
 pub(crate) fn parse_share(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if (0.0..1.0).contains(&v) => Ok(v),
