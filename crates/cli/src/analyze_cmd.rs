@@ -105,7 +105,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         input.truncate(usize::try_from(n).unwrap_or(usize::MAX));
     }
     if let Some(rate) = args.rate {
-        crate::simulate_cmd::rescale_arrivals(&mut input.requests, rate);
+        prefix_router_loadgen::schedule::rescale_arrivals(&mut input.requests, rate);
     }
     let (current, source, listed) = current_setting(&args)?;
     let instances = args

@@ -11,13 +11,10 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use prefix_router_loadgen::{run_with_progress, BenchConfig, LoadMode, Progress};
 use prefix_router_replay::bench::{bench_report, render_extras, render_table, sim_report};
-use prefix_router_sim::{plot, WorkloadSource};
-use prefix_router_workload::{trace, Arrival, Request};
+use prefix_router_sim::{plot, SimWorkload, WorkloadSource};
+use prefix_router_workload::Arrival;
 
 use crate::workload_flags::{self, GeneratedFlags};
-
-/// Workload used when neither `--workload` nor `--trace` is given.
-const DEFAULT_WORKLOAD: &str = "long-context";
 
 /// Flags of `bench`.
 #[derive(Debug, Args)]
@@ -91,7 +88,11 @@ pub struct BenchArgs {
 
 /// Runs `bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
-    let (name, source, requests) = load_workload(&args)?;
+    let SimWorkload {
+        name,
+        source,
+        requests,
+    } = load_workload(&args)?;
     let mode = load_mode(&args, &source);
     let config = BenchConfig {
         target: args.target.clone(),
@@ -137,40 +138,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
 }
 
 /// Generates the named workload or reads the trace (`--requests` applied, `--rate` and
-/// `--concurrency` set on a generator's arrivals).
-fn load_workload(args: &BenchArgs) -> Result<(String, WorkloadSource, Vec<Request>)> {
-    if let Some(path) = &args.trace {
-        let (format, mut requests) =
-            trace::load_trace_as(path).with_context(|| format!("--trace {}", path.display()))?;
-        let format = format.name();
-        if let Some(n) = args.requests {
-            requests.truncate(usize::try_from(n).unwrap_or(usize::MAX));
-        }
-        let name = path.file_name().map_or_else(
-            || path.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        );
-        let source = WorkloadSource::Trace {
-            path: path.display().to_string(),
-            format: format.into(),
-        };
-        return Ok((name, source, requests));
+/// `--concurrency` set on a generator's arrivals; a trace's `--rate` is the load mode's).
+fn load_workload(args: &BenchArgs) -> Result<SimWorkload> {
+    match &args.trace {
+        Some(path) => workload_flags::trace(path, args.requests),
+        None => workload_flags::generated(&GeneratedFlags {
+            name: args
+                .workload
+                .as_deref()
+                .unwrap_or(workload_flags::DEFAULT_WORKLOAD),
+            seed: args.seed,
+            requests: args.requests,
+            rate: args.rate,
+            concurrency: args.concurrency,
+            groups: args.groups,
+            params: &args.params,
+        }),
     }
-    let name = args.workload.as_deref().unwrap_or(DEFAULT_WORKLOAD);
-    let (spec, requests) = workload_flags::generate(&GeneratedFlags {
-        name,
-        seed: args.seed,
-        requests: args.requests,
-        rate: args.rate,
-        concurrency: args.concurrency,
-        groups: args.groups,
-        params: &args.params,
-    })?;
-    Ok((
-        name.to_string(),
-        WorkloadSource::Generated { spec },
-        requests,
-    ))
 }
 
 /// Open or closed loop, as `simulate` chooses its driver: `--concurrency` wins, then a
@@ -358,15 +342,15 @@ mod tests {
         let Ok(a) = args(&["--workload", "rag", "--rate", "5"]) else {
             panic!("parse")
         };
-        let (_, source, _) = load_workload(&a).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(load_mode(&a, &source), LoadMode::OpenLoop { rate: None });
+        let w = load_workload(&a).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(load_mode(&a, &w.source), LoadMode::OpenLoop { rate: None });
         let Ok(a) = args(&["--concurrency", "3", "--requests", "4"]) else {
             panic!("parse")
         };
-        let (name, source, requests) = load_workload(&a).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((name.as_str(), requests.len()), ("long-context", 4));
+        let w = load_workload(&a).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((w.name.as_str(), w.requests.len()), ("long-context", 4));
         assert_eq!(
-            load_mode(&a, &source),
+            load_mode(&a, &w.source),
             LoadMode::ClosedLoop { concurrency: 3 }
         );
         assert!(args(&["--rate", "1", "--concurrency", "2"]).is_err());

@@ -12,7 +12,7 @@ use clap::Args;
 use prefix_router_core::{PrefixLength, StrategyConfig, StrategyKind};
 use prefix_router_replay::demo::{self, fmt_speed, render, Demo, DemoConfig};
 use prefix_router_replay::ReplayError;
-use prefix_router_sim::{plot, SimWorkload, WorkloadSource};
+use prefix_router_sim::{plot, SimWorkload};
 
 use crate::args::DEFAULT_PREFIX_LENGTH;
 use crate::progress::DelayedBar;
@@ -228,19 +228,13 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
 
 /// Generates the named workload with the flags applied (as `simulate` does).
 fn load_workload(args: &DemoArgs) -> Result<SimWorkload> {
-    let name = args.workload.as_str();
-    let (spec, requests) = workload_flags::generate(&GeneratedFlags {
-        name,
+    workload_flags::generated(&GeneratedFlags {
+        name: &args.workload,
         seed: args.seed,
         requests: args.requests,
         rate: None,
         concurrency: args.concurrency,
         groups: None,
         params: &args.params,
-    })?;
-    Ok(SimWorkload {
-        name: name.to_string(),
-        source: WorkloadSource::Generated { spec },
-        requests,
     })
 }

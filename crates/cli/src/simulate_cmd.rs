@@ -18,9 +18,6 @@ use crate::args::SimulateArgs;
 use crate::progress::DelayedBar;
 use crate::workload_flags::{self, GeneratedFlags};
 
-/// Workload used when neither `--workload` nor `--trace` is given: the published experiment.
-pub const DEFAULT_WORKLOAD: &str = "long-context";
-
 /// Buckets of the hit-rate-over-time series.
 const HIT_RATE_BUCKETS: usize = 50;
 
@@ -175,104 +172,27 @@ fn sim_config(args: &SimulateArgs, workload: &SimWorkload) -> Result<SimConfig> 
 }
 
 /// Generates the named workload or reads the trace, applying `--requests`, `--rate` and
-/// `--concurrency`.
+/// `--concurrency` (a trace's arrivals are rescaled to `--rate`, as `bench` sends them).
 fn load_workload(args: &SimulateArgs) -> Result<SimWorkload> {
-    if let Some(path) = &args.trace {
-        return load_trace(args, path);
-    }
-    let name = args.workload.as_deref().unwrap_or(DEFAULT_WORKLOAD);
-    let (spec, requests) = workload_flags::generate(&GeneratedFlags {
-        name,
-        seed: args.seed,
-        requests: args.requests,
-        rate: args.rate,
-        concurrency: args.concurrency,
-        groups: args.groups,
-        params: &args.params,
-    })?;
-    Ok(SimWorkload {
-        name: name.to_string(),
-        source: WorkloadSource::Generated { spec },
-        requests,
-    })
-}
-
-fn load_trace(args: &SimulateArgs, path: &Path) -> Result<SimWorkload> {
-    let (format, mut requests) =
-        trace::load_trace_as(path).with_context(|| format!("--trace {}", path.display()))?;
-    let format = format.name();
-    if let Some(n) = args.requests {
-        requests.truncate(usize::try_from(n).unwrap_or(usize::MAX));
-    }
-    if let Some(rate) = args.rate {
-        rescale_arrivals(&mut requests, rate);
-    }
-    let name = path.file_name().map_or_else(
-        || path.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
-    Ok(SimWorkload {
-        name,
-        source: WorkloadSource::Trace {
-            path: path.display().to_string(),
-            format: format.into(),
-        },
-        requests,
-    })
-}
-
-/// Stretches or squeezes arrival times (keeping their shape) so the mean rate becomes `rate`:
-/// the load generator's own open-loop schedule, so `simulate` and `bench` replay a trace at the
-/// same times.
-pub(crate) fn rescale_arrivals(requests: &mut [Request], rate: f64) {
-    // A single request, or one instant for all, has no rate to set: left as it is.
-    let (Some(first), Some(last)) = (requests.first(), requests.last()) else {
-        return;
-    };
-    if last.arrival_s <= first.arrival_s {
-        return;
-    }
-    let offsets = prefix_router_loadgen::schedule::send_offsets(requests, Some(rate));
-    for (r, at) in requests.iter_mut().zip(offsets) {
-        r.arrival_s = at;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(times: &[f64]) -> Vec<Request> {
-        times
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| Request {
-                id: i as u64,
-                arrival_s: t,
-                group: None,
-                model: None,
-                messages: Vec::new(),
-                output_tokens: 1,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn rescaling_keeps_the_shape_and_sets_the_mean_rate() {
-        let mut r = at(&[10.0, 11.0, 13.0, 14.0]);
-        rescale_arrivals(&mut r, 1.0);
-        let t: Vec<f64> = r.iter().map(|r| r.arrival_s).collect();
-        // 3 gaps over 4 s become 3 gaps over 3 s (mean 1 per second), same proportions.
-        assert_eq!(t, vec![0.0, 0.75, 2.25, 3.0]);
-    }
-
-    #[test]
-    fn rescaling_leaves_degenerate_traces_alone() {
-        let mut one = at(&[5.0]);
-        rescale_arrivals(&mut one, 2.0);
-        assert_eq!(one[0].arrival_s, 5.0);
-        let mut same = at(&[2.0, 2.0]);
-        rescale_arrivals(&mut same, 2.0);
-        assert_eq!((same[0].arrival_s, same[1].arrival_s), (2.0, 2.0));
+    match &args.trace {
+        Some(path) => {
+            let mut workload = workload_flags::trace(path, args.requests)?;
+            if let Some(rate) = args.rate {
+                prefix_router_loadgen::schedule::rescale_arrivals(&mut workload.requests, rate);
+            }
+            Ok(workload)
+        }
+        None => workload_flags::generated(&GeneratedFlags {
+            name: args
+                .workload
+                .as_deref()
+                .unwrap_or(workload_flags::DEFAULT_WORKLOAD),
+            seed: args.seed,
+            requests: args.requests,
+            rate: args.rate,
+            concurrency: args.concurrency,
+            groups: args.groups,
+            params: &args.params,
+        }),
     }
 }

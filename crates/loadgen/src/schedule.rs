@@ -31,6 +31,23 @@ pub fn send_offsets(requests: &[Request], rate: Option<f64>) -> Vec<f64> {
     offsets
 }
 
+/// Stretches or squeezes arrival times (keeping their shape) so the mean rate becomes `rate`:
+/// the load generator's own open-loop schedule, so `simulate` and `bench` replay a trace at the
+/// same times.
+pub fn rescale_arrivals(requests: &mut [Request], rate: f64) {
+    // A single request, or one instant for all, has no rate to set: left as it is.
+    let (Some(first), Some(last)) = (requests.first(), requests.last()) else {
+        return;
+    };
+    if last.arrival_s <= first.arrival_s {
+        return;
+    }
+    let offsets = send_offsets(requests, Some(rate));
+    for (r, at) in requests.iter_mut().zip(offsets) {
+        r.arrival_s = at;
+    }
+}
+
 /// The JSON body sent for `request`: its streaming chat body plus
 /// `"stream_options":{"include_usage":true}`, so the final chunk reports token counts.
 pub fn request_body(request: &Request) -> String {
@@ -98,5 +115,40 @@ mod tests {
         assert_eq!(v["max_tokens"], 2);
         // Same request, same bytes.
         assert_eq!(request_body(r), request_body(r));
+    }
+
+    /// Requests with nothing but their arrival times.
+    fn bare(times: &[f64]) -> Vec<Request> {
+        times
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| Request {
+                id: i as u64,
+                arrival_s: t,
+                group: None,
+                model: None,
+                messages: Vec::new(),
+                output_tokens: 1,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rescaling_keeps_the_shape_and_sets_the_mean_rate() {
+        let mut r = bare(&[10.0, 11.0, 13.0, 14.0]);
+        rescale_arrivals(&mut r, 1.0);
+        let t: Vec<f64> = r.iter().map(|r| r.arrival_s).collect();
+        // 3 gaps over 4 s become 3 gaps over 3 s (mean 1 per second), same proportions.
+        assert_eq!(t, vec![0.0, 0.75, 2.25, 3.0]);
+    }
+
+    #[test]
+    fn rescaling_leaves_degenerate_traces_alone() {
+        let mut one = bare(&[5.0]);
+        rescale_arrivals(&mut one, 2.0);
+        assert_eq!(one[0].arrival_s, 5.0);
+        let mut same = bare(&[2.0, 2.0]);
+        rescale_arrivals(&mut same, 2.0);
+        assert_eq!((same[0].arrival_s, same[1].arrival_s), (2.0, 2.0));
     }
 }
