@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use prefix_router_loadgen::{run_with_progress, BenchConfig, LoadMode, Progress};
 use prefix_router_replay::bench::{bench_report, render_extras, render_table, sim_report};
 use prefix_router_sim::{plot, SimWorkload, WorkloadSource};
@@ -209,12 +209,7 @@ impl Bar {
                 Some(stop) => (stop * 10.0).ceil() as u64,
                 None => p.planned,
             };
-            let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-            let style =
-                ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar());
-            bar.set_style(style);
-            self.bar = Some(bar);
+            self.bar = Some(crate::progress::bar(len));
         }
         if let Some(bar) = &self.bar {
             let pos = match p.stop_s {

@@ -40,12 +40,7 @@ impl DelayedBar {
             if self.started.elapsed() < SHOW_AFTER {
                 return;
             }
-            let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-            let style =
-                ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar());
-            bar.set_style(style);
-            self.bar = Some(bar);
+            self.bar = Some(bar(len));
         }
         if let Some(bar) = &self.bar {
             bar.set_length(len);
@@ -60,4 +55,14 @@ impl DelayedBar {
             bar.finish_and_clear();
         }
     }
+}
+
+/// A bar of `len` steps on stderr, in the style every command's progress uses (indicatif draws
+/// nothing when stderr is not a terminal).
+pub fn bar(len: u64) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
 }
