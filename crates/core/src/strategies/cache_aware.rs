@@ -55,7 +55,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use self::choose::Candidate;
-use self::index::{BlockIndex, Slots};
+use self::index::{BlockIndex, Keys, Slots};
 use self::load::{Cost, Fades, InstanceLoad, Pool};
 use crate::strategy::{Feedback, MembershipChange, Note, ParamSpec, StrategyEntry, StrategyStats};
 use crate::{
@@ -436,8 +436,8 @@ impl Strategy for CacheAware {
         let mut st = self.lock();
         let st = &mut *st;
         st.matched.iter_mut().for_each(|m| *m = 0);
-        st.index
-            .longest_matches(req.chain, &st.slots, &mut st.matched);
+        let keys = Keys::new(req.chain, req.model);
+        st.index.longest_matches(keys, &st.slots, &mut st.matched);
         let idle = InstanceLoad::new(cfg.prior);
         let instances = st.loads.len();
         let block = cfg.chain.block_units;
@@ -503,7 +503,7 @@ impl Strategy for CacheAware {
         // any more was evicted: placed by load, as any other.
         // (Looked up only when no candidate matched anything: the only case it decides.)
         let unseen = cands.iter().all(|c| c.blocks(block) == 0)
-            && !req.chain.first().is_some_and(|h| st.index.contains(*h));
+            && !keys.first().is_some_and(|h| st.index.contains(h));
         let chosen = choose::choose(&mut cands, cfg, req, fleet, unseen);
         st.cands = cands;
         let (chosen, reason) = chosen?;
@@ -524,9 +524,12 @@ impl Strategy for CacheAware {
         // Blocks past the prediction that the index has sent there but takes for evicted (if
         // the engine reports them cached, the cache is at least as large as their distance), and
         // the deepest predicted block's stamp, both as they were before this request.
-        let before = st
-            .index
-            .touch(req.chain, slot, &mut st.slots, predicted_blocks);
+        let before = st.index.touch(
+            Keys::new(req.chain, req.model),
+            slot,
+            &mut st.slots,
+            predicted_blocks,
+        );
         // How many blocks the instance cached since the deepest predicted block was last used:
         // feedback compares it with the estimated cache size. Unknown (`u32::MAX`) when that
         // block was sent after a request that has no first token yet started: it may still be

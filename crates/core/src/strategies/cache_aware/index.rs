@@ -12,6 +12,15 @@
 //! an instance (ejected, removed) records its counter: every stamp up to it looks evicted,
 //! however often it is forgotten, without walking the index.
 //!
+//! Blocks are keyed by their chain hash mixed with the requested model's ([`Keys`]): an engine
+//! does not share a prefix's KV between a base model and its LoRA adapters, or between two
+//! adapters (vLLM keys a block by its adapter too), so equal text sent for different models is
+//! different blocks here as well. Without it, a prompt sent for adapter `a` made a request for
+//! adapter `b` with the same prompt look cached where it was not, and the engine's report of 0
+//! cached tokens then shrank that instance's estimated cache (see `correct` in the strategy).
+//! Traffic that names one model (or none) is keyed exactly as before, up to the mix, which no
+//! decision reads.
+//!
 //! Bytes per tracked block: one [`Entry`] (40 B) plus 2-4 slots of the [table](super::table)
 //! (4 B each: a power of two of at least twice the budget, fixed at creation), so 48 B at the
 //! default budget of 1 Mi blocks: 48 MiB once full, and never more. See [`BlockIndex::bytes`].
@@ -23,6 +32,69 @@ mod walk;
 
 use slots::SlotView;
 pub use slots::{Before, Slots};
+
+/// A request's block chain as the index keys it: each hash mixed with the requested model's (see
+/// the module documentation). A model of `None` (the native API, a body without one) mixes in
+/// nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct Keys<'a> {
+    chain: &'a [u64],
+    mix: u64,
+}
+
+impl<'a> Keys<'a> {
+    /// `chain` as requested for `model`.
+    pub fn new(chain: &'a [u64], model: Option<&str>) -> Self {
+        Self {
+            chain,
+            mix: model.map_or(0, model_mix),
+        }
+    }
+    /// Blocks in the chain.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.chain.len()
+    }
+    /// Whether the chain has no block.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.chain.is_empty()
+    }
+    /// Block `i`'s key.
+    #[inline]
+    pub fn at(&self, i: usize) -> u64 {
+        self.chain[i] ^ self.mix
+    }
+    /// Block `i`'s key, if the chain has one.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<u64> {
+        self.chain.get(i).map(|h| h ^ self.mix)
+    }
+    /// The first block's key.
+    pub fn first(&self) -> Option<u64> {
+        self.get(0)
+    }
+}
+
+/// A chain with no model mixed in (tests, and callers that key by text alone).
+impl<'a, C: AsRef<[u64]> + ?Sized> From<&'a C> for Keys<'a> {
+    fn from(chain: &'a C) -> Self {
+        Self {
+            chain: chain.as_ref(),
+            mix: 0,
+        }
+    }
+}
+
+/// What a model's name mixes into its blocks' keys: never 0 (0 is no model), so a block hash
+/// `h` becomes `h ^ mix`, a different key for every model and the same for every request naming
+/// it (router replicas agree).
+fn model_mix(model: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(model.as_bytes(), MODEL_SEED) | 1
+}
+
+/// Seed of [`model_mix`] (any fixed value: replicas must agree on it).
+const MODEL_SEED: u64 = 0x6d6f_6465_6c5f_6d69;
 
 /// Instances tracked per block. A block held by more instances keeps the most recent ones.
 pub const HOLDERS: usize = 4;
@@ -187,7 +259,14 @@ impl BlockIndex {
     /// counter. Returns what the index had for `slot` before, past block `from` (the blocks a
     /// decision predicted cached): read in the same pass, so a decision looks each block up
     /// once.
-    pub fn touch(&mut self, chain: &[u64], slot: usize, slots: &mut Slots, from: usize) -> Before {
+    pub fn touch<'a>(
+        &mut self,
+        chain: impl Into<Keys<'a>>,
+        slot: usize,
+        slots: &mut Slots,
+        from: usize,
+    ) -> Before {
+        let chain = chain.into();
         let tag = slot as u16 + 1;
         // A slot never made room for holds nothing (capacity 0).
         slots.ensure(slot, 0);
@@ -218,7 +297,7 @@ impl BlockIndex {
                 break;
             };
             i = b;
-            let h = chain[i];
+            let h = chain.at(i);
             let e = self.visit(h, &mut walk);
             let crowded = self.is_crowded(e);
             let holders = &self.entries[e as usize].holders;
@@ -258,7 +337,7 @@ impl BlockIndex {
     #[allow(clippy::too_many_arguments)]
     fn extend_run(
         &mut self,
-        chain: &[u64],
+        chain: Keys<'_>,
         mut i: usize,
         lo: usize,
         tag: u16,
@@ -285,10 +364,12 @@ impl BlockIndex {
         let mut e = walk.hint;
         // The list predecessor of `first`, read from its entry: where a guess goes wrong.
         let mut known = e;
+        let (raw, mix) = (chain.chain, chain.mix);
         while i > lo {
-            let Some(&hash) = chain.get(i - 1) else {
+            let Some(&h) = raw.get(i - 1) else {
                 break;
             };
+            let hash = h ^ mix;
             let Some(entry) = self.entries.get_mut(e as usize) else {
                 break;
             };

@@ -73,12 +73,17 @@ impl Router {
 
     /// Dispatches `chain`; returns (instance index, reason label, ticket).
     fn send(&mut self, chain: &Chain) -> (usize, Reason, Ticket) {
+        self.send_as(chain, None)
+    }
+
+    /// Dispatches `chain` for `model`.
+    fn send_as(&mut self, chain: &Chain, model: Option<&str>) -> (usize, Reason, Ticket) {
         self.now += 0.001;
         let req = RouteRequest {
             key: None,
             chain: &chain.blocks,
             prompt_units: chain.units,
-            model: None,
+            model,
             now: self.now,
             tokens: None,
         };
@@ -600,4 +605,64 @@ fn a_request_sent_before_its_instance_was_removed_does_not_empty_the_new_queue()
     // Still one request queued there: every new document goes to the other instance.
     assert!(chosen.iter().all(|&i| i != x), "{chosen:?} (queued on {x})");
     drop(fresh);
+}
+
+/// An engine keys a block by its adapter too (vLLM does): the same prompt sent for two LoRA
+/// adapters of one base model is two prefixes. Here an engine holds a document for a model
+/// once it was sent there for that model, and reports it cached then and only then; the
+/// router must predict a hit exactly where the engine has one. Keyed by text alone, the second
+/// adapter's first request was predicted cached where the first adapter's went, the engine
+/// reported 0, and the instance's estimated cache shrank.
+#[test]
+fn a_prompt_sent_for_two_adapters_is_two_prefixes() {
+    let mut r = Router::new(3, UNBOUND);
+    let mut held = std::collections::HashSet::new();
+    let mut hits = 0;
+    for round in 0..5u64 {
+        for model in ["sql-adapter", "chat-adapter"] {
+            for doc in 0..4u64 {
+                let chain = prompt("", doc, round * 100 + doc);
+                let (i, _, mut t) = r.send_as(&chain, Some(model));
+                let cached = held.contains(&(i, model, doc));
+                let predicted = t.info().predicted_cached_units;
+                assert_eq!(
+                    predicted > 0,
+                    cached,
+                    "round {round}, {model}, document {doc} on instance {i}: predicted {predicted} units"
+                );
+                hits += usize::from(cached);
+                held.insert((i, model, doc));
+                t.first_token(r.now + 0.01);
+                let usage = Usage {
+                    prompt_tokens: chain.units / 4,
+                    cached_tokens: Some(if cached { 2_000 } else { 0 }),
+                };
+                t.finish(End::Finished { usage: Some(usage) }, r.now + 0.1);
+            }
+        }
+    }
+    // Every revisit of a document for the same adapter found it.
+    assert_eq!(hits, 4 * 4 * 2);
+}
+
+/// Traffic that names one model is keyed apart from other models' but decided exactly as if it
+/// named none: the mix changes which keys are equal only across models.
+#[test]
+fn one_model_named_or_none_decides_alike() {
+    let mut named = Router::new(4, &[]);
+    let mut plain = Router::new(4, &[]);
+    for q in 0..60u64 {
+        let chain = prompt("shared opening ", q % 7, q);
+        let (a, ra) = {
+            let (i, reason, t) = named.send_as(&chain, Some("llama"));
+            t.finish(End::Finished { usage: None }, named.now + 0.05);
+            (i, reason)
+        };
+        let (b, rb) = {
+            let (i, reason, t) = plain.send(&chain);
+            t.finish(End::Finished { usage: None }, plain.now + 0.05);
+            (i, reason)
+        };
+        assert_eq!((a, ra), (b, rb), "request {q}");
+    }
 }

@@ -1,6 +1,6 @@
 //! The walk that finds, for each instance, how many leading blocks of a chain it holds.
 
-use super::{BlockIndex, Slots, HOLDERS, NIL};
+use super::{BlockIndex, Keys, Slots, HOLDERS, NIL};
 
 /// How many of a chain's last blocks [`BlockIndex::longest_matches`] looks at first: a prompt
 /// sent before often comes back with a little new after it (a document with a short question),
@@ -50,7 +50,13 @@ impl BlockIndex {
     /// workload and the Mooncake trace are the same with and without it.)
     ///
     /// [`touch`]: BlockIndex::touch
-    pub fn longest_matches(&self, chain: &[u64], slots: &Slots, matched: &mut [u32]) {
+    pub fn longest_matches<'a>(
+        &self,
+        chain: impl Into<Keys<'a>>,
+        slots: &Slots,
+        matched: &mut [u32],
+    ) {
+        let chain = chain.into();
         let slots_len = matched.len();
         let mut deepest: Option<(u32, [usize; HOLDERS])> = None;
         // Where the current run of crowded blocks started.
@@ -61,7 +67,7 @@ impl BlockIndex {
         // sent to many instances is walked block by block, each otherwise a table probe).
         let mut hint = NIL;
         while i < chain.len() {
-            let Some(e) = self.lookup_near(chain[i], hint) else {
+            let Some(e) = self.lookup_near(chain.at(i), hint) else {
                 return;
             };
             let at = i as u32;
@@ -103,7 +109,7 @@ impl BlockIndex {
             crowd_from = None;
             // Gallop past `i` while every slot that advanced here holds the block and it is not
             // crowded; `last` is the furthest block known to pass.
-            let holds = |j: usize| self.held_by_all(chain[j], &went, slots);
+            let holds = |j: usize| self.held_by_all(chain.at(j), &went, slots);
             let mut last = i;
             let mut step = 1usize;
             let mut fail = chain.len();
@@ -140,13 +146,13 @@ impl BlockIndex {
     /// on are left out.
     fn deepest_holders(
         &self,
-        chain: &[u64],
+        chain: Keys<'_>,
         slots: &Slots,
         slots_len: usize,
     ) -> (u32, [usize; HOLDERS]) {
         let mut deep = [usize::MAX; HOLDERS];
         for j in (chain.len().saturating_sub(TAIL_PROBES)..chain.len()).rev() {
-            let Some(e) = self.lookup(chain[j]) else {
+            let Some(e) = self.lookup(chain.at(j)) else {
                 continue;
             };
             if !self.is_crowded(e) {
