@@ -45,6 +45,18 @@ pub(crate) struct Submission {
     pub progress: mpsc::UnboundedSender<Progress>,
     /// The tokens of the prompt's full blocks, for the KV events that announce them.
     pub block_tokens: Vec<u32>,
+    /// The LoRA adapter the request named (its number among the configured ones, from 1, as
+    /// vLLM numbers them, and its name), `None` for the base model.
+    pub adapter: Option<Adapter>,
+}
+
+/// A LoRA adapter a request named.
+#[derive(Debug, Clone)]
+pub(crate) struct Adapter {
+    /// Its number, from 1 (vLLM's `lora_int_id`).
+    pub id: i64,
+    /// Its name (vLLM's `lora_name`).
+    pub name: std::sync::Arc<str>,
 }
 
 /// Engine time ↔ wall time.
@@ -134,7 +146,7 @@ pub(crate) async fn run(
                     let now = clock.now().max(engine_now);
                     engine_now = now;
                     if let Some(k) = kv_events.as_mut() {
-                        k.learn(&s.request.block_hashes, &s.block_tokens);
+                        k.learn(&s.request.block_hashes, &s.block_tokens, s.adapter.as_ref());
                     }
                     tracked.insert(s.request.id, Tracked {
                         progress: s.progress,

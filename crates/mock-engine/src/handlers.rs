@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::api_error::ApiError;
 use crate::body::ResponseBody;
-use crate::driver::{Progress, Submission};
+use crate::driver::{Adapter, Progress, Submission};
 use crate::faults::{FaultState, Verdict};
 use crate::instant;
 use crate::metrics::Metrics;
@@ -127,17 +127,30 @@ where
         include_usage: parsed.include_usage,
         max_tokens: parsed.max_tokens,
     };
+    let adapter = config
+        .loras
+        .iter()
+        .position(|l| *l == head.model)
+        .map(|k| Adapter {
+            id: k as i64 + 1,
+            name: Arc::from(head.model.as_str()),
+        });
+    let mut block_hashes = parsed.prompt.block_hashes;
+    if let Some(a) = &adapter {
+        keyed_by_adapter(&mut block_hashes, &a.name);
+    }
     let (pending, id) = admit(state, head).await?;
     let (tx, rx) = mpsc::unbounded_channel();
     let submission = Submission {
         request: EngineRequest {
             id,
-            block_hashes: parsed.prompt.block_hashes,
+            block_hashes,
             prompt_tokens: pending.meta.prompt_tokens,
             output_tokens: pending.max_tokens,
         },
         progress: tx,
         block_tokens: parsed.prompt.block_token_ids,
+        adapter,
     };
     if state.submit.send(submission).is_err() {
         return Err(ApiError::injected(
@@ -146,6 +159,17 @@ where
         ));
     }
     answer(state, pending, rx).await
+}
+
+/// An adapter's blocks are not the base model's, nor another adapter's: vLLM keys each block by
+/// its LoRA adapter as well as its tokens, so the same prompt under two adapters is computed and
+/// cached twice. Each block hash is mixed with the adapter's name (a chained hash stays
+/// chained: equal keys still mean equal tokens and adapter up to that block).
+fn keyed_by_adapter(hashes: &mut [u64], adapter: &str) {
+    let seed = xxhash_rust::xxh3::xxh3_64(adapter.as_bytes());
+    for h in hashes {
+        *h = xxhash_rust::xxh3::xxh3_64_with_seed(&h.to_le_bytes(), seed);
+    }
 }
 
 /// What the answer's shape needs from a request, however it was read.

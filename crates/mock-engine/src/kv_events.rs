@@ -11,6 +11,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use prefix_router_engine_model::{CacheChange, Engine};
+
+use crate::driver::Adapter;
 use prefix_router_kv_events::wire::{end_of_replay_frame, parse_replay_request, seq_frame};
 use prefix_router_kv_events::{
     block_digest, encode_batch, BlockRemoved, BlockStored, Encoding, EngineHash, EventBatch,
@@ -96,6 +98,8 @@ pub(crate) fn bind(cfg: &KvEventsConfig) -> Result<Bound, crate::StartError> {
 struct BlockInfo {
     parent: Option<u64>,
     tokens: Box<[u32]>,
+    /// The adapter whose request brought it (its blocks are announced with its id and name).
+    adapter: Option<Adapter>,
 }
 
 /// The engine task's side: turns what the cache did into events for the publisher.
@@ -134,7 +138,7 @@ impl Sink {
 
     /// Remembers the parent and tokens of a submitted request's blocks (`tokens`: the full
     /// blocks' tokens, `block_size` each).
-    pub(crate) fn learn(&mut self, hashes: &[u64], tokens: &[u32]) {
+    pub(crate) fn learn(&mut self, hashes: &[u64], tokens: &[u32], adapter: Option<&Adapter>) {
         let size = self.block_size as usize;
         for (k, h) in hashes.iter().enumerate() {
             let Some(t) = tokens.get(k * size..(k + 1) * size) else {
@@ -143,6 +147,7 @@ impl Sink {
             self.blocks.entry(*h).or_insert_with(|| BlockInfo {
                 parent: k.checked_sub(1).map(|p| hashes[p]),
                 tokens: t.into(),
+                adapter: adapter.cloned(),
             });
         }
     }
@@ -162,14 +167,18 @@ impl Sink {
             self.digest ^= block_digest(self.encoding.read_back(EngineHash(h)));
             match change {
                 CacheChange::Stored(h) => {
-                    let (parent, tokens) = match self.blocks.get(&h) {
-                        Some(b) => (b.parent, &b.tokens[..]),
-                        None => (None, &[][..]),
+                    let (parent, tokens, adapter) = match self.blocks.get(&h) {
+                        Some(b) => (b.parent, &b.tokens[..], b.adapter.as_ref()),
+                        None => (None, &[][..], None),
                     };
+                    let lora_name = adapter.map(|a| a.name.to_string());
                     // A block that continues the last stored run joins its event, as vLLM
                     // announces one request's new blocks together.
                     if let Some(KvEvent::Stored(s)) = events.last_mut() {
-                        if parent.is_some() && s.block_hashes.last().map(|x| x.0) == parent {
+                        if parent.is_some()
+                            && s.block_hashes.last().map(|x| x.0) == parent
+                            && s.lora_name == lora_name
+                        {
                             s.block_hashes.push(EngineHash(h));
                             s.token_ids.extend_from_slice(tokens);
                             continue;
@@ -180,6 +189,8 @@ impl Sink {
                         parent: parent.map(EngineHash),
                         token_ids: tokens.to_vec(),
                         block_size: self.block_size,
+                        lora_id: adapter.map(|a| a.id),
+                        lora_name,
                         medium: Medium::Gpu,
                         ..BlockStored::default()
                     }));

@@ -160,3 +160,33 @@ async fn requests_past_max_num_seqs_wait_and_metrics_show_it() {
     .await
     .expect("timed out");
 }
+
+/// vLLM keys a block by its LoRA adapter as well as its tokens: the same prompt under the base
+/// model and under each adapter is cached once for each, and a hit only ever comes from the
+/// same model's earlier run.
+#[tokio::test]
+async fn an_adapters_blocks_are_its_own() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let mut config = MockEngineConfig::new(engine(1000)).with_time_scale(0.05);
+        config.loras = vec!["sql-lora".into(), "chat-lora".into()];
+        let e = start(config).await;
+        let text = words(100, "doc");
+        let mut cached = Vec::new();
+        for model in [
+            DEFAULT_MODEL,
+            "sql-lora",
+            "chat-lora",
+            "sql-lora",
+            DEFAULT_MODEL,
+        ] {
+            let body = chat_body(model, &text, 2, false);
+            let (s, v) = post_json(e.local_addr(), "/v1/chat/completions", body).await;
+            assert_eq!(s, 200, "{v}");
+            cached.push(cached_tokens(&v));
+        }
+        // 100 words: 6 full blocks of 16, cached the second time each model sends them.
+        assert_eq!(cached, vec![0, 0, 0, 96, 96]);
+    })
+    .await
+    .expect("timed out");
+}

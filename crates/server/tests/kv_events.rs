@@ -604,3 +604,68 @@ async fn an_engine_restarted_in_place_is_not_mistaken_for_the_old_one() {
     assert!(blocks > 0);
     r.shutdown().await;
 }
+
+/// Two engines serving two LoRA adapters of their base model, keyed per adapter as vLLM keys
+/// them, and publishing each adapter's blocks with its name; cache-aware in front. The same
+/// document sent for each adapter (and the base model) is a new prefix for each: the router
+/// predicts a hit on a request's second visit for its own model and never on its first, the
+/// engines' reports agree with every prediction, and the router's view of each engine, adapter
+/// blocks included, stays exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_adapters_prompt_is_its_own_prefix() {
+    let mut engines = Vec::new();
+    for _ in 0..2 {
+        let mut c = MockEngineConfig::from_preset("small")
+            .expect("preset")
+            .with_time_scale(0.01);
+        c.loras = vec!["sql-lora".into(), "chat-lora".into()];
+        c.kv_events = Some(KvEventsConfig::default());
+        engines.push(
+            MockEngine::bind("127.0.0.1:0".parse().expect("addr"), c)
+                .await
+                .expect("mock engine starts"),
+        );
+    }
+    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
+    let mut s = settings(&urls);
+    s.routing.strategy = prefix_router_core::StrategyConfig::new(
+        prefix_router_core::StrategyKind::named("cache-aware").expect("registered"),
+    );
+    let refs: Vec<&MockEngine> = engines.iter().collect();
+    let r = start_with(&refs, s).await;
+    let mut q = 0;
+    for doc in 0..3 {
+        for visit in 0..2 {
+            for model in ["sql-lora", "chat-lora", "mock-llama"] {
+                q += 1;
+                let a = post(
+                    r.local_addr(),
+                    "/v1/chat/completions",
+                    &[],
+                    chat_for(model, doc, q),
+                )
+                .await;
+                assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
+                let decision = a.header("x-prefix-router-decision");
+                let cached = a.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0);
+                let what =
+                    format!("document {doc}, visit {visit}, {model}: {decision}, {cached} cached");
+                if visit == 0 {
+                    assert_ne!(decision, "cache_hit", "{what}");
+                    assert_eq!(cached, 0, "{what}");
+                } else {
+                    assert_eq!(decision, "cache_hit", "{what}");
+                    assert!(cached >= 16 * 18, "{what}");
+                }
+            }
+        }
+    }
+    for e in &engines {
+        let (complete, blocks) = converge(&r, e).await;
+        assert_eq!(complete, Completeness::Exact, "{}", e.url());
+        assert!(blocks > 0, "{}", e.url());
+    }
+    r.shutdown().await;
+}
