@@ -18,9 +18,10 @@ pub struct Report {
 
 /// How many leading token blocks of a request an instance holds.
 pub trait Residency: Send + Sync {
-    /// What `instance` reports about `chain`, in one look at its view; `None` where that is
-    /// not known exactly (no view of it, or one that missed events): the strategy then infers.
-    fn report(&self, instance: &Instance, chain: &[u64]) -> Option<Report>;
+    /// What `instance` reports about `chain`, run under the LoRA adapter of `adapter` (see
+    /// [`TokenRoute::adapter`]), in one look at its view; `None` where that is not known
+    /// exactly (no view of it, or one that missed events): the strategy then infers.
+    fn report(&self, instance: &Instance, chain: &[u64], adapter: u64) -> Option<Report>;
 }
 
 /// A request's token blocks and whom to ask about them.
@@ -32,6 +33,10 @@ pub struct TokenRoute<'a> {
     pub block_tokens: u32,
     /// Tokens in the whole prompt.
     pub prompt_tokens: u32,
+    /// The LoRA adapter the request names, as its blocks' names are mixed with it (an engine
+    /// keys an adapter's blocks apart from the base model's); 0 for the base model, or a
+    /// `model` no engine has announced an adapter's blocks under.
+    pub adapter: u64,
     /// Who knows what each instance holds.
     pub residency: &'a dyn Residency,
 }

@@ -9,6 +9,17 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// The "block before the first".
 pub const ROOT: u64 = 0x7072_6678_746f_6b30; // "prfxtok0"
 
+/// What names a LoRA adapter's blocks apart from the base model's: an engine keys a block by its
+/// adapter too, so block `k` of a prompt run under adapter `name` is named as the base model's
+/// block of the same tokens, XOR this (never 0, which is the base model). A request names the
+/// adapter in its `model`; a `BlockStored` event in its `lora_name`.
+pub fn adapter_mix(name: &str) -> u64 {
+    xxh3_64_with_seed(name.as_bytes(), ADAPTER_SEED) | 1
+}
+
+/// Seed of [`adapter_mix`] (any fixed value: every router must agree on it).
+const ADAPTER_SEED: u64 = 0x6c6f_7261_5f6d_6978; // "lora_mix"
+
 /// The name of a block of `tokens` after the block named `prev`.
 pub fn token_block(prev: u64, tokens: &[u32]) -> u64 {
     let mut bytes = Vec::with_capacity(tokens.len() * 4);

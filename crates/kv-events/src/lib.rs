@@ -17,7 +17,7 @@ pub mod sequence;
 pub mod view;
 pub mod wire;
 
-pub use chain::{token_block, token_chain};
+pub use chain::{adapter_mix, token_block, token_chain};
 pub use decode::{decode_batch, DecodeError};
 pub use encode::{encode_batch, Encoding};
 pub use event::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Medium};

@@ -2,7 +2,7 @@
 //! blocks chain into prefixes. Exact while every batch since the engine started was applied;
 //! [`Completeness`] says when it is not (joined mid-stream, batches lost for good).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::event::{EngineHash, EventBatch, KvEvent, Medium};
 
@@ -64,6 +64,9 @@ pub struct EngineView {
     ours: HashMap<u64, EngineHash>,
     /// The router's names of the blocks listed offloaded.
     ours_offloaded: HashMap<u64, EngineHash>,
+    /// The [`adapter_mix`](crate::adapter_mix) of every LoRA adapter the engine stored blocks
+    /// for (by name), since it started.
+    adapters: HashSet<u64>,
     gpu: usize,
     offloaded: usize,
     /// XOR of [`block_digest`] over the blocks on the GPU.
@@ -113,20 +116,33 @@ impl EngineView {
     /// How many leading blocks of `chain` (the router's names, [`crate::token_chain`]) the
     /// engine holds on its GPU.
     pub fn matched(&self, chain: &[u64]) -> usize {
+        self.matched_as(chain, 0)
+    }
+
+    /// [`EngineView::matched`] for a request run under the adapter of `mix`
+    /// ([`adapter_mix`](crate::adapter_mix); 0 for the base model).
+    fn matched_as(&self, chain: &[u64], mix: u64) -> usize {
         chain
             .iter()
-            .take_while(|h| self.ours.contains_key(h))
+            .take_while(|&&h| self.ours.contains_key(&(h ^ mix)))
             .count()
+    }
+
+    /// Whether the engine stored blocks for the adapter of `mix` since it started.
+    pub fn has_adapter(&self, mix: u64) -> bool {
+        self.adapters.contains(&mix)
     }
 
     /// How many leading blocks of `chain` the engine holds on its GPU, and how many more
     /// after those it can load from an offloaded copy (each held on the GPU or offloaded,
     /// without a gap): what a request costs there is the first free, the second cheaper than
-    /// computing.
-    pub fn matched_with_offloaded(&self, chain: &[u64]) -> (usize, usize) {
-        let gpu = self.matched(chain);
+    /// computing. `mix`: the request's adapter ([`adapter_mix`](crate::adapter_mix)), 0 for
+    /// the base model.
+    pub fn matched_with_offloaded(&self, chain: &[u64], mix: u64) -> (usize, usize) {
+        let gpu = self.matched_as(chain, mix);
         let more = chain[gpu..]
             .iter()
+            .map(|&h| h ^ mix)
             .take_while(|h| self.ours_offloaded.contains_key(h) || self.ours.contains_key(h))
             .count();
         (gpu, more)
@@ -160,27 +176,46 @@ impl EngineView {
                         None => Some(0),
                         Some(p) => self.blocks.get(&p).map(|b| b.depth).filter(|&d| d > 0),
                     };
-                    // The router's name of the block before the first, and each block's tokens
-                    // (only when the event carries all of them).
-                    let mut prev_ours = match s.parent {
+                    // An adapter's blocks are named as the base model's of the same tokens,
+                    // XOR the adapter's mix (an engine keys them apart, and so must the
+                    // router). Ones keyed by more than their tokens (images, salts), or by an
+                    // adapter given only by number (no name a request could give), are not
+                    // what any request's tokens name: unnamed.
+                    let mix = match (&s.lora_name, s.lora_id, s.extra_keys) {
+                        (_, _, true) => None,
+                        (Some(name), _, false) => Some(crate::chain::adapter_mix(name)),
+                        (None, Some(_), false) => None,
+                        (None, None, false) => Some(0),
+                    };
+                    if let Some(m) = mix.filter(|&m| m != 0) {
+                        self.adapters.insert(m);
+                    }
+                    // The base model's name of the block before the first, and each block's
+                    // tokens (only when the event carries all of them). A parent is the same
+                    // adapter's (its hash is keyed by it): its name XOR the mix is the base's.
+                    let mut prev_plain = match s.parent {
                         None => Some(crate::chain::ROOT),
-                        Some(p) => self.blocks.get(&p).and_then(|b| b.ours),
+                        Some(p) => self
+                            .blocks
+                            .get(&p)
+                            .and_then(|b| b.ours)
+                            .zip(mix)
+                            .map(|(o, m)| o ^ m),
                     };
                     let size = s.block_size as usize;
-                    // An adapter's blocks (or ones keyed by more than their tokens: images,
-                    // salts) are not what the same tokens make on the base model: unnamed.
-                    let plain = s.lora_name.is_none() && s.lora_id.is_none() && !s.extra_keys;
-                    let whole =
-                        plain && size > 0 && s.token_ids.len() == size * s.block_hashes.len();
+                    let whole = mix.is_some()
+                        && size > 0
+                        && s.token_ids.len() == size * s.block_hashes.len();
                     for (k, &h) in s.block_hashes.iter().enumerate() {
                         let depth = before.map_or(0, |d| d.saturating_add(1));
-                        let ours = match (prev_ours, whole) {
+                        let plain = match (prev_plain, whole) {
                             (Some(prev), true) => Some(crate::chain::token_block(
                                 prev,
                                 &s.token_ids[k * size..(k + 1) * size],
                             )),
                             _ => None,
                         };
+                        let ours = plain.zip(mix).map(|(p, m)| p ^ m);
                         self.insert(
                             h,
                             Block {
@@ -192,7 +227,7 @@ impl EngineView {
                             },
                         );
                         before = (depth > 0).then_some(depth);
-                        prev_ours = ours;
+                        prev_plain = plain;
                         parent = Some(h);
                     }
                 }
@@ -384,7 +419,7 @@ mod tests {
         assert_eq!(v.matched(&chain), 2, "an offloaded block is not resident");
         assert_eq!(v.unknown_removals, 1);
         assert_eq!(
-            v.matched_with_offloaded(&chain),
+            v.matched_with_offloaded(&chain, 0),
             (2, 1),
             "but it can be loaded"
         );
@@ -406,15 +441,15 @@ mod tests {
         v.apply(&batch(vec![stored(&[1, 2], None, Medium::Cpu)]));
         let chain = crate::token_chain(&[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3], 4);
         assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (2, 2));
-        assert_eq!(v.matched_with_offloaded(&chain), (2, 0));
+        assert_eq!(v.matched_with_offloaded(&chain, 0), (2, 0));
         assert_eq!(v.digest(), digest, "the GPU's set is unchanged");
         // The GPU evicts the second: it is still loadable from the CPU copy.
         v.apply(&batch(vec![removed(&[2], Medium::Gpu)]));
         assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (1, 2));
-        assert_eq!(v.matched_with_offloaded(&chain), (1, 1));
+        assert_eq!(v.matched_with_offloaded(&chain, 0), (1, 1));
         // The CPU drops its copy of the first: the GPU's stands.
         v.apply(&batch(vec![removed(&[1], Medium::Cpu)]));
-        assert_eq!(v.matched_with_offloaded(&chain), (1, 1));
+        assert_eq!(v.matched_with_offloaded(&chain, 0), (1, 1));
         assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (1, 1));
         // A removal from a medium a block is not on changes nothing.
         v.apply(&batch(vec![removed(&[1], Medium::Cpu)]));
@@ -424,7 +459,7 @@ mod tests {
             removed(&[2], Medium::Cpu),
         ]));
         assert_eq!((v.gpu_blocks(), v.offloaded_blocks()), (0, 0));
-        assert_eq!(v.matched_with_offloaded(&chain), (0, 0));
+        assert_eq!(v.matched_with_offloaded(&chain, 0), (0, 0));
         assert_eq!(v.unknown_removals, 0);
     }
 
@@ -450,9 +485,27 @@ mod tests {
         }
         v.apply(&batch(vec![lora]));
         assert_eq!(v.matched(&crate::token_chain(&[7, 7, 7, 7], 4)), 0);
+        // Named under the adapter: a request naming it matches them, one naming another does
+        // not, and the base model's request above did not.
+        let sql = crate::adapter_mix("sql");
+        let chain = crate::token_chain(&[7, 7, 7, 7], 4);
+        assert!(v.has_adapter(sql) && !v.has_adapter(crate::adapter_mix("chat")));
+        assert_eq!(v.matched_with_offloaded(&chain, sql), (1, 0));
+        assert_eq!(
+            v.matched_with_offloaded(&chain, crate::adapter_mix("chat")),
+            (0, 0)
+        );
+        // Given only by number, an adapter's blocks match no request.
+        let mut numbered = stored(&[8], None, Medium::Gpu);
+        if let KvEvent::Stored(s) = &mut numbered {
+            s.lora_id = Some(3);
+        }
+        v.apply(&batch(vec![numbered]));
+        assert_eq!(v.matched(&crate::token_chain(&[8, 8, 8, 8], 4)), 0);
         // The same set, reached in another order, has the same digest.
         let mut w = EngineView::new();
         w.apply(&batch(vec![
+            stored(&[8], None, Medium::Gpu),
             stored(&[7], None, Medium::Gpu),
             stored(&[5], None, Medium::Gpu),
             stored(&[100], None, Medium::Gpu),

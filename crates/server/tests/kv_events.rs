@@ -502,16 +502,21 @@ async fn each_models_requests_are_matched_with_that_models_tokenizer() {
         let route = t.route(feeds);
         assert_eq!(route.chain, chain.as_slice(), "{model}");
         // ...which its engine reports holding in full; the other tokenizer's blocks, none.
-        let report = feeds.report(home, route.chain).expect("a report");
+        let report = feeds
+            .report(home, route.chain, route.adapter)
+            .expect("a report");
         assert_eq!(report.matched_blocks as usize, chain.len(), "{model}");
         assert_eq!(
-            feeds.report(home, &wrong).expect("a report").matched_blocks,
+            feeds
+                .report(home, &wrong, 0)
+                .expect("a report")
+                .matched_blocks,
             0
         );
         // The other engine never saw it.
         assert_eq!(
             feeds
-                .report(away, route.chain)
+                .report(away, route.chain, route.adapter)
                 .expect("a report")
                 .matched_blocks,
             0
@@ -668,4 +673,86 @@ async fn each_adapters_prompt_is_its_own_prefix() {
         assert!(blocks > 0, "{}", e.url());
     }
     r.shutdown().await;
+}
+
+/// kv-aware in front of the same engines, matching on their events: once an engine has
+/// announced an adapter's blocks (by name), a request naming that adapter is matched against
+/// them only, never against the base model's blocks of the same tokens, and a request for the
+/// base model never against an adapter's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_aware_tells_an_adapters_blocks_from_the_base_models() {
+    let mut engines = Vec::new();
+    for _ in 0..2 {
+        let mut c = MockEngineConfig::from_preset("small")
+            .expect("preset")
+            .with_time_scale(0.01);
+        c.loras = vec!["sql-lora".into(), "chat-lora".into()];
+        c.kv_events = Some(KvEventsConfig::default());
+        engines.push(
+            MockEngine::bind("127.0.0.1:0".parse().expect("addr"), c)
+                .await
+                .expect("mock engine starts"),
+        );
+    }
+    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
+    let mut s = settings(&urls);
+    s.routing.strategy = prefix_router_core::StrategyConfig::new(
+        prefix_router_core::StrategyKind::named("kv-aware").expect("registered"),
+    );
+    s.kv_events.tokenizer = Some(WORDS.into());
+    let refs: Vec<&MockEngine> = engines.iter().collect();
+    let r = start_with(&refs, s).await;
+    // The engines announce each adapter once (an adapter no engine has announced reads as the
+    // base model).
+    for (q, model) in ["sql-lora", "chat-lora"].into_iter().enumerate() {
+        let a = post(
+            r.local_addr(),
+            "/v1/chat/completions",
+            &[],
+            chat_for(model, 99, q),
+        )
+        .await;
+        assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
+    }
+    settle(&r, &engines).await;
+    let mut q = 10;
+    for doc in 0..3 {
+        for visit in 0..2 {
+            // The base model first: its blocks are there when each adapter comes.
+            for model in ["mock-llama", "sql-lora", "chat-lora"] {
+                q += 1;
+                let a = post(
+                    r.local_addr(),
+                    "/v1/chat/completions",
+                    &[],
+                    chat_for(model, doc, q),
+                )
+                .await;
+                assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
+                let decision = a.header("x-prefix-router-decision");
+                let cached = a.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0);
+                let what =
+                    format!("document {doc}, visit {visit}, {model}: {decision}, {cached} cached");
+                if visit == 0 {
+                    assert_ne!(decision, "cache_hit", "{what}");
+                    assert_eq!(cached, 0, "{what}");
+                } else {
+                    assert_eq!(decision, "cache_hit", "{what}");
+                    assert!(cached >= 16 * 18, "{what}");
+                }
+                // The views take in what this request stored before the next one is routed.
+                settle(&r, &engines).await;
+            }
+        }
+    }
+    r.shutdown().await;
+}
+
+/// Waits until the router's view of every engine is exact (see [`converge`]).
+async fn settle(r: &RunningRouter, engines: &[MockEngine]) {
+    for e in engines {
+        assert_eq!(converge(r, e).await.0, Completeness::Exact, "{}", e.url());
+    }
 }

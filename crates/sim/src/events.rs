@@ -134,7 +134,8 @@ impl SimViews {
 }
 
 impl Residency for SimViews {
-    fn report(&self, instance: &Instance, chain: &[u64]) -> Option<Report> {
+    /// The engine model keys no block by an adapter (workloads name none): `adapter` is 0.
+    fn report(&self, instance: &Instance, chain: &[u64], _adapter: u64) -> Option<Report> {
         let view = self.views.get(*self.by_hash.get(&instance.id_hash())?)?;
         let n = chain.iter().take_while(|h| view.held.contains(h)).count();
         Some(Report {
@@ -165,7 +166,7 @@ mod tests {
         assert_eq!(v.send(0, Vec::new()), None);
         v.deliver(a.unwrap_or(u64::MAX));
         assert_eq!(
-            v.report(&inst, &[1, 2, 3]).map(|r| r.matched_blocks),
+            v.report(&inst, &[1, 2, 3], 0).map(|r| r.matched_blocks),
             Some(2)
         );
         // Every batch lost from now on, then one gets through.
@@ -173,7 +174,7 @@ mod tests {
         let b = v.send(0, vec![CacheChange::Evicted(2), CacheChange::Stored(3)]);
         v.deliver(b.unwrap_or(u64::MAX));
         assert_eq!(
-            v.report(&inst, &[1, 2]).map(|r| r.matched_blocks),
+            v.report(&inst, &[1, 2], 0).map(|r| r.matched_blocks),
             Some(2),
             "stale, still trusted"
         );
@@ -181,13 +182,13 @@ mod tests {
         let c = v.send(0, vec![CacheChange::Stored(2)]);
         v.deliver(c.unwrap_or(u64::MAX));
         assert_eq!(
-            v.report(&inst, &[1, 2, 3]).map(|r| r.matched_blocks),
+            v.report(&inst, &[1, 2, 3], 0).map(|r| r.matched_blocks),
             Some(3),
             "replayed in order"
         );
         let other = Instance::new(InstanceSpec::from_url("sim://b"));
         assert_eq!(
-            v.report(&other, &[1]).map(|r| r.matched_blocks),
+            v.report(&other, &[1], 0).map(|r| r.matched_blocks),
             None,
             "no view: unknown"
         );

@@ -355,6 +355,7 @@ impl Loop<'_> {
                 chain: &sent.block_hashes,
                 block_tokens: inputs.engine.block_tokens,
                 prompt_tokens: req.prompt_tokens(),
+                adapter: 0,
                 residency: v,
             }),
         };

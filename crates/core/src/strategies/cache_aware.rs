@@ -450,7 +450,7 @@ impl Strategy for CacheAware {
             // the units it holds on its GPU, and those after them it can load from an
             // offloaded copy.
             let report = req.tokens.and_then(|t| {
-                t.residency.report(inst, t.chain).map(|r| {
+                t.residency.report(inst, t.chain, t.adapter).map(|r| {
                     let hit = t.units(r.matched_blocks, req.prompt_units);
                     let reach = r.matched_blocks.saturating_add(r.offloaded_blocks);
                     let loadable = t.units(reach, req.prompt_units).saturating_sub(hit);

@@ -84,7 +84,7 @@ mod tests {
     struct Reports(HashMap<String, (u32, u32)>);
 
     impl Residency for Reports {
-        fn report(&self, instance: &Instance, chain: &[u64]) -> Option<crate::Report> {
+        fn report(&self, instance: &Instance, chain: &[u64], _: u64) -> Option<crate::Report> {
             self.0.get(&instance.spec().url).map(|&(b, off)| {
                 let matched_blocks = b.min(chain.len() as u32);
                 crate::Report {
@@ -145,6 +145,7 @@ mod tests {
                 chain: &tokens,
                 block_tokens: 16,
                 prompt_tokens: 2_000,
+                adapter: 0,
                 residency: &residency,
             }),
         };

@@ -19,11 +19,13 @@ mod tests;
 pub use metrics::{KvEventMetrics, ResultLabels};
 pub use subscriber::run;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use prefix_router_core::{Instance, Report, Residency, TokenRoute};
-use prefix_router_kv_events::{token_chain, Completeness, EngineView};
+use prefix_router_kv_events::{
+    adapter_mix, token_chain, Completeness, EngineView, EventBatch, KvEvent,
+};
 use prefix_router_tokenize::{ChatTokenizer, Prompt, TokenizeError};
 
 use crate::settings::KvEventsSettings;
@@ -71,6 +73,10 @@ pub struct KvFeeds {
     /// The block size an engine last reported (0: none yet), read on every tokenized request
     /// without taking any feed's lock.
     reported_block: std::sync::atomic::AtomicU32,
+    /// The [`adapter_mix`] of every LoRA adapter some engine has stored blocks for: a request
+    /// naming one of them is matched against that adapter's blocks, any other `model` against
+    /// the base model's.
+    adapters: std::sync::RwLock<HashSet<u64>>,
 }
 
 /// vLLM's default KV block size, until an engine reports its own.
@@ -82,6 +88,8 @@ pub struct Tokenized {
     chain: Vec<u64>,
     block_tokens: u32,
     prompt_tokens: u32,
+    /// The adapter the request names ([`TokenRoute::adapter`]).
+    adapter: u64,
 }
 
 impl Tokenized {
@@ -91,6 +99,7 @@ impl Tokenized {
             chain: &self.chain,
             block_tokens: self.block_tokens,
             prompt_tokens: self.prompt_tokens,
+            adapter: self.adapter,
             residency: feeds,
         }
     }
@@ -99,11 +108,16 @@ impl Tokenized {
 impl Residency for KvFeeds {
     /// From the instance's view, only while it is subscribed, complete and not being replayed;
     /// one lock of its feed.
-    fn report(&self, instance: &Instance, chain: &[u64]) -> Option<Report> {
+    /// An engine that never stored a block for the request's adapter holds none of its prompt.
+    fn report(&self, instance: &Instance, chain: &[u64], adapter: u64) -> Option<Report> {
         let feed = self.feed(instance.id().as_str())?;
         let f = lock(&feed);
         (f.connected && !f.recovering && f.view.completeness() == Completeness::Exact).then(|| {
-            let (gpu, offloaded) = f.view.matched_with_offloaded(chain);
+            let (gpu, offloaded) = if adapter == 0 || f.view.has_adapter(adapter) {
+                f.view.matched_with_offloaded(chain, adapter)
+            } else {
+                (0, 0)
+            };
             let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
             Report {
                 matched_blocks: count(gpu),
@@ -183,6 +197,7 @@ impl KvFeeds {
             tokenizer,
             tokenizers,
             reported_block: std::sync::atomic::AtomicU32::new(0),
+            adapters: Default::default(),
         })
     }
 
@@ -218,13 +233,44 @@ impl KvFeeds {
         }
         let (model, prompt) = Prompt::from_body_with_model(body)?;
         let tokenizer = self.tokenizer_for(model.as_deref())?;
+        let adapter = model
+            .as_deref()
+            .map(adapter_mix)
+            .filter(|m| self.is_adapter(*m))
+            .unwrap_or(0);
         let ids = tokenizer.ids(&prompt).ok()?;
         let block_tokens = self.block_tokens();
         Some(Tokenized {
             chain: token_chain(&ids, block_tokens as usize),
             block_tokens,
             prompt_tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+            adapter,
         })
+    }
+
+    /// Whether some engine stored blocks for the adapter of `mix`.
+    fn is_adapter(&self, mix: u64) -> bool {
+        self.adapters
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&mix)
+    }
+
+    /// Notes the adapters a batch stored blocks for (by name).
+    pub(crate) fn note_adapters(&self, batch: &EventBatch) {
+        for e in &batch.events {
+            if let KvEvent::Stored(s) = e {
+                if let Some(name) = &s.lora_name {
+                    let mix = adapter_mix(name);
+                    if !self.is_adapter(mix) {
+                        self.adapters
+                            .write()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(mix);
+                    }
+                }
+            }
+        }
     }
 
     /// The endpoints of the instance at `url`: from `[[kv_events.endpoints]]`, else its host

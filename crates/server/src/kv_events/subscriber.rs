@@ -328,6 +328,7 @@ impl Subscriber<'_> {
             }
         }
         f.view.apply(&batch);
+        self.feeds.note_adapters(&batch);
         if f.view.block_size() > 0 {
             self.feeds
                 .reported_block
