@@ -117,25 +117,9 @@ mod tests {
         assert_eq!(request_body(r), request_body(r));
     }
 
-    /// Requests with nothing but their arrival times.
-    fn bare(times: &[f64]) -> Vec<Request> {
-        times
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| Request {
-                id: i as u64,
-                arrival_s: t,
-                group: None,
-                model: None,
-                messages: Vec::new(),
-                output_tokens: 1,
-            })
-            .collect()
-    }
-
     #[test]
     fn rescaling_keeps_the_shape_and_sets_the_mean_rate() {
-        let mut r = bare(&[10.0, 11.0, 13.0, 14.0]);
+        let mut r = at(&[10.0, 11.0, 13.0, 14.0]);
         rescale_arrivals(&mut r, 1.0);
         let t: Vec<f64> = r.iter().map(|r| r.arrival_s).collect();
         // 3 gaps over 4 s become 3 gaps over 3 s (mean 1 per second), same proportions.
@@ -144,10 +128,10 @@ mod tests {
 
     #[test]
     fn rescaling_leaves_degenerate_traces_alone() {
-        let mut one = bare(&[5.0]);
+        let mut one = at(&[5.0]);
         rescale_arrivals(&mut one, 2.0);
         assert_eq!(one[0].arrival_s, 5.0);
-        let mut same = bare(&[2.0, 2.0]);
+        let mut same = at(&[2.0, 2.0]);
         rescale_arrivals(&mut same, 2.0);
         assert_eq!((same[0].arrival_s, same[1].arrival_s), (2.0, 2.0));
     }

@@ -4,7 +4,8 @@
 //! and when the router joins mid-stream (recovered from the replay buffer, or marked partial
 //! when the buffer no longer reaches back); and, with the same tokenizer file on both sides,
 //! the token blocks the router computes for a request are the ones the engine reports (each
-//! model's own, where engines serve different models with different tokenizers).
+//! model's own, where engines serve different models with different tokenizers); and a LoRA
+//! adapter's prompt is its own prefix for the engines, cache-aware and kv-aware alike.
 
 mod support;
 
@@ -610,14 +611,10 @@ async fn an_engine_restarted_in_place_is_not_mistaken_for_the_old_one() {
     r.shutdown().await;
 }
 
-/// Two engines serving two LoRA adapters of their base model, keyed per adapter as vLLM keys
-/// them, and publishing each adapter's blocks with its name; cache-aware in front. The same
-/// document sent for each adapter (and the base model) is a new prefix for each: the router
-/// predicts a hit on a request's second visit for its own model and never on its first, the
-/// engines' reports agree with every prediction, and the router's view of each engine, adapter
-/// blocks included, stays exact.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_adapters_prompt_is_its_own_prefix() {
+/// Two mock engines serving two LoRA adapters of their base model, keyed per adapter as vLLM
+/// keys them and publishing each adapter's blocks with its name, and a router running
+/// `strategy` in front, subscribed to their events (with the word tokenizer for kv-aware).
+async fn adapter_fleet(strategy: &str) -> (Vec<MockEngine>, RunningRouter) {
     let mut engines = Vec::new();
     for _ in 0..2 {
         let mut c = MockEngineConfig::from_preset("small")
@@ -634,44 +631,65 @@ async fn each_adapters_prompt_is_its_own_prefix() {
     let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
     let mut s = settings(&urls);
     s.routing.strategy = prefix_router_core::StrategyConfig::new(
-        prefix_router_core::StrategyKind::named("cache-aware").expect("registered"),
+        prefix_router_core::StrategyKind::named(strategy).expect("registered"),
     );
+    s.kv_events.tokenizer = Some(WORDS.into());
     let refs: Vec<&MockEngine> = engines.iter().collect();
     let r = start_with(&refs, s).await;
+    (engines, r)
+}
+
+/// Sends document `doc` (question `q`) for `model`: on its first `visit` for that model it is
+/// neither predicted nor found cached; on the next, predicted and found whole.
+async fn visit_checked(r: &RunningRouter, model: &str, doc: usize, q: usize, visit: usize) {
+    let a = post(
+        r.local_addr(),
+        "/v1/chat/completions",
+        &[],
+        chat_for(model, doc, q),
+    )
+    .await;
+    assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
+    let decision = a.header("x-prefix-router-decision");
+    let cached = a.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    let what = format!("document {doc}, visit {visit}, {model}: {decision}, {cached} cached");
+    if visit == 0 {
+        assert_ne!(decision, "cache_hit", "{what}");
+        assert_eq!(cached, 0, "{what}");
+    } else {
+        assert_eq!(decision, "cache_hit", "{what}");
+        // A whole document: 18 blocks of 16 tokens.
+        assert!(cached >= 16 * 18, "{what}");
+    }
+}
+
+/// Waits until the router's view of every engine is exact (see [`converge`]).
+async fn settle(r: &RunningRouter, engines: &[MockEngine]) {
+    for e in engines {
+        assert_eq!(converge(r, e).await.0, Completeness::Exact, "{}", e.url());
+    }
+}
+
+/// cache-aware in front of two adapter-serving engines: the same document sent for each
+/// adapter (and the base model) is a new prefix for each. The router predicts a hit on a
+/// request's second visit for its own model and never on its first, the engines' reports
+/// agree with every prediction, and the router's view of each engine, adapter blocks included,
+/// stays exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_adapters_prompt_is_its_own_prefix() {
+    let (engines, r) = adapter_fleet("cache-aware").await;
     let mut q = 0;
     for doc in 0..3 {
         for visit in 0..2 {
             for model in ["sql-lora", "chat-lora", "mock-llama"] {
                 q += 1;
-                let a = post(
-                    r.local_addr(),
-                    "/v1/chat/completions",
-                    &[],
-                    chat_for(model, doc, q),
-                )
-                .await;
-                assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
-                let decision = a.header("x-prefix-router-decision");
-                let cached = a.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-                    .as_u64()
-                    .unwrap_or(0);
-                let what =
-                    format!("document {doc}, visit {visit}, {model}: {decision}, {cached} cached");
-                if visit == 0 {
-                    assert_ne!(decision, "cache_hit", "{what}");
-                    assert_eq!(cached, 0, "{what}");
-                } else {
-                    assert_eq!(decision, "cache_hit", "{what}");
-                    assert!(cached >= 16 * 18, "{what}");
-                }
+                visit_checked(&r, model, doc, q, visit).await;
             }
         }
     }
-    for e in &engines {
-        let (complete, blocks) = converge(&r, e).await;
-        assert_eq!(complete, Completeness::Exact, "{}", e.url());
-        assert!(blocks > 0, "{}", e.url());
-    }
+    settle(&r, &engines).await;
     r.shutdown().await;
 }
 
@@ -681,27 +699,7 @@ async fn each_adapters_prompt_is_its_own_prefix() {
 /// base model never against an adapter's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_aware_tells_an_adapters_blocks_from_the_base_models() {
-    let mut engines = Vec::new();
-    for _ in 0..2 {
-        let mut c = MockEngineConfig::from_preset("small")
-            .expect("preset")
-            .with_time_scale(0.01);
-        c.loras = vec!["sql-lora".into(), "chat-lora".into()];
-        c.kv_events = Some(KvEventsConfig::default());
-        engines.push(
-            MockEngine::bind("127.0.0.1:0".parse().expect("addr"), c)
-                .await
-                .expect("mock engine starts"),
-        );
-    }
-    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
-    let mut s = settings(&urls);
-    s.routing.strategy = prefix_router_core::StrategyConfig::new(
-        prefix_router_core::StrategyKind::named("kv-aware").expect("registered"),
-    );
-    s.kv_events.tokenizer = Some(WORDS.into());
-    let refs: Vec<&MockEngine> = engines.iter().collect();
-    let r = start_with(&refs, s).await;
+    let (engines, r) = adapter_fleet("kv-aware").await;
     // The engines announce each adapter once (an adapter no engine has announced reads as the
     // base model).
     for (q, model) in ["sql-lora", "chat-lora"].into_iter().enumerate() {
@@ -721,38 +719,11 @@ async fn kv_aware_tells_an_adapters_blocks_from_the_base_models() {
             // The base model first: its blocks are there when each adapter comes.
             for model in ["mock-llama", "sql-lora", "chat-lora"] {
                 q += 1;
-                let a = post(
-                    r.local_addr(),
-                    "/v1/chat/completions",
-                    &[],
-                    chat_for(model, doc, q),
-                )
-                .await;
-                assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
-                let decision = a.header("x-prefix-router-decision");
-                let cached = a.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-                    .as_u64()
-                    .unwrap_or(0);
-                let what =
-                    format!("document {doc}, visit {visit}, {model}: {decision}, {cached} cached");
-                if visit == 0 {
-                    assert_ne!(decision, "cache_hit", "{what}");
-                    assert_eq!(cached, 0, "{what}");
-                } else {
-                    assert_eq!(decision, "cache_hit", "{what}");
-                    assert!(cached >= 16 * 18, "{what}");
-                }
+                visit_checked(&r, model, doc, q, visit).await;
                 // The views take in what this request stored before the next one is routed.
                 settle(&r, &engines).await;
             }
         }
     }
     r.shutdown().await;
-}
-
-/// Waits until the router's view of every engine is exact (see [`converge`]).
-async fn settle(r: &RunningRouter, engines: &[MockEngine]) {
-    for e in engines {
-        assert_eq!(converge(r, e).await.0, Completeness::Exact, "{}", e.url());
-    }
 }
