@@ -115,24 +115,32 @@ fn event(v: &Value) -> Result<Option<KvEvent>, DecodeError> {
         return Err(shape("event type", "UTF-8"));
     };
     Ok(Some(match tag {
-        "BlockStored" => KvEvent::Stored(BlockStored {
-            block_hashes: hashes(fields.get(0, "block_hashes"), "block_hashes")?,
-            parent: opt_hash(fields.get(1, "parent_block_hash"), "parent_block_hash")?,
-            token_ids: tokens(fields.get(2, "token_ids"))?,
-            block_size: fields
-                .get(3, "block_size")
-                .map_or(Ok(0), |v| uint(v, "block_size"))?,
-            lora_id: opt_int(fields.get(4, "lora_id"), "lora_id")?,
-            medium: Medium::parse(opt_str(fields.get(5, "medium"), "medium")?),
-            lora_name: opt_str(fields.get(6, "lora_name"), "lora_name")?.map(str::to_string),
-            // `extra_keys`: one entry per block, nil for a block keyed by its tokens alone.
-            extra_keys: match fields.get(7, "extra_keys") {
+        "BlockStored" => {
+            let lora_id = opt_int(fields.get(4, "lora_id"), "lora_id")?;
+            let lora_name = opt_str(fields.get(6, "lora_name"), "lora_name")?.map(str::to_string);
+            // `extra_keys`: one entry per block, nil for a block keyed by its tokens alone. An
+            // entry that holds only the block's adapter (its name or number: vLLM keys a LoRA
+            // request's blocks by it) adds nothing the adapter fields do not say.
+            let more = |k: &Value| !adapter_only(k, lora_name.as_deref(), lora_id);
+            let extra_keys = match fields.get(7, "extra_keys") {
                 None | Some(Value::Nil) => false,
-                Some(Value::Array(a)) => a.iter().any(|k| !k.is_nil()),
+                Some(Value::Array(a)) => a.iter().any(more),
                 Some(_) => true,
-            },
-            group_idx: opt_int(fields.get(8, "group_idx"), "group_idx")?,
-        }),
+            };
+            KvEvent::Stored(BlockStored {
+                block_hashes: hashes(fields.get(0, "block_hashes"), "block_hashes")?,
+                parent: opt_hash(fields.get(1, "parent_block_hash"), "parent_block_hash")?,
+                token_ids: tokens(fields.get(2, "token_ids"))?,
+                block_size: fields
+                    .get(3, "block_size")
+                    .map_or(Ok(0), |v| uint(v, "block_size"))?,
+                lora_id,
+                medium: Medium::parse(opt_str(fields.get(5, "medium"), "medium")?),
+                lora_name,
+                extra_keys,
+                group_idx: opt_int(fields.get(8, "group_idx"), "group_idx")?,
+            })
+        }
         "BlockRemoved" => KvEvent::Removed(BlockRemoved {
             block_hashes: hashes(fields.get(0, "block_hashes"), "block_hashes")?,
             medium: Medium::parse(opt_str(fields.get(1, "medium"), "medium")?),
@@ -211,5 +219,19 @@ fn float(v: &Value, what: &'static str) -> Result<f64, DecodeError> {
         Value::F32(x) => Ok(f64::from(*x)),
         Value::Integer(i) => i.as_f64().ok_or(shape(what, "a number")),
         _ => Err(shape(what, "a number")),
+    }
+}
+
+/// Whether one block's `extra_keys` entry is nil or holds nothing but the block's adapter, by
+/// `name` or `id`.
+fn adapter_only(entry: &Value, name: Option<&str>, id: Option<i64>) -> bool {
+    match entry {
+        Value::Nil => true,
+        Value::Array(keys) => keys.iter().all(|k| match k {
+            Value::String(s) => s.as_str().is_some_and(|s| Some(s) == name),
+            Value::Integer(i) => i.as_i64().is_some_and(|i| Some(i) == id),
+            _ => false,
+        }),
+        _ => false,
     }
 }

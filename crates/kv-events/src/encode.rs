@@ -138,6 +138,14 @@ fn stored(s: &BlockStored, encoding: Encoding) -> Value {
                         .map(|_| Value::Array(vec![Value::from("salt")]))
                         .collect(),
                 )
+            } else if let Some(name) = &s.lora_name {
+                // An adapter's blocks are hashed with its name as their extra key, and vLLM
+                // lists it so.
+                Value::Array(
+                    (0..s.block_hashes.len().max(1))
+                        .map(|_| Value::Array(vec![Value::from(name.as_str())]))
+                        .collect(),
+                )
             } else {
                 Value::Nil
             },

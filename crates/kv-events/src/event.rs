@@ -62,8 +62,8 @@ pub struct BlockStored {
     pub lora_name: Option<String>,
     pub medium: Medium,
     pub group_idx: Option<i64>,
-    /// Whether any block carries `extra_keys` (multimodal hashes, a cache salt): its hash
-    /// then covers more than its tokens.
+    /// Whether any block carries `extra_keys` beyond its adapter (multimodal hashes, a cache
+    /// salt): its hash then covers more than its tokens and adapter.
     pub extra_keys: bool,
 }
 

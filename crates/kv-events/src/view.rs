@@ -65,7 +65,8 @@ pub struct EngineView {
     /// The router's names of the blocks listed offloaded.
     ours_offloaded: HashMap<u64, EngineHash>,
     /// The [`adapter_mix`](crate::adapter_mix) of every LoRA adapter the engine stored blocks
-    /// for (by name), since it started.
+    /// for that the view could name, since the view was created (a cleared cache keeps them:
+    /// an adapter that has none of its blocks left simply matches nothing).
     adapters: HashSet<u64>,
     gpu: usize,
     offloaded: usize,
@@ -128,7 +129,8 @@ impl EngineView {
             .count()
     }
 
-    /// Whether the engine stored blocks for the adapter of `mix` since it started.
+    /// Whether the engine stored blocks for the adapter of `mix` that the view could name, since
+    /// the view was created.
     pub fn has_adapter(&self, mix: u64) -> bool {
         self.adapters.contains(&mix)
     }

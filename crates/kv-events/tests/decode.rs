@@ -344,3 +344,59 @@ proptest! {
         let _ = decode_batch(&bytes);
     }
 }
+
+/// A LoRA request's blocks are hashed with the adapter as their extra key, and vLLM lists it in
+/// `extra_keys`: an entry that holds only the block's adapter (by name or number) says nothing
+/// the adapter fields do not, and does not count as extra keys; anything beside it does.
+#[test]
+fn extra_keys_that_only_name_the_adapter_are_not_extra() {
+    // ["BlockStored", [7], nil, [1], 1, lora_id, "GPU", lora_name, extra_keys]
+    let event = |lora_id: Vec<u8>, lora_name: Vec<u8>, extra: Vec<u8>| {
+        cat(&[
+            vec![0x92],
+            f64be(0.0),
+            vec![0x91, 0x99],
+            fixstr("BlockStored"),
+            vec![0x91, 0x07, 0xc0, 0x91, 0x01, 0x01],
+            lora_id,
+            fixstr("GPU"),
+            lora_name,
+            extra,
+        ])
+    };
+    let extra = |bytes: &[u8]| {
+        let b = decode_batch(bytes).unwrap_or_else(|e| panic!("{e}"));
+        match &b.events[0] {
+            KvEvent::Stored(s) => s.extra_keys,
+            other => panic!("{other:?}"),
+        }
+    };
+    let named = |keys: &[&str]| {
+        let mut v = vec![0x91, 0x90 | keys.len() as u8];
+        for k in keys {
+            v.extend(fixstr(k));
+        }
+        v
+    };
+    // By name: [["sql"]] is the adapter alone; [["sql", "img"]] has an image's hash beside it.
+    assert!(!extra(&event(vec![0xc0], fixstr("sql"), named(&["sql"]))));
+    assert!(extra(&event(
+        vec![0xc0],
+        fixstr("sql"),
+        named(&["sql", "img"])
+    )));
+    // Another adapter's name, or a name where the event names none, is not this block's.
+    assert!(extra(&event(vec![0xc0], fixstr("sql"), named(&["chat"]))));
+    assert!(extra(&event(vec![0xc0], vec![0xc0], named(&["sql"]))));
+    // By number: [[3]] with lora_id 3.
+    assert!(!extra(&event(
+        vec![0x03],
+        vec![0xc0],
+        vec![0x91, 0x91, 0x03]
+    )));
+    assert!(extra(&event(
+        vec![0x04],
+        vec![0xc0],
+        vec![0x91, 0x91, 0x03]
+    )));
+}

@@ -178,7 +178,13 @@ impl Demo {
         let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
         let mut engines = Vec::with_capacity(cfg.instances as usize);
         for _ in 0..cfg.instances {
-            engines.push(MockEngine::bind(loopback, self.mock.clone()).await?);
+            match MockEngine::bind(loopback, self.mock.clone()).await {
+                Ok(e) => engines.push(e),
+                Err(e) => {
+                    stop(Vec::new(), engines).await;
+                    return Err(e.into());
+                }
+            }
         }
         let routers = match self.start_routers(strategy, &engines).await {
             Ok(routers) => routers,

@@ -134,7 +134,8 @@ impl SimViews {
 }
 
 impl Residency for SimViews {
-    /// The engine model keys no block by an adapter (workloads name none): `adapter` is 0.
+    /// The simulated engines key no block by an adapter (a trace's `model` names no LoRA
+    /// adapter to them), so every request is the base model's: `adapter` is 0.
     fn report(&self, instance: &Instance, chain: &[u64], _adapter: u64) -> Option<Report> {
         let view = self.views.get(*self.by_hash.get(&instance.id_hash())?)?;
         let n = chain.iter().take_while(|h| view.held.contains(h)).count();

@@ -108,16 +108,15 @@ impl Tokenized {
 impl Residency for KvFeeds {
     /// From the instance's view, only while it is subscribed, complete and not being replayed;
     /// one lock of its feed.
-    /// An engine that never stored a block for the request's adapter holds none of its prompt.
+    /// Not known for a request naming an adapter whose blocks this engine's view has not named
+    /// (it never stored one it could name): the strategy then infers, from its index keyed by
+    /// model, rather than reading "none cached" from a view that could not have said.
     fn report(&self, instance: &Instance, chain: &[u64], adapter: u64) -> Option<Report> {
         let feed = self.feed(instance.id().as_str())?;
         let f = lock(&feed);
-        (f.connected && !f.recovering && f.view.completeness() == Completeness::Exact).then(|| {
-            let (gpu, offloaded) = if adapter == 0 || f.view.has_adapter(adapter) {
-                f.view.matched_with_offloaded(chain, adapter)
-            } else {
-                (0, 0)
-            };
+        let exact = f.connected && !f.recovering && f.view.completeness() == Completeness::Exact;
+        (exact && (adapter == 0 || f.view.has_adapter(adapter))).then(|| {
+            let (gpu, offloaded) = f.view.matched_with_offloaded(chain, adapter);
             let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
             Report {
                 matched_blocks: count(gpu),

@@ -468,10 +468,11 @@ impl BlockIndex {
     }
 
     /// Drops `slot` from every block of `chain` (the engine said it does not hold them).
-    pub fn remove_holder(&mut self, chain: &[u64], slot: usize) {
+    pub fn remove_holder<'a>(&mut self, chain: impl Into<Keys<'a>>, slot: usize) {
+        let chain = chain.into();
         let tag = slot as u16 + 1;
-        for h in chain {
-            if let Some(e) = self.lookup(*h) {
+        for i in 0..chain.len() {
+            if let Some(e) = self.lookup(chain.at(i)) {
                 let holders = &mut self.entries[e as usize].holders;
                 for k in 0..HOLDERS {
                     if holders.slot[k] == tag {
