@@ -171,13 +171,13 @@ impl Sink {
                         Some(b) => (b.parent, &b.tokens[..], b.adapter.as_ref()),
                         None => (None, &[][..], None),
                     };
-                    let lora_name = adapter.map(|a| a.name.to_string());
+                    let lora_name = adapter.map(|a| &*a.name);
                     // A block that continues the last stored run joins its event, as vLLM
                     // announces one request's new blocks together.
                     if let Some(KvEvent::Stored(s)) = events.last_mut() {
                         if parent.is_some()
                             && s.block_hashes.last().map(|x| x.0) == parent
-                            && s.lora_name == lora_name
+                            && s.lora_name.as_deref() == lora_name
                         {
                             s.block_hashes.push(EngineHash(h));
                             s.token_ids.extend_from_slice(tokens);
@@ -190,7 +190,7 @@ impl Sink {
                         token_ids: tokens.to_vec(),
                         block_size: self.block_size,
                         lora_id: adapter.map(|a| a.id),
-                        lora_name,
+                        lora_name: lora_name.map(str::to_string),
                         medium: Medium::Gpu,
                         ..BlockStored::default()
                     }));

@@ -65,14 +65,9 @@ impl<'a> Keys<'a> {
     pub fn at(&self, i: usize) -> u64 {
         self.chain[i] ^ self.mix
     }
-    /// Block `i`'s key, if the chain has one.
-    #[inline]
-    pub fn get(&self, i: usize) -> Option<u64> {
-        self.chain.get(i).map(|h| h ^ self.mix)
-    }
     /// The first block's key.
     pub fn first(&self) -> Option<u64> {
-        self.get(0)
+        self.chain.first().map(|h| h ^ self.mix)
     }
 }
 
