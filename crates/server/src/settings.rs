@@ -50,15 +50,17 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> SettingsErro
 }
 
 mod de;
+mod discovery;
 mod sections;
 mod source;
 #[cfg(test)]
 mod tests;
 
+pub use discovery::{Discovery, DnsRecord, DnsTarget, KubernetesTarget};
 pub use sections::{
-    AccessLogSettings, Admin, AdminSettings, Discovery, DnsRecord, DnsTarget, EngineMetrics,
-    HealthSettings, InstanceEntry, KubernetesTarget, KvEventsEndpoint, KvEventsSettings,
-    KvEventsTokenizer, Limits, PrewarmSettings, Retries, Routing, Timeouts,
+    AccessLogSettings, Admin, AdminSettings, EngineMetrics, HealthSettings, InstanceEntry,
+    KvEventsEndpoint, KvEventsSettings, KvEventsTokenizer, Limits, PrewarmSettings, Retries,
+    Routing, Timeouts,
 };
 pub use source::{read_fields, settings_from_text, ConfigSource, Overrides};
 

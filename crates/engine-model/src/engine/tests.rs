@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::presets;
+use crate::CostModel;
 use proptest::prelude::*;
 
 /// A test engine: 16-token blocks, simple round costs, no frontend latency.
