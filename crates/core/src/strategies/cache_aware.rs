@@ -45,6 +45,7 @@
 //! that instance's cache size (see [`index`] on residency); one that confirms it raises it.
 
 mod choose;
+mod config;
 pub mod index;
 pub mod load;
 pub mod table;
@@ -55,12 +56,14 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use self::choose::Candidate;
+pub use self::config::CacheAwareConfig;
+pub(crate) use self::config::PARAMS;
 use self::index::{BlockIndex, Keys, Slots};
-use self::load::{Cost, Fades, InstanceLoad, Pool};
-use crate::strategy::{Feedback, MembershipChange, Note, ParamSpec, StrategyEntry, StrategyStats};
+use self::load::{Fades, InstanceLoad, Pool};
+use crate::strategy::{Feedback, MembershipChange, Note, StrategyEntry, StrategyStats};
 use crate::{
-    ChainSpec, ConfigError, Decision, FleetSnapshot, Instance, InstanceId, RouteError,
-    RouteRequest, RouteRng, Strategy, StrategyConfig, TicketInfo,
+    ChainSpec, Decision, FleetSnapshot, Instance, InstanceId, RouteError, RouteRequest, RouteRng,
+    Strategy, TicketInfo,
 };
 
 /// Registry entry.
@@ -75,182 +78,21 @@ pub const ENTRY: StrategyEntry = StrategyEntry {
     },
 };
 
-/// Its parameters (also `kv-aware`'s).
-pub(crate) const PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "index-blocks",
-        default: "1048576",
-        help: "blocks the index tracks for the whole fleet (48-56 bytes each, fixed at start)",
-    },
-    ParamSpec {
-        name: "block-chars",
-        default: "128",
-        help: "characters (bytes for the native API) per chain block",
-    },
-    ParamSpec {
-        name: "max-chars",
-        default: "262144",
-        help: "how far into a prompt the chain reads",
-    },
-    ParamSpec {
-        name: "prefill-us-per-char",
-        default: "5",
-        help: "prior prefill cost per character in microseconds (learned per instance)",
-    },
-    ParamSpec {
-        name: "decode-chars",
-        default: "256",
-        help: "prior: prefill-equivalent characters each decoding request adds to an instance's time to first token (learned per instance)",
-    },
-    ParamSpec {
-        name: "progress-floor",
-        default: "0.6",
-        help: "share of an instance's queued prefill always counted ahead of a new request; above it, each queued request counts less with the time since it was sent over its expected time to first token (1: all of it until first tokens)",
-    },
-    ParamSpec {
-        name: "tie-tolerance",
-        default: "0.1",
-        help: "candidates within this fraction of the whole prompt's prefill cost of the best expected TTFT count as tied",
-    },
-    ParamSpec {
-        name: "cold-tie-tolerance",
-        default: "0.5",
-        help: "the same for a prompt nobody holds any of: a wide tie places new prefixes by rendezvous among all but clearly busier instances, so router replicas agree",
-    },
-    ParamSpec {
-        name: "max-share",
-        default: "1.2",
-        help: "an instance whose share of recent requests would exceed this multiple of the mean takes no more until others catch up, so a hot prefix gains homes (0: off)",
-    },
-    ParamSpec {
-        name: "hold-share",
-        default: "1.25",
-        help: "past max-share, an instance still takes the requests it alone holds most of (a revisit it would otherwise lose to a miss), up to this multiple of the mean (at most max-share's bound when lower; 0: no exemption)",
-    },
-    ParamSpec {
-        name: "offload-credit",
-        default: "0.8",
-        help: "kv-aware: share of a block's prefill saved where the engine can load it from an offloaded (CPU) copy instead of computing it (0: none, 1: as good as a GPU hit)",
-    },
-    ParamSpec {
-        name: "cache-chars",
-        default: "0",
-        help: "each instance's prefix cache in characters (0: learned from cached_tokens)",
-    },
-];
-
-/// Cache-aware settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CacheAwareConfig {
-    /// Index budget in blocks.
-    pub index_blocks: usize,
-    /// How chains are cut.
-    pub chain: ChainSpec,
-    /// Prior cost.
-    pub prior: Cost,
-    /// Share of an instance's queued prefill always counted ahead of a new request (see
-    /// [`load`]).
-    pub progress_floor: f64,
-    /// Relative tolerance for ties.
-    pub tie_tolerance: f64,
-    /// Relative tolerance for ties where no candidate holds any of the prompt.
-    pub cold_tie_tolerance: f64,
-    /// Starting estimate of each instance's cache, in blocks (`u32::MAX`: unknown).
-    pub cache_blocks: u32,
-    /// Bound on an instance's share of recent requests, as a multiple of the mean (0: none).
-    pub max_share: f64,
-    /// Past `max_share`, the bound for requests one instance alone holds most of (0: none).
-    pub hold_share: f64,
-    /// Share of the prefill an offloaded block saves (`kv-aware`'s reports).
-    pub offload_credit: f64,
-}
-
-impl CacheAwareConfig {
-    /// Reads and checks the parameters.
-    pub fn from_strategy(c: &StrategyConfig) -> Result<Self, ConfigError> {
-        let bad = |param: &str, why: &str| ConfigError::Param {
-            strategy: "cache-aware",
-            param: param.to_string(),
-            why: why.to_string(),
-        };
-        let index_blocks: usize = c.param("index-blocks")?;
-        if !(1..=1 << 28).contains(&index_blocks) {
-            return Err(bad("index-blocks", "must be within 1..=268435456"));
-        }
-        let block_units: u32 = c.param("block-chars")?;
-        if !(16..=65536).contains(&block_units) {
-            return Err(bad("block-chars", "must be within 16..=65536"));
-        }
-        let max_units: u32 = c.param("max-chars")?;
-        if max_units < block_units || max_units > 16 << 20 {
-            return Err(bad("max-chars", "must be within block-chars..=16777216"));
-        }
-        let us: f64 = c.param("prefill-us-per-char")?;
-        if !(us.is_finite() && us > 0.0) {
-            return Err(bad("prefill-us-per-char", "must be a positive number"));
-        }
-        let decode_units: f64 = c.param("decode-chars")?;
-        if !(decode_units.is_finite() && decode_units >= 0.0) {
-            return Err(bad("decode-chars", "must be a number ≥ 0"));
-        }
-        let progress_floor: f64 = c.param("progress-floor")?;
-        if !(0.0..=1.0).contains(&progress_floor) {
-            return Err(bad("progress-floor", "must be within 0..=1"));
-        }
-        let tie_tolerance: f64 = c.param("tie-tolerance")?;
-        if !(0.0..=1.0).contains(&tie_tolerance) {
-            return Err(bad("tie-tolerance", "must be within 0..=1"));
-        }
-        let cold_tie_tolerance: f64 = c.param("cold-tie-tolerance")?;
-        if !(0.0..=1.0).contains(&cold_tie_tolerance) {
-            return Err(bad("cold-tie-tolerance", "must be within 0..=1"));
-        }
-        let max_share: f64 = c.param("max-share")?;
-        if !(max_share == 0.0 || (1.0..=100.0).contains(&max_share)) {
-            return Err(bad("max-share", "must be 0 (off) or within 1..=100"));
-        }
-        let hold_share: f64 = c.param("hold-share")?;
-        if !(hold_share == 0.0 || (1.0..=100.0).contains(&hold_share)) {
-            return Err(bad("hold-share", "must be 0 (off) or within 1..=100"));
-        }
-        let offload_credit: f64 = c.param("offload-credit")?;
-        if !(0.0..=1.0).contains(&offload_credit) {
-            return Err(bad("offload-credit", "must be within 0..=1"));
-        }
-        let cache_chars: u64 = c.param("cache-chars")?;
-        let cache_blocks = if cache_chars == 0 {
-            u32::MAX
-        } else {
-            (cache_chars / u64::from(block_units)).clamp(1, u64::from(u32::MAX - 1)) as u32
-        };
-        Ok(Self {
-            index_blocks,
-            chain: ChainSpec {
-                block_units,
-                max_units,
-            },
-            prior: Cost {
-                base_s: 0.0,
-                per_unit_s: us * 1e-6,
-                per_decoding_s: decode_units * us * 1e-6,
-            },
-            progress_floor,
-            tie_tolerance,
-            cold_tie_tolerance,
-            cache_blocks,
-            max_share,
-            hold_share,
-            offload_credit,
-        })
-    }
-}
-
 /// Learned state, behind one lock (decisions are microseconds; contention is short).
 #[derive(Debug)]
 struct State {
     index: BlockIndex,
     slots: Slots,
     slot_of: crate::prehashed::PreHashedMap<u16>,
+    /// Per slot, the instance (id hash) it is mapped to, and whether that one is still a
+    /// member (not removed).
+    holder_of: Vec<u64>,
+    live: Vec<bool>,
+    /// Slots of removed instances, oldest removal first, for the next new instance to reuse
+    /// (entries whose instance came back since are skipped): with discovery, every
+    /// rescheduled pod is a new id, and slots kept for good would grow every per-slot vector
+    /// and each decision's pass over them with the fleet's history, not its size.
+    removed: VecDeque<u16>,
     loads: Vec<InstanceLoad>,
     /// The fleet's cost fit, which each instance's is blended with.
     pool: Pool,
@@ -364,6 +206,9 @@ impl CacheAware {
             index: BlockIndex::new(config.index_blocks),
             slots: Slots::default(),
             slot_of: Default::default(),
+            holder_of: Vec::new(),
+            live: Vec::new(),
+            removed: VecDeque::new(),
             loads: Vec::new(),
             pool: Pool::new(config.prior),
             fades: Fades::default(),
@@ -397,19 +242,50 @@ impl CacheAware {
     }
 }
 
+/// Slots an index entry can name: a holder is tagged slot + 1 in a `u16`, 0 meaning none.
+const MAX_SLOTS: usize = u16::MAX as usize;
+
 impl State {
-    fn slot(&mut self, id_hash: u64, config: &CacheAwareConfig) -> usize {
+    /// The slot of instance `id_hash`, sent a request decided at `now`: its own, else a removed
+    /// instance's (reset: nothing it held or queued carries over), else a new one. `None` past
+    /// [`MAX_SLOTS`] live instances: the instance is then routed to but not tracked.
+    fn slot(&mut self, id_hash: u64, config: &CacheAwareConfig, now: f64) -> Option<usize> {
         if let Some(&s) = self.slot_of.get(&id_hash) {
-            return usize::from(s);
+            return Some(usize::from(s));
+        }
+        while let Some(s) = self.removed.pop_front() {
+            let slot = usize::from(s);
+            if self.live[slot] {
+                continue;
+            }
+            self.slot_of.remove(&self.holder_of[slot]);
+            self.slot_of.insert(id_hash, s);
+            self.holder_of[slot] = id_hash;
+            self.live[slot] = true;
+            // Its stamps were forgotten when it was removed; the estimate of the cache size
+            // was the old engine's.
+            self.slots.forget(slot);
+            self.slots.capacity[slot] = config.cache_blocks;
+            // Tickets sent before now belong to instances that used the slot before.
+            self.loads[slot] = InstanceLoad::since(config.prior, now);
+            self.pending[slot].clear();
+            self.matched[slot] = 0;
+            self.recent[slot] = 0.0;
+            return Some(slot);
         }
         let s = self.loads.len();
+        if s >= MAX_SLOTS {
+            return None;
+        }
         self.slot_of.insert(id_hash, s as u16);
+        self.holder_of.push(id_hash);
+        self.live.push(true);
         self.loads.push(InstanceLoad::new(config.prior));
         self.pending.push(VecDeque::new());
         self.slots.ensure(s, config.cache_blocks);
         self.matched.push(0);
         self.recent.push(0.0);
-        s
+        Some(s)
     }
 }
 
@@ -518,7 +394,16 @@ impl Strategy for CacheAware {
         let cfg = &self.config;
         let mut st = self.lock();
         let st = &mut *st;
-        let slot = st.slot(instance.id_hash(), cfg);
+        let Some(slot) = st.slot(instance.id_hash(), cfg, req.now) else {
+            return Note::default();
+        };
+        // Decided before the instance was removed (its load reset since): it is not a member
+        // any more, so nothing is learned of it, and this request must not join the queue
+        // its feedback will never leave (see `feedback`).
+        if req.now < st.loads[slot].since {
+            return Note::default();
+        }
+        st.live[slot] = true;
         let predicted_blocks = (decision.predicted_cached_units / cfg.chain.block_units) as usize;
         let start = st.slots.counter[slot];
         // Blocks past the prediction that the index has sent there but takes for evicted (if
@@ -658,9 +543,15 @@ impl Strategy for CacheAware {
                 if change == MembershipChange::Removed {
                     st.loads[slot] = InstanceLoad::since(self.config.prior, now);
                     st.pending[slot].clear();
+                    if st.live[slot] {
+                        st.live[slot] = false;
+                        st.removed.push_back(slot as u16);
+                    }
                 }
             }
-            MembershipChange::Added | MembershipChange::Healthy | MembershipChange::Draining => {}
+            // Back before its slot went to another: it keeps it.
+            MembershipChange::Added | MembershipChange::Healthy => st.live[slot] = true,
+            MembershipChange::Draining => {}
         }
     }
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use rand::SeedableRng;
 
 use crate::{
-    dispatch, Chain, ChainSpec, End, Fleet, InstanceSpec, MembershipChange, Reason, RouteRequest,
-    RouteRng, Strategy, StrategyConfig, StrategyKind, Ticket, Usage,
+    dispatch, Chain, ChainSpec, End, Fleet, InstanceId, InstanceSpec, MembershipChange, Reason,
+    RouteRequest, RouteRng, Strategy, StrategyConfig, StrategyKind, Ticket, Usage,
 };
 
 const SPEC: ChainSpec = ChainSpec {
@@ -665,4 +665,128 @@ fn one_model_named_or_none_decides_alike() {
         };
         assert_eq!((a, ra), (b, rb), "request {q}");
     }
+}
+
+/// The strategy itself (not behind `Arc<dyn Strategy>`), to read its state.
+fn cache_aware(params: &[(&str, &str)]) -> super::CacheAware {
+    let mut c = StrategyConfig::new(StrategyKind::named("cache-aware").expect("registered"));
+    for (k, v) in params {
+        c.params.insert(k.to_string(), v.to_string());
+    }
+    super::CacheAware::new(super::CacheAwareConfig::from_strategy(&c).expect("valid"))
+}
+
+/// Sends `chain` on `fleet` at `now` through `strategy`, completing it at once.
+fn send_on(strategy: &Arc<dyn Strategy>, fleet: &Fleet, chain: &Chain, now: f64) -> Reason {
+    let req = RouteRequest {
+        key: None,
+        chain: &chain.blocks,
+        prompt_units: chain.units,
+        model: None,
+        now,
+        tokens: None,
+    };
+    let mut rng = RouteRng::seed_from_u64(3);
+    let d = dispatch(strategy, &req, &fleet.snapshot(), &mut rng).expect("routes");
+    let mut t = d.ticket;
+    t.first_token(now + 0.01);
+    t.finish(End::Finished { usage: None }, now + 0.02);
+    d.reason
+}
+
+/// With discovery, a rescheduled pod is a new instance id: the slots of removed instances are
+/// reused, so per-instance state (and each decision's pass over it) follows the fleet's size,
+/// not its history. Before, 2,000 replacements left 2,003 slots.
+#[test]
+fn removed_instances_slots_are_reused_by_new_ones() {
+    let ca = Arc::new(cache_aware(&[]));
+    let strategy: Arc<dyn Strategy> = ca.clone();
+    let url = |g: usize| format!("http://10.0.{}.{}:8000", g / 250, g % 250);
+    let mut live: Vec<usize> = (0..3).collect();
+    let mut now = 0.0;
+    for g in 3..2_003 {
+        // One pod replaced per generation: the oldest goes, a new id comes.
+        let gone = live.remove(0);
+        now += 0.1;
+        let id = InstanceId(InstanceSpec::from_url(url(gone)).id.into());
+        strategy.membership(&id, MembershipChange::Removed, now);
+        live.push(g);
+        let fleet = Fleet::new(
+            live.iter()
+                .map(|&i| InstanceSpec::from_url(url(i)))
+                .collect(),
+        );
+        for d in 0..3 {
+            now += 0.1;
+            send_on(&strategy, &fleet, &prompt("", (g * 3 + d) as u64, 0), now);
+        }
+    }
+    let st = ca.lock();
+    assert!(
+        st.loads.len() <= 4,
+        "{} slots for 3 instances",
+        st.loads.len()
+    );
+    assert_eq!(st.slot_of.len(), st.loads.len());
+}
+
+/// A new instance given a removed one's slot starts from nothing: what the old one held is not
+/// predicted cached there, and the old engine's estimated cache size is not its own.
+#[test]
+fn a_reused_slot_carries_nothing_over() {
+    let ca = Arc::new(cache_aware(&[]));
+    let strategy: Arc<dyn Strategy> = ca.clone();
+    let old = Fleet::new(vec![InstanceSpec::from_url("http://10.0.0.1:8000")]);
+    let doc = prompt("", 7, 0);
+    assert_eq!(send_on(&strategy, &old, &doc, 1.0), Reason::Cold);
+    assert_eq!(send_on(&strategy, &old, &doc, 2.0), Reason::CacheHit);
+    ca.lock().slots.capacity[0] = 5;
+    let id = InstanceId(InstanceSpec::from_url("http://10.0.0.1:8000").id.into());
+    strategy.membership(&id, MembershipChange::Removed, 3.0);
+    let new = Fleet::new(vec![InstanceSpec::from_url("http://10.0.0.2:8000")]);
+    assert_eq!(send_on(&strategy, &new, &doc, 4.0), Reason::Cold);
+    let st = ca.lock();
+    assert_eq!(
+        st.loads.len(),
+        1,
+        "the new instance took the removed one's slot"
+    );
+    assert_eq!(
+        st.slots.capacity[0],
+        u32::MAX,
+        "the cache size is learned anew"
+    );
+}
+
+/// An instance removed between the decision that chose it and the request's dispatch (another
+/// thread's membership change) must not keep that request queued: its feedback is dropped as
+/// sent before the removal, so the queue would never empty and the instance would look busy
+/// for good once it came back.
+#[test]
+fn a_request_decided_before_its_instance_was_removed_joins_no_queue() {
+    let ca = Arc::new(cache_aware(&[]));
+    let strategy: Arc<dyn Strategy> = ca.clone();
+    let fleet = fleet(1);
+    let inst = Arc::clone(&fleet.snapshot().instances()[0]);
+    send_on(&strategy, &fleet, &prompt("", 1, 0), 1.0);
+    let chain = prompt("", 2, 0);
+    let req = RouteRequest {
+        key: None,
+        chain: &chain.blocks,
+        prompt_units: chain.units,
+        model: None,
+        now: 2.0,
+        tokens: None,
+    };
+    let mut rng = RouteRng::seed_from_u64(1);
+    let decision = strategy
+        .select(&req, &fleet.snapshot(), &mut rng)
+        .expect("routes");
+    strategy.membership(inst.id(), MembershipChange::Removed, 2.5);
+    strategy.membership(inst.id(), MembershipChange::Added, 2.5);
+    strategy.dispatched(&req, &decision, &inst);
+    let st = ca.lock();
+    assert_eq!(st.loads[0].waiting, 0);
+    assert_eq!(st.loads[0].queued_units, 0);
+    assert!(st.pending[0].is_empty());
 }
