@@ -200,7 +200,10 @@ pub fn candidates(
         return Ok(None);
     }
     let view = without(snapshot, tried);
-    if !view.instances().iter().any(|i| full(i)) {
+    // Nobody here could take it even with room (the model's instances are all unhealthy, say):
+    // the strategy answers from the whole view, so that the error names an outage (503), not
+    // a model this fleet does not serve (404, which the cap's filter would have made of it).
+    if !view.instances().iter().any(|i| full(i)) || view.eligible(model).next().is_none() {
         return Ok(Some(view));
     }
     let open = FleetSnapshot::new(

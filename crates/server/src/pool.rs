@@ -39,8 +39,13 @@ use prefix_router_core::prehashed::PreHashed;
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 type Io = TokioIo<hyper_rustls::MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>>;
 
-/// How long an unused connection is kept.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long an unused connection is kept: less than the engines keep one. vLLM and SGLang serve
+/// through uvicorn, which closes a connection idle for 5 s (`--timeout-keep-alive`). A request
+/// written on a link just as the engine closes it is lost unread; the router then reads a
+/// reset with no answer, a 502 that also counts toward ejecting a healthy instance. A link
+/// whose close has already arrived is dropped at checkout; this keeps a request off one whose
+/// close is on its way. A new connection costs one handshake; a lost request, a failure.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// Most unused connections kept per instance (beyond them, a finished connection is closed).
 const MAX_IDLE_PER_INSTANCE: usize = 256;
 /// How often the whole pool is swept of expired connections (on the way of a check-in).

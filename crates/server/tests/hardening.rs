@@ -503,6 +503,47 @@ async fn a_full_fleet_sheds_with_429_instead_of_queueing() {
     r.shutdown().await;
 }
 
+/// Under admission control, a model whose only instance is at its cap and then unhealthy (an
+/// engine that hung) is an outage to retry, not a model the fleet does not serve: the cap's
+/// filter left only other models' instances, and the answer was a 404 that no client retries.
+#[tokio::test]
+async fn a_full_and_unhealthy_models_instance_is_a_503_not_a_404() {
+    let a = Upstream::start("a", Mode::Echo, &["m"]).await;
+    let b = Upstream::start("b", Mode::Echo, &["n"]).await;
+    let mut s = settings(&[a.url(), b.url()]);
+    s.instances[0].models = vec!["m".into()];
+    s.instances[1].models = vec!["n".into()];
+    s.limits.max_in_flight_per_instance = Some(1);
+    let r = router(s).await;
+    let addr = r.local_addr();
+    let held = post_held(addr, r#"{"model":"m","prompt":"a"}"#);
+    a.wait_held(1).await;
+    r.state().fleet.set_state(&a.url(), InstanceState::Ejected);
+    let down = post(
+        addr,
+        "/v1/completions",
+        &[],
+        r#"{"model":"m","prompt":"b"}"#,
+    )
+    .await;
+    assert_eq!(
+        (down.status, down.error_code()),
+        (StatusCode::SERVICE_UNAVAILABLE, "model_unavailable".into())
+    );
+    // The other model's instance is not at its cap: served.
+    let other = post(
+        addr,
+        "/v1/completions",
+        &[],
+        r#"{"model":"n","prompt":"c"}"#,
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::OK);
+    a.release(1);
+    assert_eq!(held.await.expect("held").status, StatusCode::OK);
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_admin_token_is_checked_once_for_every_path_and_the_scheme_in_any_case() {
     let (_up, r) = echo_router(|s| {
