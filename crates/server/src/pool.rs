@@ -80,6 +80,8 @@ pub enum SendError {
 /// The upstream connections of every instance, by base URL.
 pub struct Upstreams {
     connector: Connector,
+    /// The bound on a whole connect, TLS handshake included (see [`Upstreams::new`]).
+    connect_limit: Duration,
     /// Idle connections, one list per thread that serves requests: index 0 for the shared
     /// runtime, `i` for I/O thread `i` ([`crate::io_threads`]). A connection is registered
     /// with the reactor of the thread that opened it, so it is only reused there: its
@@ -167,11 +169,16 @@ impl Link {
 }
 
 impl Upstreams {
-    /// Connections through `connector` (which sets the connect timeout, TCP_NODELAY and TLS),
-    /// for the shared runtime and `io_threads` I/O threads.
-    pub fn new(connector: Connector, io_threads: usize) -> Self {
+    /// Connections through `connector` (which sets the TCP connect timeout, TCP_NODELAY and
+    /// TLS), for the shared runtime and `io_threads` I/O threads. `connect` bounds the TCP
+    /// connect (the connector's own timeout) and then the TLS handshake again: the connector
+    /// bounds only the first, so an `https://` instance that accepted and never answered the
+    /// handshake held each request until `first_byte` (10 min by default), as a 504 that
+    /// nothing retried, though nothing had been sent.
+    pub fn new(connector: Connector, connect: Duration, io_threads: usize) -> Self {
         Upstreams {
             connector,
+            connect_limit: connect.saturating_mul(2),
             idle: (0..=io_threads)
                 .map(|_| {
                     Mutex::new(Idle {
@@ -261,7 +268,18 @@ impl Upstreams {
         poll_fn(|cx| connector.poll_ready(cx))
             .await
             .map_err(SendError::Connect)?;
-        let io = connector.call(uri).await.map_err(SendError::Connect)?;
+        let io = tokio::time::timeout(self.connect_limit, connector.call(uri))
+            .await
+            .map_err(|_| {
+                SendError::Connect(
+                    format!(
+                        "no connection to {base} within {} ms (TLS handshake unanswered?)",
+                        self.connect_limit.as_millis()
+                    )
+                    .into(),
+                )
+            })?
+            .map_err(SendError::Connect)?;
         Ok(Link {
             io: Box::new(TokioIo::new(io)),
             buf: BytesMut::new(),

@@ -26,7 +26,7 @@ pub fn client(connect: Duration, tls: rustls::ClientConfig, io_threads: usize) -
         .https_or_http()
         .enable_http1()
         .wrap_connector(connector);
-    Arc::new(Upstreams::new(connector, io_threads))
+    Arc::new(Upstreams::new(connector, connect, io_threads))
 }
 
 /// How many [`HOP_BY_HOP`] names there are.

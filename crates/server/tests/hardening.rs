@@ -544,6 +544,44 @@ async fn a_full_and_unhealthy_models_instance_is_a_503_not_a_404() {
     r.shutdown().await;
 }
 
+/// An `https://` instance that accepts the connection and never answers the TLS handshake is a
+/// connect error within the connect timeout (twice it: TCP, then the handshake), not a request
+/// held until `first_byte` (10 minutes by default).
+#[tokio::test]
+async fn an_unanswered_tls_handshake_is_a_connect_error_within_the_connect_timeout() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let url = format!("https://{}", silent.local_addr().expect("addr"));
+    // Accepts and holds every connection without a byte.
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            conns.push(c);
+        }
+    });
+    let mut s = settings(&[url]);
+    s.timeouts.connect = Duration::from_millis(100);
+    let r = router(s).await;
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(
+        WAIT,
+        post(r.local_addr(), "/v1/completions", &[], r#"{"prompt":"a"}"#),
+    )
+    .await
+    .expect("answered within the wait, not held until first_byte");
+    let took = started.elapsed();
+    assert_eq!(
+        (answer.status, answer.error_code()),
+        (StatusCode::BAD_GATEWAY, "upstream_connect_error".into()),
+        "{:?}",
+        answer.body
+    );
+    assert!(took < Duration::from_secs(2), "answered after {took:?}");
+    r.shutdown().await;
+    held.abort();
+}
+
 #[tokio::test]
 async fn the_admin_token_is_checked_once_for_every_path_and_the_scheme_in_any_case() {
     let (_up, r) = echo_router(|s| {
