@@ -70,8 +70,10 @@ pub struct KvFeeds {
     pub tokenizer: Option<Arc<ChatTokenizer>>,
     /// Each model's own tokenizer (`[[kv_events.tokenizers]]`), by the name requests give.
     pub tokenizers: HashMap<String, Arc<ChatTokenizer>>,
-    /// The block size an engine last reported (0: none yet), read on every tokenized request
-    /// without taking any feed's lock.
+    /// The block size most engines' views report (0: none yet), read on every tokenized request
+    /// without taking any feed's lock: a request's token blocks are cut at this size, and an
+    /// engine whose blocks are another size (a second model with its own, say) is not asked
+    /// (see [`KvFeeds::report`](Residency::report)). Recounted when a view's size changes.
     reported_block: std::sync::atomic::AtomicU32,
     /// The [`adapter_mix`] of every LoRA adapter some engine has stored blocks for: a request
     /// naming one of them is matched against that adapter's blocks, any other `model` against
@@ -111,9 +113,15 @@ impl Residency for KvFeeds {
     /// Not known for a request naming an adapter whose blocks this engine's view has not named
     /// (it never stored one it could name): the strategy then infers, from its index keyed by
     /// model, rather than reading "none cached" from a view that could not have said.
+    /// Not known either for an engine whose blocks are not the size the request was cut at:
+    /// its view names other blocks, and would read "nothing cached" for a prefix it holds.
     fn report(&self, instance: &Instance, chain: &[u64], adapter: u64) -> Option<Report> {
         let feed = self.feed(instance.id().as_str())?;
         let f = lock(&feed);
+        let size = f.view.block_size();
+        if size != 0 && size != self.block_tokens() {
+            return None;
+        }
         let exact = f.connected && !f.recovering && f.view.completeness() == Completeness::Exact;
         (exact && (adapter == 0 || f.view.has_adapter(adapter))).then(|| {
             let (gpu, offloaded) = f.view.matched_with_offloaded(chain, adapter);
@@ -245,6 +253,32 @@ impl KvFeeds {
             prompt_tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
             adapter,
         })
+    }
+
+    /// Sets the block size requests are cut at to the one most views report (the smaller of
+    /// two as common): with one size in the fleet, that one; with engines of two sizes, the
+    /// others' reports are left out rather than read wrong. The last engine to report used to
+    /// set it, so in a mixed fleet it flipped with every batch and each view in turn read
+    /// "nothing cached" for everything it held.
+    pub(crate) fn recount_block_size(&self) {
+        let feeds: Vec<Arc<Mutex<Feed>>> = lock(&self.feeds).values().cloned().collect();
+        let mut counts: Vec<(u32, usize)> = Vec::new();
+        for feed in feeds {
+            let size = lock(&feed).view.block_size();
+            if size == 0 {
+                continue;
+            }
+            match counts.iter_mut().find(|(s, _)| *s == size) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((size, 1)),
+            }
+        }
+        let most = counts
+            .iter()
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+            .map_or(0, |&(size, _)| size);
+        self.reported_block
+            .store(most, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether some engine stored blocks for the adapter of `mix`.

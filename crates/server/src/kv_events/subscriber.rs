@@ -40,6 +40,7 @@ pub async fn run(state: Arc<AppState>) {
             let task = tokio::spawn(subscribe(Arc::clone(&state), id.clone(), endpoints, feed));
             tasks.insert(id, task);
         }
+        let before = tasks.len();
         tasks.retain(|id, task| {
             if snapshot.get(id).is_some() {
                 return true;
@@ -49,6 +50,9 @@ pub async fn run(state: Arc<AppState>) {
             feeds.metrics.forget(id);
             false
         });
+        if tasks.len() != before {
+            feeds.recount_block_size();
+        }
     }
 }
 
@@ -327,13 +331,10 @@ impl Subscriber<'_> {
                 KvEvent::Cleared => {}
             }
         }
+        let size_before = f.view.block_size();
         f.view.apply(&batch);
         self.feeds.note_adapters(&batch);
-        if f.view.block_size() > 0 {
-            self.feeds
-                .reported_block
-                .store(f.view.block_size(), std::sync::atomic::Ordering::Relaxed);
-        }
+        let resized = f.view.block_size() != size_before;
         f.batches += 1;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -355,5 +356,10 @@ impl Subscriber<'_> {
         m.view_partial
             .get_or_create(&self.labels)
             .set(i64::from(f.view.completeness() == Completeness::Partial));
+        // Every feed's lock is taken to recount: not while holding this one.
+        drop(f);
+        if resized {
+            self.feeds.recount_block_size();
+        }
     }
 }

@@ -126,3 +126,53 @@ fn a_tokenizer_that_does_not_load_names_its_model_field_and_file() {
     assert_eq!(e.field, "kv_events.tokenizer");
     assert!(!e.to_string().contains("model"), "{e}");
 }
+
+/// A connected feed whose engine stored one block of `block_size` tokens.
+fn feed_of_size(block_size: u32) -> Arc<Mutex<Feed>> {
+    use prefix_router_kv_events::{BlockStored, EngineHash, EventBatch, KvEvent};
+    let mut view = EngineView::new();
+    view.apply(&EventBatch {
+        events: vec![KvEvent::Stored(BlockStored {
+            block_hashes: vec![EngineHash(7)],
+            token_ids: (0..block_size).collect(),
+            block_size,
+            ..BlockStored::default()
+        })],
+        ..EventBatch::default()
+    });
+    Arc::new(Mutex::new(Feed {
+        view,
+        connected: true,
+        ..Feed::default()
+    }))
+}
+
+/// Requests are cut into blocks of the size most engines use, and an engine whose blocks are
+/// another size is not asked (its view would read "nothing cached" for what it holds): the
+/// strategy infers for it instead. Before, the last engine to report set the size for all.
+#[test]
+fn engines_with_another_block_size_are_not_asked() {
+    let feeds = feeds(Some(byte_bpe()));
+    let url = |n: &str| format!("http://{n}:8000");
+    let inst = |n: &str| Instance::new(prefix_router_core::InstanceSpec::from_url(url(n)));
+    let body = body(None);
+    let add = |n: &str, size: u32| {
+        lock(&feeds.feeds).insert(url(n), feed_of_size(size));
+        feeds.recount_block_size();
+    };
+    let asked = |n: &str| {
+        let t = feeds.tokenize(&body).expect("tokenized");
+        let r = t.route(&feeds);
+        feeds.report(&inst(n), r.chain, r.adapter).is_some()
+    };
+    add("a", 16);
+    add("c", 32);
+    // One of each: the smaller.
+    assert_eq!(feeds.block_tokens(), 16);
+    assert!(asked("a"));
+    assert!(!asked("c"), "a 32-token engine read at 16 tokens a block");
+    add("b", 32);
+    assert_eq!(feeds.block_tokens(), 32);
+    assert!(asked("b") && asked("c"));
+    assert!(!asked("a"));
+}
