@@ -196,8 +196,17 @@ fn parse_head_in<const N: usize>(
         // By length first: most names are none of these, found with one comparison.
         match raw_name.len() {
             17 if raw_name.eq_ignore_ascii_case(b"transfer-encoding") => {
-                // The last coding decides: chunked last is chunked framing, anything else
-                // after it leaves the body to end with the connection.
+                // Only chunked framing is followed. Any other coding (gzip, say) would reach the
+                // client undone under a header it never sees (transfer-encoding is hop-by-hop),
+                // as corrupt bytes: refused instead. Engines send none.
+                if let Some(other) = tokens(raw_value).find(|t| {
+                    !t.eq_ignore_ascii_case(b"chunked") && !t.eq_ignore_ascii_case(b"identity")
+                }) {
+                    return Err(WireError::Head(format!(
+                        "unsupported transfer-coding {:?}",
+                        String::from_utf8_lossy(other)
+                    )));
+                }
                 let last = tokens(raw_value).last().unwrap_or_default();
                 coded = true;
                 chunked = last.eq_ignore_ascii_case(b"chunked");
@@ -251,7 +260,9 @@ fn parse_head_in<const N: usize>(
             _ => fields.push(name, h.value),
         }
     }
-    fields.set_content_length(length);
+    // With a transfer coding the length is not the body's (RFC 9112 6.3): not declared on,
+    // or hyper's fronts (HTTP/2, TLS) would frame the answer by it.
+    fields.set_content_length(if coded { None } else { length });
     buf.advance(len);
     let bodiless = head_request
         || status.is_informational()
