@@ -294,6 +294,11 @@ impl Deadlines {
     /// `fut`'s output, or `None` once `due` passed first.
     async fn by<F: Future>(&mut self, due: Instant, fut: F) -> Option<F::Output> {
         tokio::pin!(fut);
+        // A deadline nearer than the step (the error path's linger) re-arms the timer for it:
+        // otherwise it was only seen when the timer next fired, up to a step (10 s) late.
+        if due < self.timer.deadline() {
+            self.timer.as_mut().reset(due);
+        }
         loop {
             tokio::select! {
                 biased;

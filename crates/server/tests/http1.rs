@@ -385,6 +385,43 @@ async fn a_refusal_reaches_a_client_still_sending_its_body() {
     r.shutdown().await;
 }
 
+/// After an error answer the router reads what the client still sends for its linger (2 s),
+/// then closes, whatever the client does: before, the linger ended only when the connection's
+/// timer next fired, up to the shortest client timeout (10 s) later.
+#[tokio::test]
+async fn the_linger_after_a_refusal_ends_on_time_for_a_client_that_keeps_sending() {
+    let (_up, r) = echo_router(|s| s.limits.max_body_bytes = 1024).await;
+    let mut client = TcpStream::connect(r.local_addr()).await.expect("connect");
+    // A head announcing too large a body, then the body a byte at a time, for ever.
+    let head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n";
+    client.write_all(head.as_bytes()).await.expect("writes");
+    let started = std::time::Instant::now();
+    let (mut rd, mut wr) = client.into_split();
+    // Until the router closes the connection: the writes then fail (a reset).
+    let sender = tokio::spawn(async move {
+        while wr.write_all(b"x").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        started.elapsed()
+    });
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), rd.read_to_end(&mut got)).await;
+    assert!(
+        String::from_utf8_lossy(&got).starts_with("HTTP/1.1 413"),
+        "{read:?}: {}",
+        String::from_utf8_lossy(&got)
+    );
+    let took = tokio::time::timeout(Duration::from_secs(20), sender)
+        .await
+        .expect("the router closed the connection within 20 s")
+        .expect("the sender ran");
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(6),
+        "closed {took:?} after the refusal (the linger is 2 s)"
+    );
+    r.shutdown().await;
+}
+
 /// Reads from `conn` until `text` holds `n` complete answers (at most 5 s).
 async fn read_answers(conn: &mut TcpStream, text: &mut String, n: usize) {
     let done = |t: &str| {
