@@ -4,9 +4,10 @@
 //! Requests are dealt round-robin by position (request `i` to target `i mod n`), so every
 //! replica sees a share of every prefix: the hard case for replicas that learn placement on
 //! their own. A closed loop's clients are divided as evenly as possible (each target gets at
-//! least one). The runs start together; their records come back as one outcome, indexed by the
-//! position in the original list, each time counted from its own run's start (the starts are
-//! within a scheduling tick of each other).
+//! least one). Open loop, every request is sent at its time in the whole workload's schedule
+//! (rescaled to `rate` as a whole, before the split): each target's run starts when its first
+//! request is due. Their records come back as one outcome, indexed by the position in the
+//! original list, each time counted from the common start.
 
 use std::sync::{Arc, Mutex};
 
@@ -35,19 +36,20 @@ where
     for c in configs {
         c.validate()?;
     }
-    let mut parts: Vec<Vec<Request>> = vec![Vec::new(); n];
-    for (i, r) in requests.into_iter().enumerate() {
-        parts[i % n].push(r);
-    }
+    let parts = deal(requests, n, configs[0].mode);
     let progress = Arc::new(Mutex::new((vec![Progress::default(); n], on_progress)));
     let mut tasks = Vec::with_capacity(n);
-    for (k, (config, part)) in configs.iter().zip(parts).enumerate() {
+    for (k, (config, (part, delay))) in configs.iter().zip(parts).enumerate() {
         let mut config = config.clone();
-        if let LoadMode::ClosedLoop { concurrency } = config.mode {
-            let share = concurrency / n as u32 + u32::from((k as u32) < concurrency % n as u32);
-            config.mode = LoadMode::ClosedLoop {
-                concurrency: share.max(1),
-            };
+        match config.mode {
+            LoadMode::ClosedLoop { concurrency } => {
+                let share = concurrency / n as u32 + u32::from((k as u32) < concurrency % n as u32);
+                config.mode = LoadMode::ClosedLoop {
+                    concurrency: share.max(1),
+                };
+            }
+            // Rescaled as a whole already.
+            LoadMode::OpenLoop { .. } => config.mode = LoadMode::OpenLoop { rate: None },
         }
         if let Some(m) = config.max_requests {
             // The limit is the whole run's: each target takes its share of it.
@@ -56,7 +58,10 @@ where
         }
         let progress = Arc::clone(&progress);
         tasks.push(tokio::spawn(async move {
-            run_with_progress(&config, part, move |p| {
+            if delay > 0.0 {
+                tokio::time::sleep(std::time::Duration::from_secs_f64(delay)).await;
+            }
+            let outcome = run_with_progress(&config, part, move |p| {
                 let mut g = progress.lock().unwrap_or_else(|e| e.into_inner());
                 let (each, callback) = &mut *g;
                 each[k] = *p;
@@ -70,7 +75,18 @@ where
                 });
                 callback(&sum);
             })
-            .await
+            .await;
+            // On the common timeline.
+            outcome.map(|mut o| {
+                for r in &mut o.records {
+                    r.due_s += delay;
+                    r.sent_s += delay;
+                    r.finished_s += delay;
+                    r.first_content_s = r.first_content_s.map(|t| t + delay);
+                }
+                o.wall_s += delay;
+                o
+            })
         }));
     }
     let mut outcomes = Vec::with_capacity(n);
@@ -82,6 +98,32 @@ where
         outcomes.push(outcome);
     }
     Ok(merge(configs, outcomes))
+}
+
+/// Deals `requests` round-robin into `n` parts, each with how long after the common start its
+/// run begins. Open loop, with the whole workload rescaled to its rate first: a part's run
+/// begins when its first request is due in the whole schedule, and its own schedule (counted
+/// from its first request) then sends every request at its time in the whole one. Each part
+/// timed from its own first request instead pulled it earlier by that gap, reordering
+/// requests that share a prefix across the replicas; and each part rescaled to the rate by
+/// itself sent `n` times the rate in all.
+fn deal(requests: Vec<Request>, n: usize, mode: LoadMode) -> Vec<(Vec<Request>, f64)> {
+    let mut requests = requests;
+    let open = matches!(mode, LoadMode::OpenLoop { .. });
+    if let LoadMode::OpenLoop { rate: Some(rate) } = mode {
+        crate::schedule::rescale_arrivals(&mut requests, rate);
+    }
+    // Every request's due time in the whole schedule (monotone, as the driver sends them).
+    let due = crate::schedule::send_offsets(&requests, None);
+    let mut parts: Vec<(Vec<Request>, f64)> = vec![(Vec::new(), 0.0); n];
+    for (i, r) in requests.into_iter().enumerate() {
+        let part = &mut parts[i % n];
+        if part.0.is_empty() && open {
+            part.1 = due.get(i).copied().unwrap_or(0.0);
+        }
+        part.0.push(r);
+    }
+    parts
 }
 
 fn merge(configs: &[BenchConfig], outcomes: Vec<BenchOutcome>) -> BenchOutcome {
@@ -169,6 +211,57 @@ mod tests {
         let mode = LoadMode::ClosedLoop { concurrency: 1 };
         let n = records.len() as u64;
         BenchOutcome::from_records("t".into(), "e".into(), mode, n, records, 1.0)
+    }
+
+    /// Open loop, each request is due at its time in the whole schedule, on whichever target:
+    /// a part's start delay plus its own offsets. Arrivals 0, 10, 11, 20 over two targets were
+    /// sent at 0, 0, 11, 10 (request 3 before request 2), and with a rate each part was
+    /// rescaled to it on its own.
+    #[test]
+    fn each_target_sends_at_the_whole_schedules_times() {
+        let at = |times: &[f64]| -> Vec<Request> {
+            times
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| Request {
+                    arrival_s: t,
+                    ..request(1, i as u64)
+                })
+                .collect()
+        };
+        let due_by_part = |parts: &[(Vec<Request>, f64)], n: usize, len: usize| -> Vec<f64> {
+            let mut due = vec![f64::NAN; len];
+            for (k, (part, delay)) in parts.iter().enumerate() {
+                for (j, o) in crate::schedule::send_offsets(part, None).iter().enumerate() {
+                    due[j * n + k] = delay + o;
+                }
+            }
+            due
+        };
+        let parts = deal(
+            at(&[0.0, 10.0, 11.0, 20.0]),
+            2,
+            LoadMode::OpenLoop { rate: None },
+        );
+        assert_eq!(due_by_part(&parts, 2, 4), [0.0, 10.0, 11.0, 20.0]);
+        // Rescaled as a whole: 4 requests at 1 per second span 3 s, in the same shape.
+        let parts = deal(
+            at(&[0.0, 10.0, 11.0, 20.0]),
+            2,
+            LoadMode::OpenLoop { rate: Some(1.0) },
+        );
+        let due = due_by_part(&parts, 2, 4);
+        for (got, want) in due.iter().zip([0.0, 1.5, 1.65, 3.0]) {
+            assert!((got - want).abs() < 1e-9, "{due:?}");
+        }
+        // Closed loop: no schedule, every run starts at once.
+        let parts = deal(
+            at(&[0.0, 10.0, 11.0]),
+            2,
+            LoadMode::ClosedLoop { concurrency: 2 },
+        );
+        assert!(parts.iter().all(|(_, d)| *d == 0.0));
+        assert_eq!(parts[0].0.len() + parts[1].0.len(), 3);
     }
 
     #[test]

@@ -99,6 +99,8 @@ impl Ord for Entry {
 pub struct EventQueue {
     heap: BinaryHeap<Entry>,
     next_seq: u64,
+    /// Scheduled events that only observe the fleet (scrapes and their deliveries).
+    observing: usize,
 }
 
 impl EventQueue {
@@ -111,12 +113,21 @@ impl EventQueue {
     pub fn push(&mut self, at: f64, event: Event) {
         let seq = self.next_seq;
         self.next_seq += 1;
+        self.observing += usize::from(observes(&event));
         self.heap.push(Entry { at, seq, event });
     }
 
     /// Removes and returns the earliest event.
     pub fn pop(&mut self) -> Option<(f64, Event)> {
-        self.heap.pop().map(|e| (e.at, e.event))
+        let e = self.heap.pop()?;
+        self.observing -= usize::from(observes(&e.event));
+        Some((e.at, e.event))
+    }
+
+    /// Whether everything scheduled only observes the fleet: nothing left can move a request,
+    /// so a periodic observation must not schedule its next one (the run would never end).
+    pub fn only_observing(&self) -> bool {
+        self.heap.len() == self.observing
     }
 
     /// Number of scheduled events (stale engine entries included).
@@ -130,10 +141,31 @@ impl EventQueue {
     }
 }
 
+/// Whether `event` only observes the fleet (see [`EventQueue::only_observing`]).
+fn observes(event: &Event) -> bool {
+    matches!(event, Event::Scrape | Event::ScrapeArrives { .. })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn only_observing_counts_scrapes_apart_from_work() {
+        let mut q = EventQueue::new();
+        assert!(q.only_observing());
+        q.push(1.0, Event::Scrape);
+        q.push(2.0, Event::ScrapeArrives { scrape: 0 });
+        assert!(q.only_observing());
+        q.push(3.0, Event::Arrival { request: 0 });
+        assert!(!q.only_observing());
+        q.pop();
+        assert!(!q.only_observing());
+        q.pop();
+        q.pop();
+        assert!(q.only_observing() && q.is_empty());
+    }
 
     #[test]
     fn equal_times_pop_engine_then_scale_then_arrival_then_fifo() {

@@ -462,6 +462,10 @@ impl Loop<'_> {
                         Some((warming, false)) => self.send_replays(at.max(now), warming)?,
                         None => {}
                     }
+                    // An instance drained while it warmed ends with its last replay: no
+                    // workload request will come to remove it.
+                    drained |= self.fleet.instances[instance].in_flight() == 0
+                        && self.fleet.instances[instance].life == Life::Draining;
                 }
                 EngineEvent::FirstToken {
                     id,

@@ -40,7 +40,10 @@ pub fn percentile_sorted(sorted: &[f64], p: f64) -> f64 {
 /// Nearest-rank percentile (`p` in 0..=100) of any ascending samples (`None` when empty).
 pub fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
     let n = sorted.len();
-    let rank = ((p / 100.0) * n as f64).ceil() as usize;
+    // `p × n / 100` with the product first, and a hair below before rounding up: `p / 100 × n`
+    // read 7.000000000000001 for p = 7 of 100 samples (rank 8, not 7), and 99.9 of 1,000
+    // rounds the same way. Exact for every integer `p` and `n` up to millions.
+    let rank = ((p * n as f64) / 100.0 - 1e-9).ceil() as usize;
     sorted.get(rank.clamp(1, n.max(1)) - 1).copied()
 }
 
@@ -116,6 +119,22 @@ mod tests {
         assert_eq!(percentile_sorted(&[7.0], 99.0), 7.0);
         assert_eq!(percentile_sorted(&[], 50.0), 0.0);
         assert_eq!(LatencySummary::from_sorted(&[]), LatencySummary::default());
+    }
+
+    /// Every point of the curve is the exact nearest rank `ceil(p × n / 100)`: computed as
+    /// `p / 100 × n`, 100 samples read rank 8 at p = 7 (and 14, 28, 55, 56 alike).
+    #[test]
+    fn the_curve_is_the_exact_nearest_rank_at_every_percent() {
+        for n in 1..=1_000usize {
+            let v: Vec<f64> = (1..=n).map(|i| i as f64).collect();
+            let curve = percentile_curve(&v);
+            for (p, &got) in curve.iter().enumerate() {
+                let rank = (p * n).div_ceil(100).max(1);
+                assert_eq!(got, rank as f64, "p{p} of {n}");
+            }
+        }
+        let v: Vec<f64> = (1..=1_000).map(f64::from).collect();
+        assert_eq!(percentile_sorted(&v, 99.9), 999.0);
     }
 
     #[test]

@@ -157,7 +157,9 @@ impl Loop<'_> {
         let n = self.scrapes.send(now, readings);
         self.queue
             .push(now + model.delay_s, Event::ScrapeArrives { scrape: n });
-        if self.finished < self.inputs.requests.len() as u64 {
+        // Only while something can still move: a run whose requests stall would otherwise
+        // scrape for ever instead of ending as `SimError::Stalled`.
+        if self.finished < self.inputs.requests.len() as u64 && !self.queue.only_observing() {
             self.queue.push(now + model.interval_s, Event::Scrape);
         }
     }

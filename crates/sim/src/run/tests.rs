@@ -163,3 +163,75 @@ proptest! {
         }
     }
 }
+
+/// prefix-aware's choices, and every membership change it is told.
+#[derive(Debug)]
+struct Watched {
+    inner: Arc<dyn CoreStrategy>,
+    told: std::sync::Mutex<Vec<(String, prefix_router_core::MembershipChange)>>,
+}
+
+impl CoreStrategy for Watched {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn select(
+        &self,
+        req: &prefix_router_core::RouteRequest<'_>,
+        fleet: &prefix_router_core::FleetSnapshot,
+        rng: &mut prefix_router_core::RouteRng,
+    ) -> Result<prefix_router_core::Decision, prefix_router_core::RouteError> {
+        self.inner.select(req, fleet, rng)
+    }
+    fn membership(
+        &self,
+        instance: &prefix_router_core::InstanceId,
+        change: prefix_router_core::MembershipChange,
+        now: f64,
+    ) {
+        if let Ok(mut t) = self.told.lock() {
+            t.push((instance.as_str().to_string(), change));
+        }
+        self.inner.membership(instance, change, now);
+    }
+}
+
+/// An instance drained while it is still warming (its prewarm replays in flight) is removed
+/// once they end, and the strategies hear it: only a workload request's end used to check, and
+/// none comes to an instance drained before it took any.
+#[test]
+fn an_instance_drained_while_warming_is_removed_when_its_replays_end() {
+    use prefix_router_core::prewarm::PrewarmConfig;
+    use prefix_router_core::MembershipChange;
+    let w = shared_docs(400, 40, 60.0, 31);
+    let mut c = config(2, &[]);
+    c.prewarm = Some(PrewarmConfig::default());
+    c.scale = vec![
+        ScaleEvent {
+            at_s: 3.0,
+            delta: 1,
+        },
+        ScaleEvent {
+            at_s: 3.001,
+            delta: -1,
+        },
+    ];
+    let watched = Arc::new(Watched {
+        inner: StrategyConfig::new(StrategyKind::named("prefix-aware").expect("registered"))
+            .build()
+            .expect("builds"),
+        told: Default::default(),
+    });
+    let out = run_on(&w, &c, &[Arc::clone(&watched) as Arc<dyn CoreStrategy>]);
+    assert_eq!(out.dispatched.len(), 3);
+    let told = watched.told.lock().map(|t| t.clone()).unwrap_or_default();
+    let of_new: Vec<MembershipChange> = told
+        .iter()
+        .filter(|(id, _)| id == "sim-2")
+        .map(|(_, c)| *c)
+        .collect();
+    // Joined and held out to warm (ejected from routing), drained, then removed.
+    assert!(of_new.contains(&MembershipChange::Ejected), "{told:?}");
+    assert!(of_new.contains(&MembershipChange::Draining), "{told:?}");
+    assert_eq!(of_new.last(), Some(&MembershipChange::Removed), "{told:?}");
+}
