@@ -92,14 +92,10 @@ pub struct AnalyzeArgs {
 /// Runs `analyze`.
 pub fn run(args: AnalyzeArgs) -> Result<()> {
     let started = Instant::now();
-    // A typo in an output path should not wait for the end of a long run.
-    for (flag, path) in [("--json", &args.json), ("--plot", &args.plot)] {
-        if let Some(dir) = path.as_deref().and_then(|p| p.parent()) {
-            if !dir.as_os_str().is_empty() && !dir.is_dir() {
-                anyhow::bail!("{flag}: the folder {} does not exist", dir.display());
-            }
-        }
-    }
+    crate::report_file::check_folders(&[
+        ("--json", args.json.as_deref()),
+        ("--plot", args.plot.as_deref()),
+    ])?;
     let mut input = Input::load(&args.trace)?;
     if let Some(n) = args.requests {
         input.truncate(usize::try_from(n).unwrap_or(usize::MAX));

@@ -203,7 +203,7 @@ pub struct SimulateArgs {
     pub balance_factor: Option<f64>,
 
     /// Instances added or removed during the run, e.g. +1@600s,-2@1800s (m suffix: minutes).
-    #[arg(long, value_name = "EVENTS", value_parser = parse_scale)]
+    #[arg(long, value_name = "EVENTS", value_parser = parse_scale, allow_hyphen_values = true)]
     pub scale: Option<ScaleEvents>,
 
     /// An instance added by --scale first gets the hottest recent prefixes that will move to it
@@ -228,7 +228,7 @@ pub struct SimulateArgs {
     /// least-outstanding, its completed requests per second. `--plot` then draws P90 TTFT
     /// against load (the floor, and the clairvoyant reference when asked for, dashed) and
     /// `--json` writes the whole sweep.
-    #[arg(long, value_name = "L,L,...", value_delimiter = ',', conflicts_with_all = ["trace", "rate", "concurrency"], value_parser = parse_rate)]
+    #[arg(long, value_name = "L,L,...", value_delimiter = ',', conflicts_with_all = ["trace", "rate", "concurrency"], value_parser = parse_load)]
     pub load: Vec<f64>,
 
     /// Write the full report as JSON to FILE.
@@ -354,6 +354,17 @@ pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
         Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
         _ => Err(format!(
             "rate must be a positive number of requests per second, got '{s}'"
+        )),
+    }
+}
+
+/// A `--load` level: a fraction of the fleet's measured capacity (above 1 allowed: a
+/// cache-aware router can go past what least-outstanding completes).
+fn parse_load(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(l) if l.is_finite() && l > 0.0 => Ok(l),
+        _ => Err(format!(
+            "a load is a positive fraction of the fleet's capacity (e.g. 0.8), got '{s}'"
         )),
     }
 }

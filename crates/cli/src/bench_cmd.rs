@@ -88,6 +88,10 @@ pub struct BenchArgs {
 
 /// Runs `bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
+    crate::report_file::check_folders(&[
+        ("--json", args.json.as_deref()),
+        ("--plot", args.plot.as_deref()),
+    ])?;
     let SimWorkload {
         name,
         source,

@@ -131,6 +131,10 @@ fn parse_time_scale(s: &str) -> Result<f64, String> {
 /// Runs `demo`.
 pub fn run(mut args: DemoArgs) -> Result<()> {
     let started = Instant::now();
+    crate::report_file::check_folders(&[
+        ("--json", args.json.as_deref()),
+        ("--plot", Some(args.plot.as_path())),
+    ])?;
     let workload = load_workload(&args)?;
     let mut strategies: Vec<StrategyConfig> = args
         .strategies

@@ -63,8 +63,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// Help and version go to stdout as clap renders them; flag errors become one line that names
-/// the flag (clap's first line), without the usage block.
+/// Help and version go to stdout as clap renders them; a flag error is clap's message without
+/// the usage block: one line that names the flag, and the lines clap adds to it where it adds
+/// any (the arguments missing, the values possible, a did-you-mean tip).
 fn clap_error(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     match e.kind() {
@@ -80,11 +81,16 @@ fn clap_error(e: clap::Error) -> ExitCode {
         }
         _ => {
             let text = e.render().to_string();
-            let first = text
+            let message: Vec<&str> = text
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("error: invalid arguments");
-            eprintln!("{first}");
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .filter(|l| !l.trim().is_empty())
+                .collect();
+            if message.is_empty() {
+                eprintln!("error: invalid arguments (see --help)");
+            } else {
+                eprintln!("{}", message.join("\n"));
+            }
             ExitCode::from(2)
         }
     }

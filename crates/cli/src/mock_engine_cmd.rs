@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use prefix_router_kv_events::Encoding;
 use prefix_router_mock_engine::{
-    Faults, KvEventsConfig, MockEngine, MockEngineConfig, DEFAULT_MODEL,
+    ConfigError, Faults, KvEventsConfig, MockEngine, MockEngineConfig, DEFAULT_MODEL,
 };
 use prefix_router_tokenize::ChatTokenizer;
 
@@ -151,7 +151,7 @@ pub fn run(args: MockEngineArgs) -> Result<()> {
         let t = ChatTokenizer::from_setting(file, template).context("--tokenizer")?;
         config.tokenizer = Some(std::sync::Arc::new(t));
     }
-    config.validate().context("invalid mock-engine flags")?;
+    config.validate().map_err(flag_error)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -183,4 +183,29 @@ pub fn run(args: MockEngineArgs) -> Result<()> {
         engine.shutdown().await;
         Ok(())
     })
+}
+
+/// The configuration's error as the flag the user typed names it (the library names its
+/// fields: `time_scale`, `kv_events.drop_rate`).
+fn flag_error(e: ConfigError) -> anyhow::Error {
+    match e {
+        ConfigError::TimeScale(v) => {
+            anyhow::anyhow!("--time-scale must be a positive number, got {v}")
+        }
+        ConfigError::Rate { field, value } => {
+            let flag = match field {
+                "fail_rate" => "--fail-rate",
+                "latency_spike_rate" => "--latency-spike-rate",
+                "kv_events.drop_rate" => "--kv-events-drop",
+                other => other,
+            };
+            anyhow::anyhow!("{flag} must be a probability between 0 and 1, got {value}")
+        }
+        ConfigError::FailStatus(s) => anyhow::anyhow!("--fail-status must be 500 or 503, got {s}"),
+        ConfigError::EmptyModel => anyhow::anyhow!("--model must not be empty"),
+        ConfigError::BadLora(name) => {
+            anyhow::anyhow!("--lora {name:?}: empty, or the name of another served model")
+        }
+        other => anyhow::Error::new(other).context("invalid mock-engine flags"),
+    }
 }

@@ -108,7 +108,11 @@ impl RouterArgs {
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colours only on a terminal: a log file or a collector reads escape codes as text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
     // A second initialisation (tests) is not an error worth failing for.
     let _ = match format {
         LogFormat::Text => builder.try_init(),

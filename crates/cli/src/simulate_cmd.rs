@@ -23,6 +23,11 @@ const HIT_RATE_BUCKETS: usize = 50;
 
 /// Runs `simulate`.
 pub fn run(args: SimulateArgs) -> Result<()> {
+    crate::report_file::check_folders(&[
+        ("--json", args.json.as_deref()),
+        ("--plot", args.plot.as_deref()),
+        ("--write-trace", args.write_trace.as_deref()),
+    ])?;
     let workload = load_workload(&args)?;
     if let Some(path) = &args.write_trace {
         return write_trace(path, &workload.requests);

@@ -32,7 +32,10 @@ fn the_log_agrees_with_bench_and_simulate_replays_it() {
         )
         .arg("--access-log")
         .arg(&log)
-        .stdout(Stdio::null())
+        // Its log to a file, where colours would be escape codes in the text.
+        .stdout(Stdio::from(
+            std::fs::File::create(dir.join("serve.log")).unwrap_or_else(|e| panic!("{e}")),
+        ))
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start serve: {e}"));
@@ -65,6 +68,12 @@ fn the_log_agrees_with_bench_and_simulate_replays_it() {
     assert!(signal_pid(serve.id(), "TERM"));
     let status = serve.wait().unwrap_or_else(|e| panic!("{e}"));
     assert!(status.success(), "serve exited with {status}");
+    let serve_log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+    assert!(serve_log.contains("INFO"), "serve logged: {serve_log}");
+    assert!(
+        !serve_log.contains('\x1b'),
+        "colour codes in a log written to a file: {serve_log}"
+    );
 
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     let lines: Vec<Value> = text

@@ -377,3 +377,81 @@ fn a_reader_that_leaves_early_ends_the_output_quietly() {
         "the JSON is still written"
     );
 }
+
+/// A flag error keeps what clap says beyond its first line where it says more: which argument
+/// is missing, the values possible, a did-you-mean tip. Only the first line was printed, so
+/// `bench` alone read "the following required arguments were not provided:" and nothing else.
+#[test]
+fn flag_errors_say_what_is_missing_and_what_to_type() {
+    for (args, needles) in [
+        (vec!["bench"], vec!["--target"]),
+        (
+            vec!["simulate", "--overflow", "foo"],
+            vec!["--overflow", "possible values", "least-outstanding"],
+        ),
+        (vec!["simulate", "--requets", "5"], vec!["--requests"]),
+        (
+            vec![
+                "mock-engine",
+                "--listen",
+                "127.0.0.1:0",
+                "--time-scale",
+                "0",
+            ],
+            vec!["--time-scale"],
+        ),
+        (vec!["simulate", "--load", "0"], vec!["--load", "fraction"]),
+    ] {
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: {n:?} not in {err}");
+        }
+        assert!(!err.contains("Usage:"), "{args:?}: {err}");
+    }
+}
+
+/// An output file in a folder that does not exist fails before the run, not after it.
+#[test]
+fn an_output_folder_that_does_not_exist_fails_first() {
+    for args in [
+        vec!["simulate", "--json", "/nonexistent-dir/x.json"],
+        vec!["simulate", "--plot", "/nonexistent-dir/x.svg"],
+        vec!["demo", "--json", "/nonexistent-dir/x.json"],
+        vec![
+            "bench",
+            "--target",
+            "http://127.0.0.1:9",
+            "--json",
+            "/nonexistent-dir/x.json",
+        ],
+    ] {
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(
+            err.contains("the folder /nonexistent-dir does not exist"),
+            "{args:?}: {err}"
+        );
+        // Nothing ran: no table, no progress.
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+/// `--scale` may start with a removal (`-2@5s`), as its help's example list does after a
+/// comma: clap took the leading `-2` for a flag.
+#[test]
+fn a_scale_list_may_start_with_a_removal() {
+    let json = tmp("scale-down.json");
+    let out = small_run(&["--scale", "-2@5s"], &json);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
