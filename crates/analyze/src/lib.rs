@@ -41,7 +41,7 @@ pub const TRUST: &str =
 Its hit rates and TTFT percentiles agreed with real HTTP runs through the router and mock engines \
 within 0.6 points and 0.2% at P50 on the demo's workload (README, 'What the demo shows'; CI checks \
 5 points and 20% in crates/cli/tests/demo_agreement.rs). Its latencies follow the preset's cost model \
-(CALIBRATION.md), so trust the ranking of settings and the hit rates more than the absolute \
+(README, 'How the calibration works'), so trust the ranking of settings and the hit rates more than the absolute \
 milliseconds; confirm the choice with `prefix-router bench --trace` against your fleet.";
 
 /// A current setting within this fraction of the best score is kept: a gain smaller than the
