@@ -519,25 +519,14 @@ async fn a_full_and_unhealthy_models_instance_is_a_503_not_a_404() {
     let held = post_held(addr, r#"{"model":"m","prompt":"a"}"#);
     a.wait_held(1).await;
     r.state().fleet.set_state(&a.url(), InstanceState::Ejected);
-    let down = post(
-        addr,
-        "/v1/completions",
-        &[],
-        r#"{"model":"m","prompt":"b"}"#,
-    )
-    .await;
+    let ask = |body: &'static str| post(addr, "/v1/completions", &[], body);
+    let down = ask(r#"{"model":"m","prompt":"b"}"#).await;
     assert_eq!(
         (down.status, down.error_code()),
         (StatusCode::SERVICE_UNAVAILABLE, "model_unavailable".into())
     );
     // The other model's instance is not at its cap: served.
-    let other = post(
-        addr,
-        "/v1/completions",
-        &[],
-        r#"{"model":"n","prompt":"c"}"#,
-    )
-    .await;
+    let other = ask(r#"{"model":"n","prompt":"c"}"#).await;
     assert_eq!(other.status, StatusCode::OK);
     a.release(1);
     assert_eq!(held.await.expect("held").status, StatusCode::OK);
