@@ -88,6 +88,9 @@ struct State {
     /// member (not removed).
     holder_of: Vec<u64>,
     live: Vec<bool>,
+    /// Per slot, whether it is in `removed` (once at most: an instance that flaps between
+    /// removed and back must not grow the queue).
+    queued: Vec<bool>,
     /// Slots of removed instances, oldest removal first, for the next new instance to reuse
     /// (entries whose instance came back since are skipped): with discovery, every
     /// rescheduled pod is a new id, and slots kept for good would grow every per-slot vector
@@ -208,6 +211,7 @@ impl CacheAware {
             slot_of: Default::default(),
             holder_of: Vec::new(),
             live: Vec::new(),
+            queued: Vec::new(),
             removed: VecDeque::new(),
             loads: Vec::new(),
             pool: Pool::new(config.prior),
@@ -255,6 +259,7 @@ impl State {
         }
         while let Some(s) = self.removed.pop_front() {
             let slot = usize::from(s);
+            self.queued[slot] = false;
             if self.live[slot] {
                 continue;
             }
@@ -280,6 +285,7 @@ impl State {
         self.slot_of.insert(id_hash, s as u16);
         self.holder_of.push(id_hash);
         self.live.push(true);
+        self.queued.push(false);
         self.loads.push(InstanceLoad::new(config.prior));
         self.pending.push(VecDeque::new());
         self.slots.ensure(s, config.cache_blocks);
@@ -543,8 +549,9 @@ impl Strategy for CacheAware {
                 if change == MembershipChange::Removed {
                     st.loads[slot] = InstanceLoad::since(self.config.prior, now);
                     st.pending[slot].clear();
-                    if st.live[slot] {
-                        st.live[slot] = false;
+                    st.live[slot] = false;
+                    if !st.queued[slot] {
+                        st.queued[slot] = true;
                         st.removed.push_back(slot as u16);
                     }
                 }
