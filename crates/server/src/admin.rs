@@ -226,12 +226,15 @@ async fn activate(State(admin): State<Admin>, body: Bytes) -> Response {
     let Some((_, inst)) = snapshot.get(&id) else {
         return unknown(&id);
     };
-    if !membership::transition(
-        &admin.state,
-        inst,
-        &[InstanceState::Draining],
-        InstanceState::Healthy,
-    ) {
+    // With active checks it must pass a probe first, as a joining instance does: it may have
+    // been drained because it failed (ejected, or never up), and the health checker leaves a
+    // draining instance alone, so nothing has checked it since.
+    let to = if admin.state.settings.health.active {
+        InstanceState::Unknown
+    } else {
+        InstanceState::Healthy
+    };
+    if !membership::transition(&admin.state, inst, &[InstanceState::Draining], to) {
         return error(ApiError {
             status: http::StatusCode::CONFLICT,
             kind: "invalid_request_error",

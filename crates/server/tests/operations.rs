@@ -155,6 +155,42 @@ async fn admin_call(
     send(addr, request(method, path, &headers, body.to_string())).await
 }
 
+/// With active checks, ending a drain does not make an instance routable by itself: it must
+/// pass a probe first, as a joining one does (it may have been drained for failing, and the
+/// checker leaves a draining instance alone). One that never comes up stays out.
+#[tokio::test]
+async fn an_activated_instance_must_pass_a_probe_first() {
+    let good = Upstream::start("good", Mode::Echo, &[]).await;
+    let dead = dead_url().await;
+    let mut s = settings(&[good.url(), dead.clone()]);
+    s.health.active = true;
+    s.admin = Admin::on("127.0.0.1:0".parse().expect("addr"), "s3cret");
+    let r = router(s).await;
+    let admin = r.admin_addr().expect("admin listener");
+    let t = Some("s3cret");
+    let target = format!(r#"{{"url":"{dead}"}}"#);
+    let drained = admin_call(admin, Method::POST, "/admin/instances/drain", t, &target).await;
+    assert_eq!(drained.status, StatusCode::OK);
+    let activated = admin_call(admin, Method::POST, "/admin/instances/activate", t, &target).await;
+    assert_eq!(activated.status, StatusCode::OK);
+    // Several health rounds later it has still passed none: never routable.
+    for _ in 0..10 {
+        assert_ne!(state_of(&r, &dead), Some(InstanceState::Healthy));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..5 {
+        let ans = post(
+            r.local_addr(),
+            "/v1/completions",
+            &[],
+            format!(r#"{{"prompt":"p{i}"}}"#),
+        )
+        .await;
+        assert_eq!(ans.upstream(), "good");
+    }
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn admin_api_lists_adds_drains_removes_and_changes_routing() {
     let a = Upstream::start("a", Mode::Echo, &[]).await;
