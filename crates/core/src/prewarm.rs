@@ -188,6 +188,13 @@ pub fn plan<'t, T: 't>(
     // hot prefixes gaining homes as load spreads, and new prefixes. The hottest are what will
     // be sent there, so they are replayed whatever `select` says today.
     let by_residency = strategy.chain_spec().is_some();
+    // Only prompts for a model it serves: another model's would be answered 404 by its engine,
+    // and fill the plan and the warm-up's time with nothing.
+    let joins = after
+        .instances()
+        .iter()
+        .find(|i| i.id() == joining)
+        .cloned();
     let mut out = Vec::new();
     for example in hottest {
         if out.len() >= max {
@@ -196,6 +203,9 @@ pub fn plan<'t, T: 't>(
         let Some(req) = request(example) else {
             continue;
         };
+        if !joins.as_ref().is_some_and(|i| i.serves(req.model)) {
+            continue;
+        }
         let moves = strategy
             .select(&req, &after, rng)
             .ok()
@@ -298,6 +308,56 @@ mod tests {
             |k| Some(RouteRequest::keyed(Some(*k), None)),
         );
         assert_eq!(few.len(), 3);
+    }
+}
+
+/// A joining instance that serves one model is replayed only that model's prompts, also by a
+/// strategy that plans by residency (which plans the hottest whatever `select` says).
+#[cfg(test)]
+mod models {
+    use super::*;
+    use crate::{InstanceSpec, StrategyConfig, StrategyKind};
+    use rand::SeedableRng;
+
+    #[test]
+    fn only_prompts_for_a_model_the_new_instance_serves_are_planned() {
+        let spec = |i: u32, model: &str| InstanceSpec {
+            models: vec![model.to_string()],
+            ..InstanceSpec::from_url(format!("http://10.0.0.{i}:8000"))
+        };
+        let fleet = crate::Fleet::new(vec![spec(0, "a"), spec(1, "b")]);
+        fleet.set_members(vec![spec(0, "a"), spec(1, "b"), spec(9, "a")]);
+        let new = InstanceId(Arc::from("http://10.0.0.9:8000"));
+        let snap = fleet.snapshot();
+        let strategy = StrategyConfig::new(StrategyKind::named("cache-aware").expect("registered"))
+            .build()
+            .expect("builds");
+        let chain = [1u64, 2, 3];
+        // Hot prompts alternately for models a and b.
+        let examples: Vec<(u64, &str)> = (0..20u64)
+            .map(|k| (k, if k % 2 == 0 { "a" } else { "b" }))
+            .collect();
+        let mut rng = RouteRng::seed_from_u64(1);
+        let picked = plan(
+            examples.iter(),
+            64,
+            &strategy,
+            &snap,
+            &new,
+            &mut rng,
+            |(k, m)| {
+                Some(RouteRequest {
+                    key: Some(KeyHash(*k)),
+                    chain: &chain,
+                    prompt_units: 384,
+                    model: Some(m),
+                    now: 0.0,
+                    tokens: None,
+                })
+            },
+        );
+        assert_eq!(picked.len(), 10, "{picked:?}");
+        assert!(picked.iter().all(|(_, m)| *m == "a"), "{picked:?}");
     }
 }
 
