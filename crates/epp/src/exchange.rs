@@ -73,6 +73,11 @@ pub struct Exchange {
     /// The request body comes FULL_DUPLEX_STREAMED: the picker holds the headers' answer until
     /// the body is in, then answers headers and body (which it sends back) in order.
     duplex: bool,
+    /// The request body's mode, when Envoy said (`BodySendMode`).
+    request_mode: Option<i32>,
+    /// The response body comes FULL_DUPLEX_STREAMED: Envoy keeps no copy, so each chunk is
+    /// handed back in a streamed body answer (a plain one is a protocol error in this mode).
+    response_duplex: bool,
 }
 
 impl std::fmt::Debug for Exchange {
@@ -83,8 +88,18 @@ impl std::fmt::Debug for Exchange {
     }
 }
 
-/// Envoy's `BodySendMode::FULL_DUPLEX_STREAMED`.
+/// Envoy's `BodySendMode`: STREAMED (the headers go upstream before the body is seen).
+const STREAMED: i32 = 1;
+/// BUFFERED: the whole body in one message, also when trailers end it (its `end_of_stream` is
+/// then false).
+const BUFFERED: i32 = 2;
+/// BUFFERED_PARTIAL: the body may be cut at the buffer's limit.
+const BUFFERED_PARTIAL: i32 = 3;
+/// FULL_DUPLEX_STREAMED.
 const FULL_DUPLEX_STREAMED: i32 = 4;
+
+/// What the picker says of a request body mode it cannot route under.
+const NEEDS_WHOLE_BODY: &str = "the endpoint picker needs the whole request body before the request goes upstream: set the ext_proc filter's processing_mode.request_body_mode to BUFFERED or FULL_DUPLEX_STREAMED";
 /// The largest body chunk handed back in one message (Envoy recommends at most 64 KiB).
 const DUPLEX_CHUNK: usize = 64 * 1024;
 
@@ -120,6 +135,8 @@ impl Exchange {
             stage: Stage::Over,
             response_body_sent: None,
             duplex: false,
+            request_mode: None,
+            response_duplex: false,
         }
     }
 
@@ -134,6 +151,8 @@ impl Exchange {
             // BodySendMode: 0 NONE (the picker sees no response body), 4 FULL_DUPLEX_STREAMED.
             self.response_body_sent = Some(pc.response_body_mode != 0);
             self.duplex = pc.request_body_mode == FULL_DUPLEX_STREAMED;
+            self.request_mode = Some(pc.request_body_mode);
+            self.response_duplex = pc.response_body_mode == FULL_DUPLEX_STREAMED;
         }
         let meta = msg.metadata_context;
         let attributes = msg.attributes;
@@ -216,6 +235,14 @@ impl Exchange {
         if h.end_of_stream {
             return vec![self.decide(Phase::RequestHeaders)];
         }
+        // Under STREAMED the headers go upstream once answered, before the body: a destination
+        // set with the body's answer would come after the proxy chose the host, and change
+        // nothing. Refused by the mode, not by how the body happens to be cut (a small prompt
+        // comes in one chunk that ends the stream).
+        if matches!(self.request_mode, Some(STREAMED | BUFFERED_PARTIAL)) {
+            self.stage = Stage::Over;
+            return vec![error_answer(&ApiError::internal(NEEDS_WHOLE_BODY))];
+        }
         if self.duplex {
             // Answered with the body, once it is all in.
             return Vec::new();
@@ -250,13 +277,13 @@ impl Exchange {
             }
             return self.decide_duplex(false);
         }
-        if !b.end_of_stream {
-            // STREAMED or BUFFERED_PARTIAL: the headers went upstream already, or the body
-            // is cut. Neither can be routed on the prompt; say how to configure the filter.
+        // BUFFERED sends the whole body in one message, with `end_of_stream` false when
+        // trailers end the request. Without the mode (an older Envoy), a body that does not end
+        // the stream is taken for STREAMED or BUFFERED_PARTIAL: the headers went upstream
+        // already, or the body is cut, and neither can be routed on the prompt.
+        if !b.end_of_stream && self.request_mode != Some(BUFFERED) {
             self.stage = Stage::Over;
-            return vec![error_answer(&ApiError::internal(
-                "the endpoint picker needs the whole request body: set the ext_proc filter's processing_mode.request_body_mode to BUFFERED or FULL_DUPLEX_STREAMED",
-            ))];
+            return vec![error_answer(&ApiError::internal(NEEDS_WHOLE_BODY))];
         }
         vec![self.decide(Phase::RequestBody)]
     }
@@ -272,10 +299,14 @@ impl Exchange {
         let mut out = vec![head];
         let mut chunks = body.chunks(DUPLEX_CHUNK).peekable();
         if chunks.peek().is_none() {
-            out.push(wire::streamed_body(&[], !trailers));
+            out.push(wire::streamed_body(Phase::RequestBody, &[], !trailers));
         }
         while let Some(c) = chunks.next() {
-            out.push(wire::streamed_body(c, !trailers && chunks.peek().is_none()));
+            out.push(wire::streamed_body(
+                Phase::RequestBody,
+                c,
+                !trailers && chunks.peek().is_none(),
+            ));
         }
         if trailers {
             out.push(wire::answer(
@@ -437,6 +468,10 @@ impl Exchange {
             if b.end_of_stream {
                 self.finish();
             }
+        }
+        if self.response_duplex {
+            // Envoy holds none of it in this mode: every chunk goes back as it came.
+            return wire::streamed_body(Phase::ResponseBody, &b.body, b.end_of_stream);
         }
         wire::answer(Phase::ResponseBody, wire::common(Vec::new()), None)
     }

@@ -126,7 +126,12 @@ pub async fn serve(
     let mut stopped = stop.clone();
     let server = tonic::transport::Server::builder()
         .add_service(health)
-        .add_service(ExternalProcessorServer::new(Picker::new(state, options)))
+        .add_service(
+            // A BUFFERED body is one message: as large as the router takes a body, not tonic's
+            // 4 MiB (a larger one failed the stream, a 500 instead of the picker's 413).
+            ExternalProcessorServer::new(Picker::new(Arc::clone(&state), options))
+                .max_decoding_message_size(grpc_message_limit(&state)),
+        )
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = stopped.changed().await;
         });
@@ -145,4 +150,12 @@ pub async fn serve(
     if let Err(e) = result {
         tracing::error!(error = %e, "ext_proc listener failed");
     }
+}
+
+/// The largest message the picker takes from Envoy: a body of `limits.max_body_bytes` and the
+/// rest of its message (headers, metadata, attributes), with room to spare.
+fn grpc_message_limit(state: &AppState) -> usize {
+    usize::try_from(state.settings.limits.max_body_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1 << 20)
 }

@@ -190,9 +190,9 @@ pub fn answer(
     }
 }
 
-/// A chunk of the request body handed back to Envoy (FULL_DUPLEX_STREAMED, where the picker
-/// holds the body it was sent).
-pub fn streamed_body(chunk: &[u8], end_of_stream: bool) -> ProcessingResponse {
+/// A chunk of the request's or the response's body (`phase`) handed back to Envoy
+/// (FULL_DUPLEX_STREAMED, where Envoy keeps no copy of what it sent the picker).
+pub fn streamed_body(phase: Phase, chunk: &[u8], end_of_stream: bool) -> ProcessingResponse {
     let common = CommonResponse {
         status: ResponseStatus::Continue as i32,
         body_mutation: Some(BodyMutation {
@@ -206,7 +206,7 @@ pub fn streamed_body(chunk: &[u8], end_of_stream: bool) -> ProcessingResponse {
         }),
         ..CommonResponse::default()
     };
-    answer(Phase::RequestBody, common, None)
+    answer(phase, common, None)
 }
 
 /// Answers the client directly with `status`, a JSON `body` and `details` for Envoy's

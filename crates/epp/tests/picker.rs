@@ -513,3 +513,104 @@ async fn full_duplex_bodies_are_collected_then_answered_headers_first_and_handed
     assert_eq!(back, whole, "the body comes back as it was sent");
     p.router.shutdown().await;
 }
+
+/// The first message of a stream, with the filter's body modes.
+fn with_modes(msg: Msg, request_body_mode: i32, response_body_mode: i32) -> ProcessingRequest {
+    use envoy_types::pb::envoy::service::ext_proc::v3::ProtocolConfiguration;
+    ProcessingRequest {
+        request: Some(msg),
+        protocol_config: Some(ProtocolConfiguration {
+            request_body_mode,
+            response_body_mode,
+            ..ProtocolConfiguration::default()
+        }),
+        ..ProcessingRequest::default()
+    }
+}
+
+/// The body a streamed body answer hands back, and its end of stream.
+fn handed_back(a: &ProcessingResponse) -> (Vec<u8>, bool) {
+    use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation;
+    let common = match a.response.as_ref() {
+        Some(Ans::RequestBody(b) | Ans::ResponseBody(b)) => b.response.clone(),
+        other => panic!("not a body answer: {other:?}"),
+    };
+    match common
+        .and_then(|c| c.body_mutation)
+        .and_then(|m| m.mutation)
+    {
+        Some(body_mutation::Mutation::StreamedResponse(r)) => (r.body, r.end_of_stream),
+        other => panic!("not a streamed body: {other:?}"),
+    }
+}
+
+/// Each body mode as Envoy runs it:
+/// - BUFFERED (2) with trailers: the whole body comes with `end_of_stream` false, then the
+///   trailers; it is routed on the body (it was refused as if cut);
+/// - STREAMED (1): refused at the headers, whatever the body's chunks (a one-chunk body was
+///   routed, its destination set after the proxy had chosen the host);
+/// - a response body in FULL_DUPLEX_STREAMED (4): each chunk handed back as it came (a plain
+///   body answer is a protocol error in that mode, and Envoy keeps no copy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_body_mode_is_answered_as_envoy_expects() {
+    let engines = engines(2).await;
+    let p = picker(settings(&engines, "cache-aware"), 0).await;
+    let mut c = client(&p).await;
+
+    let mut s = Stream::open(&mut c).await;
+    s.push(with_modes(request_head(), 2, 4)).await;
+    let a = s.next().await;
+    assert!(matches!(a.response, Some(Ans::RequestHeaders(_))), "{a:?}");
+    let routed = s
+        .send(Msg::RequestBody(body(chat(1).as_bytes(), false)), None)
+        .await;
+    let (header, _) = destination(&routed);
+    assert!(header.starts_with("127.0.0.1:"), "{header}");
+    let t = s.send(Msg::RequestTrailers(Default::default()), None).await;
+    assert!(matches!(t.response, Some(Ans::RequestTrailers(_))), "{t:?}");
+    let h = s
+        .send(
+            Msg::ResponseHeaders(headers(&[(":status", "200")], false)),
+            None,
+        )
+        .await;
+    assert!(matches!(h.response, Some(Ans::ResponseHeaders(_))), "{h:?}");
+    for (chunk, end) in [
+        (&b"data: {}\n\n"[..], false),
+        (&b"data: [DONE]\n\n"[..], true),
+    ] {
+        let a = s.send(Msg::ResponseBody(body(chunk, end)), None).await;
+        assert_eq!(handed_back(&a), (chunk.to_vec(), end));
+    }
+
+    let mut s = Stream::open(&mut c).await;
+    s.push(with_modes(request_head(), 1, 1)).await;
+    let (status, text) = immediate_status(&s.next().await);
+    assert_eq!(status, 500, "{text}");
+    assert!(text.contains("BUFFERED or FULL_DUPLEX_STREAMED"), "{text}");
+    p.router.shutdown().await;
+}
+
+/// A BUFFERED body over tonic's default 4 MiB message limit is routed (within
+/// `limits.max_body_bytes`, 32 MiB by default): the stream failed, a 500 from Envoy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffered_body_over_four_mib_is_routed() {
+    let engines = engines(2).await;
+    let p = picker(settings(&engines, "cache-aware"), 0).await;
+    let mut c = client(&p).await;
+    let mut s = Stream::open(&mut c).await;
+    s.push(with_modes(request_head(), 2, 0)).await;
+    let a = s.next().await;
+    assert!(matches!(a.response, Some(Ans::RequestHeaders(_))), "{a:?}");
+    let big = serde_json::json!({
+        "model": prefix_router_mock_engine::DEFAULT_MODEL,
+        "messages": [{"role": "user", "content": "x".repeat(5 << 20)}],
+    })
+    .to_string();
+    let routed = s
+        .send(Msg::RequestBody(body(big.as_bytes(), true)), None)
+        .await;
+    let (header, _) = destination(&routed);
+    assert!(header.starts_with("127.0.0.1:"), "{header}");
+    p.router.shutdown().await;
+}
