@@ -41,9 +41,26 @@ const KV_USAGE: &[&str] = &[
     "sglang:token_usage",
 ];
 
-fn first(samples: &HashMap<String, f64>, names: &[&str]) -> Option<f64> {
-    names.iter().find_map(|n| samples.get(*n).copied())
+/// The first of `names` the page has: its samples' sum over their label sets (counts add up
+/// across an engine's cores or models).
+fn first(samples: &Totals, names: &[&str]) -> Option<f64> {
+    names
+        .iter()
+        .find_map(|n| samples.get(*n).map(|&(sum, _)| sum))
 }
+
+/// The same for a ratio: its samples' mean (summed, a data-parallel engine's two cores at 0.8
+/// and 0.7 of their KV cache read 1.5, where the gauge is 0 to 1).
+fn first_mean(samples: &Totals, names: &[&str]) -> Option<f64> {
+    names.iter().find_map(|n| {
+        samples
+            .get(*n)
+            .filter(|&&(_, count)| count > 0)
+            .map(|&(sum, count)| sum / f64::from(count))
+    })
+}
+
+type Totals = HashMap<String, (f64, u32)>;
 
 /// Counters seen at the previous scrape of an instance, and the ratio derived then.
 #[derive(Debug, Clone, Copy)]
@@ -59,7 +76,7 @@ pub struct Previous {
     counters: Mutex<HashMap<String, Seen>>,
 }
 
-async fn scrape(state: &AppState, inst: &Instance, path: &str) -> Option<HashMap<String, f64>> {
+async fn scrape(state: &AppState, inst: &Instance, path: &str) -> Option<Totals> {
     let (status, page) = crate::upstream::get(
         &state.client,
         &inst.spec().url,
@@ -70,7 +87,7 @@ async fn scrape(state: &AppState, inst: &Instance, path: &str) -> Option<HashMap
     .await?;
     status
         .is_success()
-        .then(|| prom::sums(&String::from_utf8_lossy(&page)))
+        .then(|| prom::totals(&String::from_utf8_lossy(&page)))
 }
 
 /// One round: scrapes every instance that is not ejected, replaces the engine gauges and, with
@@ -88,6 +105,8 @@ pub async fn scrape_once(state: &AppState, path: &str, previous: &Previous) {
     let pages =
         futures_util::future::join_all(targets.iter().map(|i| scrape(state, i, path))).await;
     let m = &state.metrics;
+    // Not while /metrics encodes: it would find these series cleared and half refilled.
+    let _one_scrape = m.scrape.lock().unwrap_or_else(|p| p.into_inner());
     m.engine_hit_ratio.clear();
     m.engine_running.clear();
     m.engine_waiting.clear();
@@ -108,7 +127,7 @@ pub async fn scrape_once(state: &AppState, path: &str, previous: &Previous) {
                 Some((h - p.hits) / (q - p.queries))
             }
             (Some((h, q)), Some(p)) if q == p.queries && h == p.hits => p.ratio,
-            _ => first(&samples, HIT_RATE),
+            _ => first_mean(&samples, HIT_RATE),
         };
         if let Some((hits, queries)) = counters {
             prev.insert(
@@ -139,7 +158,7 @@ pub async fn scrape_once(state: &AppState, path: &str, previous: &Previous) {
                 .get_or_create(&labels)
                 .set(f64::from(others.total()));
         }
-        if let Some(v) = first(&samples, KV_USAGE) {
+        if let Some(v) = first_mean(&samples, KV_USAGE) {
             m.engine_kv_usage.get_or_create(&labels).set(v);
         }
     }
@@ -154,5 +173,27 @@ pub async fn run(state: Arc<AppState>, interval: std::time::Duration, path: Stri
     loop {
         tick.tick().await;
         scrape_once(&state, &path, &previous).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A data-parallel vLLM labels each engine core's gauges apart: counts add up, a ratio is
+    /// their mean (summed, two cores at 0.8 and 0.7 of their KV cache read 1.5).
+    #[test]
+    fn counts_add_up_across_engine_cores_and_ratios_average() {
+        let page = "vllm:num_requests_running{engine=\"0\"} 3\n\
+                    vllm:num_requests_running{engine=\"1\"} 2\n\
+                    vllm:kv_cache_usage_perc{engine=\"0\"} 0.8\n\
+                    vllm:kv_cache_usage_perc{engine=\"1\"} 0.7\n\
+                    sglang:cache_hit_rate 0.25\n";
+        let t = prom::totals(page);
+        assert_eq!(first(&t, RUNNING), Some(5.0));
+        let usage = first_mean(&t, KV_USAGE).unwrap_or(f64::NAN);
+        assert!((usage - 0.75).abs() < 1e-12, "{usage}");
+        assert_eq!(first_mean(&t, HIT_RATE), Some(0.25));
+        assert_eq!(first_mean(&t, WAITING), None);
     }
 }

@@ -163,7 +163,7 @@ pub struct Metrics {
         [OnceLock<(&'static str, Counter)>; prefix_router_core::Reason::LABELS.len()],
     /// One scrape at a time: each clears and refills the scrape-time series, and a concurrent
     /// one must not encode them half refilled.
-    scrape: std::sync::Mutex<()>,
+    pub(crate) scrape: std::sync::Mutex<()>,
 }
 
 impl Default for Metrics {

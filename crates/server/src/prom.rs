@@ -97,9 +97,21 @@ pub fn samples(page: &str) -> impl Iterator<Item = Sample<'_>> {
 /// Finite samples summed by metric name over their label sets (an engine may label by model
 /// or by engine core).
 pub fn sums(page: &str) -> HashMap<String, f64> {
-    let mut out: HashMap<String, f64> = HashMap::new();
+    totals(page)
+        .into_iter()
+        .map(|(name, (sum, _))| (name, sum))
+        .collect()
+}
+
+/// Finite samples by metric name over their label sets: their sum and how many there were
+/// (a ratio's mean is the sum over the count: summed, two engine cores at 0.8 and 0.7 of their
+/// KV cache read 1.5).
+pub fn totals(page: &str) -> HashMap<String, (f64, u32)> {
+    let mut out: HashMap<String, (f64, u32)> = HashMap::new();
     for s in samples(page).filter(|s| s.value.is_finite()) {
-        *out.entry(s.name.to_string()).or_insert(0.0) += s.value;
+        let e = out.entry(s.name.to_string()).or_insert((0.0, 0));
+        e.0 += s.value;
+        e.1 += 1;
     }
     out
 }
