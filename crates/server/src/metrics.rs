@@ -172,9 +172,54 @@ impl Default for Metrics {
     }
 }
 
+/// Every `kind` of `upstream_errors_total`: an attempt's failures, a broken answer's outcome,
+/// a 5xx, a fallback the proxy used (epp).
+fn error_kinds() -> impl Iterator<Item = &'static str> {
+    [
+        "timeout",
+        "connect",
+        "closed",
+        "other",
+        "status_5xx",
+        "fallback_used",
+    ]
+    .into_iter()
+    .chain(Outcome::ALL.into_iter().map(Outcome::label))
+}
+
+impl Metrics {
+    /// Drops an instance's series that only traffic creates (time to first byte, requests,
+    /// upstream errors) once it left the fleet. With discovery, every rescheduled pod is a new
+    /// instance id: kept for good, each left some thirty series behind, and a router's page (and
+    /// the monitoring's cardinality) grew with the fleet's history. Requests still in flight to
+    /// it when it left may count into new series of its id; they are few.
+    pub fn forget_instance(&self, id: &Arc<str>) {
+        self.ttft.remove(&InstanceLabels {
+            instance: IdLabel(Arc::clone(id)),
+        });
+        for api in Api::ALL {
+            for outcome in Outcome::ALL {
+                self.requests.remove(&RequestLabels {
+                    instance: IdLabel(Arc::clone(id)),
+                    api: api.label(),
+                    outcome: outcome.label(),
+                });
+            }
+        }
+        for kind in error_kinds() {
+            self.upstream_errors.remove(&ErrorLabels {
+                instance: id.to_string(),
+                kind,
+            });
+        }
+    }
+}
+
 /// One instance's busiest series, each looked up in its family once. A family lookup hashes
 /// the label set (the instance id's text included) under a lock; these are used by every
-/// request. Families never drop these series, so a kept handle stays the exported one.
+/// request. Families drop these series only when the instance leaves the fleet
+/// ([`Metrics::forget_instance`], after which its stats and their handles are dropped too), so
+/// a kept handle stays the exported one.
 #[derive(Debug, Default)]
 pub struct InstanceSeries {
     ttft: OnceLock<Histogram>,
@@ -415,6 +460,10 @@ impl Metrics {
 
     /// Counts an upstream error.
     pub fn upstream_error(&self, instance: &str, kind: &'static str) {
+        debug_assert!(
+            error_kinds().any(|k| k == kind),
+            "an upstream error kind forget_instance does not know: {kind}"
+        );
         self.upstream_errors
             .get_or_create(&ErrorLabels {
                 instance: instance.to_string(),
@@ -459,6 +508,36 @@ mod tests {
             .build()
             .unwrap();
         m.render(&FleetSnapshot::default(), &*strategy)
+    }
+
+    /// An instance that left takes its traffic series with it; the others' stay.
+    #[test]
+    fn a_forgotten_instance_leaves_no_series() {
+        let m = Metrics::new();
+        let (a, b) = (InstanceSeries::default(), InstanceSeries::default());
+        let (ida, idb): (Arc<str>, Arc<str>) = ("http://10.0.0.1:8000".into(), "b".into());
+        for (s, id) in [(&a, &ida), (&b, &idb)] {
+            m.count_request(s, id, Api::Chat, Outcome::Ok);
+            m.count_request(s, id, Api::Completions, Outcome::StreamBroken);
+            m.observe_ttft(s, id, 0.2);
+            m.upstream_error(id, Outcome::StreamBroken.label());
+            m.upstream_error(id, "status_5xx");
+            m.upstream_error(id, "connect");
+        }
+        m.forget_instance(&ida);
+        let p = page(&m);
+        assert!(!p.contains("10.0.0.1"), "{p}");
+        for name in [
+            "prefix_router_requests_total",
+            "prefix_router_upstream_errors_total",
+            "prefix_router_ttft_seconds_count",
+        ] {
+            assert!(
+                p.lines()
+                    .any(|l| l.starts_with(name) && l.contains("\"b\"")),
+                "{name} of b: {p}"
+            );
+        }
     }
 
     /// The kept handles count in the exported series, beside what goes through the families.

@@ -38,6 +38,21 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome (each instance's `requests_total` series are one per API and outcome).
+    pub const ALL: [Outcome; 11] = [
+        Outcome::Ok,
+        Outcome::Upstream4xx,
+        Outcome::Upstream5xx,
+        Outcome::Retried,
+        Outcome::Timeout,
+        Outcome::ConnectError,
+        Outcome::UpstreamClosed,
+        Outcome::UpstreamError,
+        Outcome::StreamBroken,
+        Outcome::IdleTimeout,
+        Outcome::Cancelled,
+    ];
+
     /// The metrics label.
     pub fn label(self) -> &'static str {
         match self {
