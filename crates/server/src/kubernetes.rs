@@ -74,21 +74,35 @@ pub async fn client(target: &KubernetesTarget) -> Result<(Client, String), Kuber
 }
 
 /// The members the slices list: an instance per address of each endpoint that is ready or
-/// terminating, on the slice's port named `target.port`. Addresses in several slices (an
-/// endpoint moving between slices) count once, terminating if any slice says so.
+/// terminating, on the slice's port named `target.port` (`""`: a Service's only port, which
+/// Kubernetes leaves unnamed). Addresses in several slices (an endpoint moving between slices)
+/// count once, terminating if any slice says so. A dual-stack Service lists every pod in an
+/// IPv4 slice and again in an IPv6 one: only one family is taken (IPv4 where it has any), or
+/// each pod would be two instances, with twice its share and its cache split between them.
 pub fn members<'a>(
     target: &KubernetesTarget,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
 ) -> Vec<Found> {
-    let mut out: BTreeMap<String, Found> = BTreeMap::new();
-    for slice in slices {
-        let Some(port) = slice.ports.iter().flatten().find_map(|p| {
-            (p.name.as_deref() == Some(target.port.as_str()))
+    let port_of = |slice: &EndpointSlice| {
+        slice.ports.iter().flatten().find_map(|p| {
+            (p.name.as_deref().unwrap_or("") == target.port)
                 .then_some(p.port)
                 .flatten()
-        }) else {
+        })
+    };
+    let slices: Vec<(&EndpointSlice, i32)> = slices
+        .into_iter()
+        .filter_map(|s| port_of(s).map(|p| (s, p)))
+        .collect();
+    let family = ["IPv4", "IPv6"]
+        .into_iter()
+        .find(|f| slices.iter().any(|(s, _)| s.address_type == *f));
+    let mut out: BTreeMap<String, Found> = BTreeMap::new();
+    for (slice, port) in slices {
+        let ip = slice.address_type == "IPv4" || slice.address_type == "IPv6";
+        if ip && family.is_some_and(|f| slice.address_type != f) {
             continue;
-        };
+        }
         let model = target.model_label.as_ref().and_then(|l| {
             slice
                 .metadata
@@ -322,20 +336,28 @@ mod tests {
             8001,
             vec![ep("fd00::5", Some(true), Some(false))],
         );
-        let found = members(&target(), [&a, &b]);
-        let got: Vec<(&str, bool)> = found
-            .iter()
-            .map(|f| (f.spec.url.as_str(), f.terminating))
-            .collect();
+        let urls = |found: &[Found]| -> Vec<(String, bool)> {
+            found
+                .iter()
+                .map(|f| (f.spec.url.clone(), f.terminating))
+                .collect()
+        };
+        let found = members(&target(), [&a]);
         assert_eq!(
-            got,
+            urls(&found),
             vec![
-                ("http://10.0.0.1:8000", false),
-                ("http://10.0.0.3:8000", true),
-                ("http://10.0.0.4:8000", false),
-                ("http://[fd00::5]:8001", false),
+                ("http://10.0.0.1:8000".to_string(), false),
+                ("http://10.0.0.3:8000".to_string(), true),
+                ("http://10.0.0.4:8000".to_string(), false),
             ]
         );
+        // An IPv6 Service: bracketed addresses.
+        assert_eq!(
+            urls(&members(&target(), [&b])),
+            vec![("http://[fd00::5]:8001".to_string(), false)]
+        );
+        // Dual-stack: the same pods in both families are taken once, as IPv4.
+        assert_eq!(urls(&members(&target(), [&a, &b])), urls(&found));
         assert!(found
             .iter()
             .all(|f| f.spec.models == vec!["llama".to_string()]));
@@ -343,5 +365,18 @@ mod tests {
         let mut other = target();
         other.port = "grpc".into();
         assert!(members(&other, [&a]).is_empty());
+        // A Service's only port is unnamed (Kubernetes allows it): `port = ""` takes it.
+        let mut lone = slice("c", "IPv4", 0, vec![ep("10.0.0.9", Some(true), None)]);
+        lone.ports = Some(vec![EndpointPort {
+            name: Some(String::new()),
+            port: Some(8000),
+            ..EndpointPort::default()
+        }]);
+        other.port = String::new();
+        assert_eq!(
+            urls(&members(&other, [&lone])),
+            vec![("http://10.0.0.9:8000".to_string(), false)]
+        );
+        assert!(members(&target(), [&lone]).is_empty());
     }
 }

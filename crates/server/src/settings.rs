@@ -375,11 +375,12 @@ fn check_kubernetes(k: &mut KubernetesTarget) -> Result<(), SettingsError> {
             ));
         }
     }
-    if !is_label(&k.port) {
+    // Empty: the Service's only port, which Kubernetes lets a single-port Service leave unnamed.
+    if !k.port.is_empty() && !is_label(&k.port) {
         return Err(invalid(
             field("port"),
             format!(
-                "'{}' is not a port name: give the name of the Service's port (its `name:`), not its number",
+                "'{}' is not a port name: give the name of the Service's port (its `name:`), not its number, or \"\" for a Service's only, unnamed port",
                 k.port
             ),
         ));

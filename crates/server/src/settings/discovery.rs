@@ -97,7 +97,8 @@ pub struct KubernetesTarget {
     /// Its namespace; default: the router's own (from its service account), else `default`.
     #[serde(default)]
     pub namespace: Option<String>,
-    /// The name of the Service port the engines serve on (each slice says which number it is).
+    /// The name of the Service port the engines serve on (each slice says which number it is);
+    /// `""` for a Service whose only port is unnamed.
     pub port: String,
     /// `http` or `https` for the instance URLs.
     #[serde(default = "http_scheme")]
