@@ -4,8 +4,10 @@
 //! - Published on the PUB socket: `[topic, seq as 8 bytes big-endian, payload]`, `seq`
 //!   counting from 0 and one higher for every batch.
 //! - Replay, on a ROUTER socket: a client sends `[b"", start_seq as 8 bytes]` (what a REQ
-//!   socket sends, a DEALER sends it by hand), and receives `[b"", seq, payload]` for every
-//!   batch still buffered from `start_seq` on, then `[b"", -1 as 8 signed bytes, b""]`.
+//!   socket sends, a DEALER sends it by hand), and receives `[b"", topic, seq, payload]` for
+//!   every batch still buffered from `start_seq` on, then `[b"", b"", -1 as 8 signed bytes,
+//!   b""]` (vLLM since its PR #45177, June 2026; before it, the same without the topic frame:
+//!   `[b"", seq, payload]` and `[b"", -1, b""]`; both are read).
 
 /// The PUB port vLLM's examples use (`tcp://*:5557`).
 pub const DEFAULT_PORT: u16 = 5557;
@@ -85,11 +87,16 @@ pub enum Replayed<'a> {
     End,
 }
 
-/// Splits a replay reply as a DEALER receives it (`[b"", seq, payload]`), or as a REQ socket
-/// does (`[seq, payload]`).
+/// Splits a replay reply as a DEALER receives it (`[b"", topic, seq, payload]`, or before
+/// vLLM's topic frame `[b"", seq, payload]`), or as a REQ socket does (`[topic, seq, payload]`
+/// or `[seq, payload]`). A reply that read as malformed was dropped and the replay waited out
+/// its timeout: with the topic frame, every replay from a current vLLM.
 pub fn replayed<F: AsRef<[u8]>>(frames: &[F]) -> Result<Replayed<'_>, WireError> {
     let frames = match frames {
-        [empty, rest @ ..] if empty.as_ref().is_empty() && rest.len() == 2 => rest,
+        // The delimiter, then the topic.
+        [empty, _topic, rest @ ..] if empty.as_ref().is_empty() && rest.len() == 2 => rest,
+        // The delimiter, or (a REQ socket) the topic.
+        [_, rest @ ..] if rest.len() == 2 => rest,
         _ => frames,
     };
     match frames {
@@ -162,6 +169,27 @@ mod tests {
                 payload: &[1, 2]
             }
         );
+        // Since vLLM's topic frame: `[b"", topic, seq, payload]`, and the end with an empty one.
+        let topical = [Vec::new(), b"kv".to_vec(), seq_frame(9).to_vec(), vec![3]];
+        assert_eq!(
+            replayed(&topical).unwrap(),
+            Replayed::Batch {
+                seq: 9,
+                payload: &[3]
+            }
+        );
+        assert_eq!(
+            replayed(&topical[1..]).unwrap(),
+            replayed(&topical).unwrap()
+        );
+        let end = [
+            Vec::new(),
+            Vec::new(),
+            end_of_replay_frame().to_vec(),
+            Vec::new(),
+        ];
+        assert_eq!(replayed(&end).unwrap(), Replayed::End);
+        assert!(replayed(&[vec![1u8], vec![], seq_frame(1).to_vec(), vec![]]).is_err());
         assert_eq!(parse_replay_request(&replay_request(42)).unwrap(), 42);
         assert!(parse_replay_request(&[seq_frame(1).to_vec()]).is_err());
     }

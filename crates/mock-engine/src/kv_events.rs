@@ -279,7 +279,7 @@ pub(crate) async fn run(
             request = next_request(&mut router) => {
                 let Ok(request) = request else { continue };
                 let Some(r) = router.as_mut() else { continue };
-                serve_replay(r, request.into_vec(), &buffer).await;
+                serve_replay(r, request.into_vec(), &topic, &buffer).await;
             }
             events = batches.recv() => {
                 let Some(events) = events else { return };
@@ -310,10 +310,13 @@ pub(crate) async fn run(
     }
 }
 
-/// Sends every buffered batch from the requested sequence number on, then the end marker.
+/// Sends every buffered batch from the requested sequence number on, then the end marker, each
+/// with the topic frame current vLLM puts before the sequence number (see
+/// [`prefix_router_kv_events::wire`]).
 async fn serve_replay(
     router: &mut RouterSocket,
     frames: Vec<Bytes>,
+    topic: &Bytes,
     buffer: &VecDeque<(u64, Bytes)>,
 ) {
     let Some((identity, rest)) = frames.split_first() else {
@@ -327,6 +330,7 @@ async fn serve_replay(
         let frames = vec![
             identity.clone(),
             Bytes::new(),
+            topic.clone(),
             Bytes::copy_from_slice(&seq_frame(*seq)),
             payload.clone(),
         ];
@@ -337,6 +341,7 @@ async fn serve_replay(
     }
     let end = vec![
         identity.clone(),
+        Bytes::new(),
         Bytes::new(),
         Bytes::copy_from_slice(&end_of_replay_frame()),
         Bytes::new(),
