@@ -2,6 +2,7 @@
 //! feedback channel to the strategy) and records the request's metrics once, when the request
 //! is finished however it finishes (answered, failed, cancelled by the client).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -149,6 +150,19 @@ impl Drop for InFlightGuard {
             Outcome::Cancelled
         };
         let now = Instant::now();
+        // vLLM writes `prompt_tokens_details` only when something was cached: from an engine
+        // that has reported `cached_tokens` before, usage without it is 0 cached. Read as
+        // unknown, a full miss (the strongest evidence of an eviction) taught the strategy
+        // nothing, and left the hit rates of the dashboard without the misses.
+        if let Some(u) = self.usage.as_mut() {
+            match u.cached_tokens {
+                Some(_) => self.stats.reports_cached.store(true, Ordering::Relaxed),
+                None if self.stats.reports_cached.load(Ordering::Relaxed) => {
+                    u.cached_tokens = Some(0);
+                }
+                None => {}
+            }
+        }
         if let Some(ticket) = self.ticket.take() {
             // Finished explicitly rather than by the ticket's own drop, so that the strategy
             // hears the time the request really ended.

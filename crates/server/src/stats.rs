@@ -41,6 +41,9 @@ pub struct InstanceStats {
     pub health: Mutex<HealthRecord>,
     /// Its series of the exported metrics, looked up once instead of per request.
     pub series: crate::metrics::InstanceSeries,
+    /// It has reported `cached_tokens`: its engine sends prompt token details, so an answer
+    /// with usage and without them had none cached (vLLM leaves them out when the count is 0).
+    pub reports_cached: std::sync::atomic::AtomicBool,
 }
 
 impl InstanceStats {

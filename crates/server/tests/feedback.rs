@@ -65,6 +65,22 @@ async fn answers_failures_and_cancellations_are_reported() {
     let addr = r.local_addr();
     let recorder = install(&r);
 
+    // An engine that has never reported cached tokens: their absence says nothing.
+    let a = post(
+        addr,
+        "/v1/completions",
+        &[("x-test-usage", "12")],
+        r#"{"prompt":"p"}"#,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        told(&recorder, 2).await,
+        [
+            "FirstToken",
+            "Finished { usage: Some(Usage { prompt_tokens: 12, cached_tokens: None }) }"
+        ]
+    );
     let a = post(
         addr,
         "/v1/completions",
@@ -85,6 +101,23 @@ async fn answers_failures_and_cancellations_are_reported() {
     assert_eq!(
         told(&recorder, 2).await,
         ["FirstToken", "Finished { usage: None }"]
+    );
+    // Usage without cached tokens, from an engine that reported them before: vLLM leaves
+    // `prompt_tokens_details` out when nothing was cached, so this is a full miss.
+    let a = post(
+        addr,
+        "/v1/completions",
+        &[("x-test-usage", "12")],
+        r#"{"prompt":"miss"}"#,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        told(&recorder, 2).await,
+        [
+            "FirstToken",
+            "Finished { usage: Some(Usage { prompt_tokens: 12, cached_tokens: Some(0) }) }"
+        ]
     );
 
     // An error status is a failure, and its body is no first token.
