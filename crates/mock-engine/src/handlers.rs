@@ -96,7 +96,9 @@ where
         Err(e) => return Err(ApiError::bad_body(format!("cannot read the body: {e}"))),
     };
     let config = &state.config;
-    let default_model = kind.is_none().then_some(config.model.as_str());
+    // A request without `model` is for the model it serves, as vLLM takes it (the native
+    // API names none at all).
+    let default_model = Some(config.model.as_str());
     if config.instant {
         let i = instant::skim(kind, &body, default_model)?;
         let head = Head {

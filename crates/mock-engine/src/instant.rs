@@ -20,6 +20,7 @@ use crate::api_error::ApiError;
 use crate::config::{DEFAULT_MAX_TOKENS, MAX_OUTPUT_TOKENS};
 use crate::driver::Progress;
 use crate::request::ApiKind;
+use crate::request::STREAM_OPTIONS_WITHOUT_STREAM;
 
 /// The fields of a request body an instant answer needs.
 #[derive(Debug, Deserialize)]
@@ -70,9 +71,16 @@ pub(crate) fn skim(
     };
     let model = match (s.model, default_model) {
         (Some(m), _) if !m.is_empty() => m,
-        (None, Some(d)) => d.to_owned(),
+        (_, Some(d)) => d.to_owned(),
         _ => return Err(ApiError::invalid("model", "`model` is required")),
     };
+    let stream = s.stream.unwrap_or(false);
+    if s.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            STREAM_OPTIONS_WITHOUT_STREAM,
+        ));
+    }
     let max_tokens = s
         .max_completion_tokens
         .or(s.max_tokens)
@@ -88,7 +96,7 @@ pub(crate) fn skim(
         model,
         prompt_tokens: u32::try_from(body.len() / 4).unwrap_or(u32::MAX).max(1),
         max_tokens,
-        stream: s.stream.unwrap_or(false),
+        stream,
         include_usage: s
             .stream_options
             .and_then(|o| o.include_usage)

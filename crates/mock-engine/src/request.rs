@@ -30,6 +30,10 @@ pub(crate) struct Inference {
 
 /// Parses a body for `kind`; with `kind == None` (native `/invocations`) the shape is chosen by
 /// the body (`messages`: chat, `prompt`: completion) and a missing `model` means `default_model`.
+/// vLLM's refusal of `stream_options` on a request that does not stream (400).
+pub(crate) const STREAM_OPTIONS_WITHOUT_STREAM: &str =
+    "Stream options can only be defined when `stream=True`.";
+
 pub(crate) fn parse(
     kind: Option<ApiKind>,
     body: &[u8],
@@ -52,9 +56,11 @@ pub(crate) fn parse(
             ))
         }
     };
+    // As vLLM: without `model` (or with an empty one), the model it serves.
     let model = match (obj.get("model"), default_model) {
         (Some(Value::String(m)), _) if !m.is_empty() => m.clone(),
         (None | Some(Value::Null), Some(d)) => d.to_owned(),
+        (Some(Value::String(_)), Some(d)) => d.to_owned(),
         (None | Some(Value::Null), None) => {
             return Err(ApiError::invalid("model", "`model` is required"))
         }
@@ -108,6 +114,12 @@ pub(crate) fn parse(
         (None, None) => DEFAULT_MAX_TOKENS,
     };
     let stream = bool_field(&obj, "stream", "stream")?.unwrap_or(false);
+    if !stream && !matches!(obj.get("stream_options"), None | Some(Value::Null)) {
+        return Err(ApiError::invalid(
+            "stream_options",
+            STREAM_OPTIONS_WITHOUT_STREAM,
+        ));
+    }
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
         Some(Value::Object(o)) => {
@@ -322,12 +334,28 @@ mod tests {
             let body = format!(r#"{{"model":"m",{ok_msgs},"{field}":{v}}}"#);
             assert_eq!(param(chat(&body)).as_deref(), Some(field), "{body}");
         }
-        let body =
-            format!(r#"{{"model":"m",{ok_msgs},"stream_options":{{"include_usage":"yes"}}}}"#);
+        let body = format!(
+            r#"{{"model":"m",{ok_msgs},"stream":true,"stream_options":{{"include_usage":"yes"}}}}"#
+        );
         assert_eq!(
             param(chat(&body)).as_deref(),
             Some("stream_options.include_usage")
         );
+        // vLLM refuses stream options on a request that does not stream.
+        let body =
+            format!(r#"{{"model":"m",{ok_msgs},"stream_options":{{"include_usage":true}}}}"#);
+        assert_eq!(param(chat(&body)).as_deref(), Some("stream_options"));
+        // Without `model`, or with an empty one, the model it serves (as vLLM).
+        let served = |b: &str| parse(Some(ApiKind::Chat), b.as_bytes(), Some("served"), 16, None);
+        for body in [
+            format!("{{{ok_msgs}}}"),
+            format!(r#"{{"model":"",{ok_msgs}}}"#),
+        ] {
+            assert_eq!(
+                served(&body).map(|r| r.model).ok().as_deref(),
+                Some("served")
+            );
+        }
         assert!(chat("{not json").is_err());
         assert!(chat("[1]").is_err());
     }

@@ -141,7 +141,8 @@ async fn bad_input_is_a_400_naming_the_field() {
         let e = start_default(0.05).await;
         let addr = e.local_addr();
         let cases = [
-            ("/v1/chat/completions", r#"{"messages":[{"role":"user","content":"x"}]}"#.to_owned(), Some("model")),
+            ("/v1/chat/completions", r#"{"model":7,"messages":[{"role":"user","content":"x"}]}"#.to_owned(), Some("model")),
+            ("/v1/chat/completions", r#"{"model":"mock-llama","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}"#.to_owned(), Some("stream_options")),
             ("/v1/chat/completions", r#"{"model":"mock-llama"}"#.to_owned(), Some("messages")),
             ("/v1/chat/completions", r#"{"model":"mock-llama","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#.to_owned(), Some("max_tokens")),
             ("/v1/chat/completions", r#"{"model":"mock-llama","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#.to_owned(), Some("stream")),
@@ -156,6 +157,11 @@ async fn bad_input_is_a_400_naming_the_field() {
             assert!(err.get("code").is_some() && err.get("param").is_some(), "{v}");
             assert_eq!(err["param"].as_str(), param, "{body}: {v}");
         }
+        // Without `model`, the model it serves (vLLM takes it so).
+        let (s, v) = post_json(addr, "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":1}"#.to_owned()).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["model"], DEFAULT_MODEL);
     })
     .await
     .expect("timed out");

@@ -115,12 +115,22 @@ pub async fn run(state: Arc<AppState>) {
     }
 }
 
-/// `body` with `max_tokens: 1` and no streaming: the prefill is what warms the cache.
+/// `body` with `max_tokens: 1` and no streaming: the prefill is what warms the cache. What
+/// would contradict one token goes: vLLM refuses `min_tokens` above `max_tokens` (400), and
+/// `ignore_eos` or several choices (`n`, `best_of`) only cost decode steps.
 fn one_token(body: &[u8]) -> Option<Bytes> {
     let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
     let o = v.as_object_mut()?;
     o.insert("max_tokens".into(), 1.into());
-    o.remove("max_completion_tokens");
+    for extra in [
+        "max_completion_tokens",
+        "min_tokens",
+        "ignore_eos",
+        "n",
+        "best_of",
+    ] {
+        o.remove(extra);
+    }
     o.insert("stream".into(), false.into());
     o.remove("stream_options");
     serde_json::to_vec(&v).ok().map(Bytes::from)
@@ -285,13 +295,15 @@ async fn warm(state: &Arc<AppState>, id: &InstanceId) {
 mod tests {
     #[test]
     fn a_replay_asks_for_one_token_without_streaming() {
-        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":500}"#;
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":500,"min_tokens":32,"n":2}"#;
         let out = super::one_token(body).unwrap_or_default();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
         assert_eq!(v["max_tokens"], 1);
         assert_eq!(v["stream"], false);
         assert!(v.get("stream_options").is_none());
         assert!(v.get("max_completion_tokens").is_none());
+        // vLLM answers 400 to min_tokens above max_tokens.
+        assert!(v.get("min_tokens").is_none() && v.get("n").is_none());
         assert_eq!(v["messages"][0]["content"], "hi");
         assert!(super::one_token(b"not json").is_none());
     }
