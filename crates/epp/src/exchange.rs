@@ -421,7 +421,11 @@ impl Exchange {
                     old.guard.count_error();
                     // The proxy could not get an answer from it: as serve counts a connection
                     // it could not make.
-                    self.state.metrics.upstream_error(old.id(), "fallback_used");
+                    self.state.metrics.upstream_error(
+                        &old.guard.stats().series,
+                        old.id(),
+                        "fallback_used",
+                    );
                     health::passive_failure(&self.state, &old.instance, old.guard.stats());
                 }
             }
@@ -435,7 +439,11 @@ impl Exchange {
         let routed = &mut a.routed;
         routed.guard.set_outcome(Outcome::of_status(status));
         if status.is_server_error() {
-            self.state.metrics.upstream_error(routed.id(), "status_5xx");
+            self.state.metrics.upstream_error(
+                &routed.guard.stats().series,
+                routed.id(),
+                "status_5xx",
+            );
             routed.guard.count_error();
             health::passive_failure(&self.state, &routed.instance, routed.guard.stats());
         } else {

@@ -36,7 +36,8 @@ where
     for c in configs {
         c.validate()?;
     }
-    let parts = deal(requests, n, configs[0].mode);
+    let stop_s = configs[0].duration.map(|d| d.as_secs_f64());
+    let parts = deal(requests, n, configs[0].mode, stop_s);
     let progress = Arc::new(Mutex::new((vec![Progress::default(); n], on_progress)));
     let mut tasks = Vec::with_capacity(n);
     for (k, (config, (part, delay))) in configs.iter().zip(parts).enumerate() {
@@ -48,8 +49,12 @@ where
                     concurrency: share.max(1),
                 };
             }
-            // Rescaled as a whole already.
-            LoadMode::OpenLoop { .. } => config.mode = LoadMode::OpenLoop { rate: None },
+            // Rescaled as a whole already, and cut at the duration: a share that started
+            // late would count the duration from its own start.
+            LoadMode::OpenLoop { .. } => {
+                config.mode = LoadMode::OpenLoop { rate: None };
+                config.duration = None;
+            }
         }
         if let Some(m) = config.max_requests {
             // The limit is the whole run's: each target takes its share of it.
@@ -107,14 +112,32 @@ where
 /// timed from its own first request instead pulled it earlier by that gap, reordering
 /// requests that share a prefix across the replicas; and each part rescaled to the rate by
 /// itself sent `n` times the rate in all.
-fn deal(requests: Vec<Request>, n: usize, mode: LoadMode) -> Vec<(Vec<Request>, f64)> {
+/// Open loop, the requests due at or after `stop_s` (the run's duration) are left out, as the
+/// whole run would not send them.
+fn deal(
+    requests: Vec<Request>,
+    n: usize,
+    mode: LoadMode,
+    stop_s: Option<f64>,
+) -> Vec<(Vec<Request>, f64)> {
     let mut requests = requests;
     let open = matches!(mode, LoadMode::OpenLoop { .. });
     if let LoadMode::OpenLoop { rate: Some(rate) } = mode {
         crate::schedule::rescale_arrivals(&mut requests, rate);
     }
-    // Every request's due time in the whole schedule (monotone, as the driver sends them).
+    // Every request's due time in the whole schedule (monotone, as the driver sends them),
+    // written back so that each share's own schedule is the whole one's (a trace's bad or
+    // out-of-order arrival would otherwise be read against the share's neighbours).
     let due = crate::schedule::send_offsets(&requests, None);
+    if open {
+        for (r, &d) in requests.iter_mut().zip(&due) {
+            r.arrival_s = d;
+        }
+        if let Some(stop) = stop_s {
+            let keep = due.iter().take_while(|&&d| d < stop).count();
+            requests.truncate(keep);
+        }
+    }
     let mut parts: Vec<(Vec<Request>, f64)> = vec![(Vec::new(), 0.0); n];
     for (i, r) in requests.into_iter().enumerate() {
         let part = &mut parts[i % n];
@@ -242,13 +265,31 @@ mod tests {
             at(&[0.0, 10.0, 11.0, 20.0]),
             2,
             LoadMode::OpenLoop { rate: None },
+            None,
         );
         assert_eq!(due_by_part(&parts, 2, 4), [0.0, 10.0, 11.0, 20.0]);
+        // An arrival out of order is due with the one before it, in whichever share.
+        let parts = deal(
+            at(&[0.0, 10.0, f64::NAN, 20.0]),
+            2,
+            LoadMode::OpenLoop { rate: None },
+            None,
+        );
+        assert_eq!(due_by_part(&parts, 2, 4), [0.0, 10.0, 10.0, 20.0]);
+        // A duration of 15 s: what is due after it is not sent, by any share.
+        let parts = deal(
+            at(&[0.0, 10.0, 11.0, 20.0]),
+            2,
+            LoadMode::OpenLoop { rate: None },
+            Some(15.0),
+        );
+        assert_eq!(parts[0].0.len() + parts[1].0.len(), 3);
         // Rescaled as a whole: 4 requests at 1 per second span 3 s, in the same shape.
         let parts = deal(
             at(&[0.0, 10.0, 11.0, 20.0]),
             2,
             LoadMode::OpenLoop { rate: Some(1.0) },
+            None,
         );
         let due = due_by_part(&parts, 2, 4);
         for (got, want) in due.iter().zip([0.0, 1.5, 1.65, 3.0]) {
@@ -259,6 +300,7 @@ mod tests {
             at(&[0.0, 10.0, 11.0]),
             2,
             LoadMode::ClosedLoop { concurrency: 2 },
+            None,
         );
         assert!(parts.iter().all(|(_, d)| *d == 0.0));
         assert_eq!(parts[0].0.len() + parts[1].0.len(), 3);

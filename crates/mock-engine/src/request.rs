@@ -28,12 +28,13 @@ pub(crate) struct Inference {
     pub include_usage: bool,
 }
 
-/// Parses a body for `kind`; with `kind == None` (native `/invocations`) the shape is chosen by
-/// the body (`messages`: chat, `prompt`: completion) and a missing `model` means `default_model`.
 /// vLLM's refusal of `stream_options` on a request that does not stream (400).
 pub(crate) const STREAM_OPTIONS_WITHOUT_STREAM: &str =
     "Stream options can only be defined when `stream=True`.";
 
+/// Parses a body for `kind`; with `kind == None` (native `/invocations`) the shape is chosen by
+/// the body (`messages`: chat, `prompt`: completion). A missing or empty `model` means
+/// `default_model` (the served model, as vLLM takes it).
 pub(crate) fn parse(
     kind: Option<ApiKind>,
     body: &[u8],

@@ -234,7 +234,15 @@ async fn activate(State(admin): State<Admin>, body: Bytes) -> Response {
     } else {
         InstanceState::Healthy
     };
-    if !membership::transition(&admin.state, inst, &[InstanceState::Draining], to) {
+    // Back to unchecked is not an ejection: the strategy keeps what it learned of the
+    // instance (membership::transition would announce one, and cache-aware forget its cache);
+    // the probe that admits it announces it healthy.
+    let moved = if to == InstanceState::Unknown {
+        inst.transition(&[InstanceState::Draining], to)
+    } else {
+        membership::transition(&admin.state, inst, &[InstanceState::Draining], to)
+    };
+    if !moved {
         return error(ApiError {
             status: http::StatusCode::CONFLICT,
             kind: "invalid_request_error",

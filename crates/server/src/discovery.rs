@@ -115,7 +115,7 @@ impl DnsSource {
                 .collect(),
             (Some(c), DnsRecord::Srv) => srv_addrs(c, &t.name).await?,
         };
-        let mut urls: Vec<String> = addrs.into_iter().filter_map(url_of).collect();
+        let mut urls: Vec<String> = one_family(addrs).into_iter().filter_map(url_of).collect();
         urls.sort();
         urls.dedup();
         Ok(urls
@@ -127,6 +127,17 @@ impl DnsSource {
                 models: t.models.clone(),
             })
             .collect())
+    }
+}
+
+/// The IPv4 addresses when there are any, else all: a dual-stack headless Service answers an A
+/// and an AAAA record for every pod (and SRV glue both), and each pod became two instances,
+/// with twice its share and its cache affinity split between them.
+fn one_family(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
+    if addrs.iter().any(SocketAddr::is_ipv4) {
+        addrs.into_iter().filter(SocketAddr::is_ipv4).collect()
+    } else {
+        addrs
     }
 }
 
@@ -250,5 +261,25 @@ pub async fn run_models(state: Arc<AppState>, interval: std::time::Duration) {
     loop {
         tick.tick().await;
         refresh_models(&state).await;
+    }
+}
+
+#[cfg(test)]
+mod family_tests {
+    use super::*;
+
+    #[test]
+    fn a_dual_stack_answer_is_taken_once_as_ipv4() {
+        let a = |s: &str| {
+            s.parse::<SocketAddr>()
+                .unwrap_or_else(|e| panic!("{s}: {e}"))
+        };
+        let both = vec![a("10.0.0.1:8000"), a("[fd00::1]:8000"), a("10.0.0.2:8000")];
+        assert_eq!(
+            one_family(both),
+            vec![a("10.0.0.1:8000"), a("10.0.0.2:8000")]
+        );
+        let v6 = vec![a("[fd00::1]:8000"), a("[fd00::2]:8000")];
+        assert_eq!(one_family(v6.clone()), v6);
     }
 }

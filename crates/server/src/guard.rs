@@ -154,7 +154,9 @@ impl Drop for InFlightGuard {
         // that has reported `cached_tokens` before, usage without it is 0 cached. Read as
         // unknown, a full miss (the strongest evidence of an eviction) taught the strategy
         // nothing, and left the hit rates of the dashboard without the misses.
-        if let Some(u) = self.usage.as_mut() {
+        // Chat and completions only: embeddings and other answers never carry the details.
+        let generates = matches!(self.api, Api::Chat | Api::Completions);
+        if let Some(u) = self.usage.as_mut().filter(|_| generates) {
             match u.cached_tokens {
                 Some(_) => self.stats.reports_cached.store(true, Ordering::Relaxed),
                 None if self.stats.reports_cached.load(Ordering::Relaxed) => {

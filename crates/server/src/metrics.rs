@@ -193,7 +193,10 @@ impl Metrics {
     /// instance id: kept for good, each left some thirty series behind, and a router's page (and
     /// the monitoring's cardinality) grew with the fleet's history. Requests still in flight to
     /// it when it left may count into new series of its id; they are few.
-    pub fn forget_instance(&self, id: &Arc<str>) {
+    pub fn forget_instance(&self, series: &InstanceSeries, id: &Arc<str>) {
+        series
+            .forgotten
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.ttft.remove(&InstanceLabels {
             instance: IdLabel(Arc::clone(id)),
         });
@@ -215,6 +218,12 @@ impl Metrics {
     }
 }
 
+impl InstanceSeries {
+    fn is_forgotten(&self) -> bool {
+        self.forgotten.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// One instance's busiest series, each looked up in its family once. A family lookup hashes
 /// the label set (the instance id's text included) under a lock; these are used by every
 /// request. Families drop these series only when the instance leaves the fleet
@@ -222,6 +231,10 @@ impl Metrics {
 /// a kept handle stays the exported one.
 #[derive(Debug, Default)]
 pub struct InstanceSeries {
+    /// The instance left the fleet and its series were dropped ([`Metrics::forget_instance`]):
+    /// what its requests still in flight count then is not exported (it would make the series
+    /// again, for good).
+    forgotten: std::sync::atomic::AtomicBool,
     ttft: OnceLock<Histogram>,
     /// `requests{outcome="ok"}` per API.
     ok: [OnceLock<Counter>; Api::ALL.len()],
@@ -230,6 +243,9 @@ pub struct InstanceSeries {
 impl Metrics {
     /// Observes a time to first byte in the instance's `ttft_seconds` series.
     pub fn observe_ttft(&self, series: &InstanceSeries, id: &Arc<str>, seconds: f64) {
+        if series.is_forgotten() {
+            return;
+        }
         series
             .ttft
             .get_or_init(|| {
@@ -251,6 +267,9 @@ impl Metrics {
         api: Api,
         outcome: Outcome,
     ) {
+        if series.is_forgotten() {
+            return;
+        }
         let labels = || RequestLabels {
             instance: IdLabel(Arc::clone(id)),
             api: api.label(),
@@ -458,8 +477,11 @@ impl Metrics {
         }
     }
 
-    /// Counts an upstream error.
-    pub fn upstream_error(&self, instance: &str, kind: &'static str) {
+    /// Counts an upstream error of the instance whose series are `series`.
+    pub fn upstream_error(&self, series: &InstanceSeries, instance: &str, kind: &'static str) {
+        if series.is_forgotten() {
+            return;
+        }
         debug_assert!(
             error_kinds().any(|k| k == kind),
             "an upstream error kind forget_instance does not know: {kind}"
@@ -520,11 +542,15 @@ mod tests {
             m.count_request(s, id, Api::Chat, Outcome::Ok);
             m.count_request(s, id, Api::Completions, Outcome::StreamBroken);
             m.observe_ttft(s, id, 0.2);
-            m.upstream_error(id, Outcome::StreamBroken.label());
-            m.upstream_error(id, "status_5xx");
-            m.upstream_error(id, "connect");
+            m.upstream_error(s, id, Outcome::StreamBroken.label());
+            m.upstream_error(s, id, "status_5xx");
+            m.upstream_error(s, id, "connect");
         }
-        m.forget_instance(&ida);
+        m.forget_instance(&a, &ida);
+        // What its requests still in flight count after it left makes no series again.
+        m.count_request(&a, &ida, Api::Chat, Outcome::Cancelled);
+        m.upstream_error(&a, &ida, "closed");
+        m.observe_ttft(&a, &ida, 0.3);
         let p = page(&m);
         assert!(!p.contains("10.0.0.1"), "{p}");
         for name in [

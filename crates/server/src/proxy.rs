@@ -75,7 +75,11 @@ async fn attempt(
     let failure = match sent {
         Ok(Ok(resp)) => {
             if resp.status().is_server_error() {
-                state.metrics.upstream_error(routed.id(), "status_5xx");
+                state.metrics.upstream_error(
+                    &routed.guard.stats().series,
+                    routed.id(),
+                    "status_5xx",
+                );
                 routed.guard.count_error();
                 health::passive_failure(state, &routed.instance, routed.guard.stats());
             } else {
@@ -86,7 +90,9 @@ async fn attempt(
         Ok(Err(e)) => Failure::of(&e),
         Err(_) => Failure::Timeout,
     };
-    state.metrics.upstream_error(routed.id(), failure.label());
+    state
+        .metrics
+        .upstream_error(&routed.guard.stats().series, routed.id(), failure.label());
     routed.guard.count_error();
     routed.guard.fail(failure.outcome());
     if failure.ejects() {

@@ -48,7 +48,9 @@ pub async fn edit_members<R>(state: &AppState, edit: impl FnOnce(&mut Membership
     for inst in before.instances() {
         if after.get(inst.id().as_str()).is_none() {
             membership::announce(state, inst.id(), MembershipChange::Removed);
-            state.metrics.forget_instance(&inst.id().0);
+            state
+                .metrics
+                .forget_instance(&state.stats.get(inst).series, &inst.id().0);
         }
     }
     state

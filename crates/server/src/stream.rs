@@ -97,7 +97,9 @@ impl RelayBody {
         self.done = true;
         let id = self.guard.instance().id().to_string();
         self.guard.fail(outcome);
-        self.guard.metrics().upstream_error(&id, outcome.label());
+        self.guard
+            .metrics()
+            .upstream_error(&self.guard.stats().series, &id, outcome.label());
         self.guard.count_error();
         if !self.sse {
             return Poll::Ready(Some(Err(err)));

@@ -286,7 +286,9 @@ impl State {
         self.holder_of.push(id_hash);
         self.live.push(true);
         self.queued.push(false);
-        self.loads.push(InstanceLoad::new(config.prior));
+        // From now: tickets sent before (to an instance that had this id before its removal,
+        // whose slot went to another) belong to no load of this one.
+        self.loads.push(InstanceLoad::since(config.prior, now));
         self.pending.push(VecDeque::new());
         self.slots.ensure(s, config.cache_blocks);
         self.matched.push(0);
@@ -409,7 +411,6 @@ impl Strategy for CacheAware {
         if req.now < st.loads[slot].since {
             return Note::default();
         }
-        st.live[slot] = true;
         let predicted_blocks = (decision.predicted_cached_units / cfg.chain.block_units) as usize;
         let start = st.slots.counter[slot];
         // Blocks past the prediction that the index has sent there but takes for evicted (if

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use rand::SeedableRng;
 
 use crate::{
-    dispatch, Chain, ChainSpec, End, Fleet, InstanceId, InstanceSpec, MembershipChange, Reason,
-    RouteRequest, RouteRng, Strategy, StrategyConfig, StrategyKind, Ticket, Usage,
+    dispatch, Chain, ChainSpec, End, Fleet, Instance, InstanceId, InstanceSpec, MembershipChange,
+    Reason, RouteRequest, RouteRng, Strategy, StrategyConfig, StrategyKind, Ticket, Usage,
 };
 
 const SPEC: ChainSpec = ChainSpec {
@@ -805,4 +805,48 @@ fn a_request_decided_before_its_instance_was_removed_joins_no_queue() {
     assert_eq!(st.loads[0].waiting, 0);
     assert_eq!(st.loads[0].queued_units, 0);
     assert!(st.pending[0].is_empty());
+}
+
+/// An instance removed with a request in flight, whose slot went to a new instance, and that
+/// then comes back (a readiness flap) with a slot of its own: the old request's end belongs to
+/// no load of its new slot, whose queue still holds the request sent since.
+#[test]
+fn a_request_from_before_a_removal_does_not_leave_the_queue_of_a_later_slot() {
+    let ca = Arc::new(cache_aware(&[]));
+    let strategy: Arc<dyn Strategy> = ca.clone();
+    let url = |n: u32| format!("http://10.0.0.{n}:8000");
+    let fleet_of = |n: u32| Fleet::new(vec![InstanceSpec::from_url(url(n))]);
+    let send = |fleet: &Fleet, doc: u64, now: f64| {
+        let chain = prompt("", doc, 0);
+        let req = RouteRequest {
+            key: None,
+            chain: &chain.blocks,
+            prompt_units: chain.units,
+            model: None,
+            now,
+            tokens: None,
+        };
+        let mut rng = RouteRng::seed_from_u64(3);
+        dispatch(&strategy, &req, &fleet.snapshot(), &mut rng)
+            .expect("routes")
+            .ticket
+    };
+    let (a, b) = (fleet_of(1), fleet_of(2));
+    let old = send(&a, 1, 1.0);
+    let id_a = InstanceId(InstanceSpec::from_url(url(1)).id.into());
+    strategy.membership(&id_a, MembershipChange::Removed, 2.0);
+    drop(send(&b, 2, 3.0)); // b takes a's slot
+    strategy.membership(&id_a, MembershipChange::Added, 4.0);
+    let fresh = send(&a, 3, 4.0); // a again, on a slot of its own
+    drop(old); // the request from before the removal ends
+    let slot = {
+        let st = ca.lock();
+        usize::from(st.slot_of[&Instance::hash_of(&url(1))])
+    };
+    assert_eq!(
+        ca.lock().loads[slot].waiting,
+        1,
+        "the request sent since is still queued"
+    );
+    drop(fresh);
 }
