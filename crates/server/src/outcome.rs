@@ -217,19 +217,7 @@ mod tests {
 
     #[test]
     fn only_a_complete_ordinary_answer_finishes_a_ticket() {
-        let all = [
-            Outcome::Ok,
-            Outcome::Upstream4xx,
-            Outcome::Upstream5xx,
-            Outcome::Retried,
-            Outcome::Timeout,
-            Outcome::ConnectError,
-            Outcome::UpstreamClosed,
-            Outcome::UpstreamError,
-            Outcome::StreamBroken,
-            Outcome::IdleTimeout,
-            Outcome::Cancelled,
-        ];
+        let all = Outcome::ALL;
         let labels: std::collections::HashSet<_> = all.iter().map(|o| o.label()).collect();
         assert_eq!(labels.len(), all.len(), "labels are distinct");
         for o in all {

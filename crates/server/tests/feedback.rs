@@ -65,36 +65,31 @@ async fn answers_failures_and_cancellations_are_reported() {
     let addr = r.local_addr();
     let recorder = install(&r);
 
+    // The usage the strategy is told for an answer reporting `usage` (x-test-usage).
+    let usage_told = |usage: &'static str| {
+        let recorder = Arc::clone(&recorder);
+        async move {
+            let a = post(
+                addr,
+                "/v1/completions",
+                &[("x-test-usage", usage)],
+                r#"{"prompt":"p"}"#,
+            )
+            .await;
+            assert_eq!(a.status, StatusCode::OK);
+            let told = told(&recorder, 2).await;
+            assert_eq!(told[0], "FirstToken");
+            told[1].clone()
+        }
+    };
     // An engine that has never reported cached tokens: their absence says nothing.
-    let a = post(
-        addr,
-        "/v1/completions",
-        &[("x-test-usage", "12")],
-        r#"{"prompt":"p"}"#,
-    )
-    .await;
-    assert_eq!(a.status, StatusCode::OK);
     assert_eq!(
-        told(&recorder, 2).await,
-        [
-            "FirstToken",
-            "Finished { usage: Some(Usage { prompt_tokens: 12, cached_tokens: None }) }"
-        ]
+        usage_told("12").await,
+        "Finished { usage: Some(Usage { prompt_tokens: 12, cached_tokens: None }) }"
     );
-    let a = post(
-        addr,
-        "/v1/completions",
-        &[("x-test-usage", "12,8")],
-        r#"{"prompt":"p"}"#,
-    )
-    .await;
-    assert_eq!(a.status, StatusCode::OK);
     assert_eq!(
-        told(&recorder, 2).await,
-        [
-            "FirstToken",
-            "Finished { usage: Some(Usage { prompt_tokens: 12, cached_tokens: Some(8) }) }"
-        ]
+        usage_told("12,8").await,
+        "Finished { usage: Some(Usage { prompt_tokens: 12, cached_tokens: Some(8) }) }"
     );
     let a = post(addr, "/v1/completions", &[], r#"{"prompt":"no usage"}"#).await;
     assert_eq!(a.status, StatusCode::OK);
@@ -104,20 +99,9 @@ async fn answers_failures_and_cancellations_are_reported() {
     );
     // Usage without cached tokens, from an engine that reported them before: vLLM leaves
     // `prompt_tokens_details` out when nothing was cached, so this is a full miss.
-    let a = post(
-        addr,
-        "/v1/completions",
-        &[("x-test-usage", "12")],
-        r#"{"prompt":"miss"}"#,
-    )
-    .await;
-    assert_eq!(a.status, StatusCode::OK);
     assert_eq!(
-        told(&recorder, 2).await,
-        [
-            "FirstToken",
-            "Finished { usage: Some(Usage { prompt_tokens: 12, cached_tokens: Some(0) }) }"
-        ]
+        usage_told("12").await,
+        "Finished { usage: Some(Usage { prompt_tokens: 12, cached_tokens: Some(0) }) }"
     );
 
     // An error status is a failure, and its body is no first token.

@@ -676,8 +676,13 @@ fn cache_aware(params: &[(&str, &str)]) -> super::CacheAware {
     super::CacheAware::new(super::CacheAwareConfig::from_strategy(&c).expect("valid"))
 }
 
-/// Sends `chain` on `fleet` at `now` through `strategy`, completing it at once.
-fn send_on(strategy: &Arc<dyn Strategy>, fleet: &Fleet, chain: &Chain, now: f64) -> Reason {
+/// Dispatches `chain` on `fleet` at `now` through `strategy`.
+fn dispatch_on(
+    strategy: &Arc<dyn Strategy>,
+    fleet: &Fleet,
+    chain: &Chain,
+    now: f64,
+) -> crate::Dispatched {
     let req = RouteRequest {
         key: None,
         chain: &chain.blocks,
@@ -687,7 +692,12 @@ fn send_on(strategy: &Arc<dyn Strategy>, fleet: &Fleet, chain: &Chain, now: f64)
         tokens: None,
     };
     let mut rng = RouteRng::seed_from_u64(3);
-    let d = dispatch(strategy, &req, &fleet.snapshot(), &mut rng).expect("routes");
+    dispatch(strategy, &req, &fleet.snapshot(), &mut rng).expect("routes")
+}
+
+/// Sends `chain` on `fleet` at `now` through `strategy`, completing it at once.
+fn send_on(strategy: &Arc<dyn Strategy>, fleet: &Fleet, chain: &Chain, now: f64) -> Reason {
+    let d = dispatch_on(strategy, fleet, chain, now);
     let mut t = d.ticket;
     t.first_token(now + 0.01);
     t.finish(End::Finished { usage: None }, now + 0.02);
@@ -817,19 +827,7 @@ fn a_request_from_before_a_removal_does_not_leave_the_queue_of_a_later_slot() {
     let url = |n: u32| format!("http://10.0.0.{n}:8000");
     let fleet_of = |n: u32| Fleet::new(vec![InstanceSpec::from_url(url(n))]);
     let send = |fleet: &Fleet, doc: u64, now: f64| {
-        let chain = prompt("", doc, 0);
-        let req = RouteRequest {
-            key: None,
-            chain: &chain.blocks,
-            prompt_units: chain.units,
-            model: None,
-            now,
-            tokens: None,
-        };
-        let mut rng = RouteRng::seed_from_u64(3);
-        dispatch(&strategy, &req, &fleet.snapshot(), &mut rng)
-            .expect("routes")
-            .ticket
+        dispatch_on(&strategy, fleet, &prompt("", doc, 0), now).ticket
     };
     let (a, b) = (fleet_of(1), fleet_of(2));
     let old = send(&a, 1, 1.0);
