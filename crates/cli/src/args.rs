@@ -334,12 +334,17 @@ fn parse_delay_ms(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A finite number above 0 (a duration, a timeout).
-pub(crate) fn parse_positive(s: &str) -> Result<f64, String> {
+/// A finite number above 0, or `why` and what was given.
+fn positive(s: &str, why: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("must be a positive number, got '{s}'")),
+        _ => Err(format!("{why}, got '{s}'")),
     }
+}
+
+/// A finite number above 0 (a duration, a timeout).
+pub(crate) fn parse_positive(s: &str) -> Result<f64, String> {
+    positive(s, "must be a positive number")
 }
 
 pub(crate) fn parse_share(s: &str) -> Result<f64, String> {
@@ -350,23 +355,16 @@ pub(crate) fn parse_share(s: &str) -> Result<f64, String> {
 }
 
 pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
-        _ => Err(format!(
-            "rate must be a positive number of requests per second, got '{s}'"
-        )),
-    }
+    positive(s, "rate must be a positive number of requests per second")
 }
 
 /// A `--load` level: a fraction of the fleet's measured capacity (above 1 allowed: a
 /// cache-aware router can go past what least-outstanding completes).
 fn parse_load(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(l) if l.is_finite() && l > 0.0 => Ok(l),
-        _ => Err(format!(
-            "a load is a positive fraction of the fleet's capacity (e.g. 0.8), got '{s}'"
-        )),
-    }
+    positive(
+        s,
+        "a load is a positive fraction of the fleet's capacity (e.g. 0.8)",
+    )
 }
 
 fn parse_balance_factor(s: &str) -> Result<f64, String> {

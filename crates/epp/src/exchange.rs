@@ -68,16 +68,10 @@ pub struct Exchange {
     options: PickerOptions,
     received: Instant,
     stage: Stage,
-    /// Whether the filter sends the response body, when Envoy said (`protocol_config`).
-    response_body_sent: Option<bool>,
-    /// The request body comes FULL_DUPLEX_STREAMED: the picker holds the headers' answer until
-    /// the body is in, then answers headers and body (which it sends back) in order.
-    duplex: bool,
-    /// The request body's mode, when Envoy said (`BodySendMode`).
+    /// The request's and the response's body modes (`BodySendMode`), when Envoy said
+    /// (`protocol_config`, with the first message).
     request_mode: Option<i32>,
-    /// The response body comes FULL_DUPLEX_STREAMED: Envoy keeps no copy, so each chunk is
-    /// handed back in a streamed body answer (a plain one is a protocol error in this mode).
-    response_duplex: bool,
+    response_mode: Option<i32>,
 }
 
 impl std::fmt::Debug for Exchange {
@@ -88,7 +82,9 @@ impl std::fmt::Debug for Exchange {
     }
 }
 
-/// Envoy's `BodySendMode`: STREAMED (the headers go upstream before the body is seen).
+/// Envoy's `BodySendMode`: NONE (the body is not sent to the picker).
+const NONE: i32 = 0;
+/// STREAMED (the headers go upstream before the body is seen).
 const STREAMED: i32 = 1;
 /// BUFFERED: the whole body in one message, also when trailers end it (its `end_of_stream` is
 /// then false).
@@ -133,11 +129,15 @@ impl Exchange {
             options,
             received: Instant::now(),
             stage: Stage::Over,
-            response_body_sent: None,
-            duplex: false,
             request_mode: None,
-            response_duplex: false,
+            response_mode: None,
         }
+    }
+
+    /// The request body comes FULL_DUPLEX_STREAMED: the picker holds the headers' answer until
+    /// the body is in, then answers headers and body (which it sends back) in order.
+    fn duplex(&self) -> bool {
+        self.request_mode == Some(FULL_DUPLEX_STREAMED)
     }
 
     /// Whether nothing more is expected (Envoy may close the stream).
@@ -148,11 +148,8 @@ impl Exchange {
     /// The answers to one message from Envoy, in order (none for a message answered later).
     pub fn on(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
         if let Some(pc) = &msg.protocol_config {
-            // BodySendMode: 0 NONE (the picker sees no response body), 4 FULL_DUPLEX_STREAMED.
-            self.response_body_sent = Some(pc.response_body_mode != 0);
-            self.duplex = pc.request_body_mode == FULL_DUPLEX_STREAMED;
             self.request_mode = Some(pc.request_body_mode);
-            self.response_duplex = pc.response_body_mode == FULL_DUPLEX_STREAMED;
+            self.response_mode = Some(pc.response_body_mode);
         }
         let meta = msg.metadata_context;
         let attributes = msg.attributes;
@@ -163,7 +160,7 @@ impl Exchange {
             Message::RequestHeaders(h) => self.request_headers(h, meta.as_ref()),
             Message::RequestBody(b) => self.request_body(b),
             Message::RequestTrailers(_)
-                if self.duplex && matches!(self.stage, Stage::Head { .. }) =>
+                if self.duplex() && matches!(self.stage, Stage::Head { .. }) =>
             {
                 // The body ended with trailers: the whole request is in.
                 self.decide_duplex(true)
@@ -243,7 +240,7 @@ impl Exchange {
             self.stage = Stage::Over;
             return vec![error_answer(&ApiError::internal(NEEDS_WHOLE_BODY))];
         }
-        if self.duplex {
+        if self.duplex() {
             // Answered with the body, once it is all in.
             return Vec::new();
         }
@@ -270,7 +267,7 @@ impl Exchange {
             self.stage = Stage::Over;
             return vec![error_answer(&ApiError::too_large(limit))];
         }
-        if self.duplex {
+        if self.duplex() {
             if !b.end_of_stream {
                 // More chunks (or trailers) follow: collected, answered at the end.
                 return Vec::new();
@@ -418,14 +415,9 @@ impl Exchange {
                             .moved_to(&self.state, &a.routed.instance, Arc::clone(inst));
                     let mut old = std::mem::replace(&mut a.routed, moved);
                     old.guard.fail(Outcome::Retried);
-                    old.guard.count_error();
                     // The proxy could not get an answer from it: as serve counts a connection
                     // it could not make.
-                    self.state.metrics.upstream_error(
-                        &old.guard.stats().series,
-                        old.id(),
-                        "fallback_used",
-                    );
+                    old.guard.upstream_error("fallback_used");
                     health::passive_failure(&self.state, &old.instance, old.guard.stats());
                 }
             }
@@ -439,12 +431,7 @@ impl Exchange {
         let routed = &mut a.routed;
         routed.guard.set_outcome(Outcome::of_status(status));
         if status.is_server_error() {
-            self.state.metrics.upstream_error(
-                &routed.guard.stats().series,
-                routed.id(),
-                "status_5xx",
-            );
-            routed.guard.count_error();
+            routed.guard.upstream_error("status_5xx");
             health::passive_failure(&self.state, &routed.instance, routed.guard.stats());
         } else {
             health::passive_success(routed.guard.stats());
@@ -477,7 +464,7 @@ impl Exchange {
                 self.finish();
             }
         }
-        if self.response_duplex {
+        if self.response_mode == Some(FULL_DUPLEX_STREAMED) {
             // Envoy holds none of it in this mode: every chunk goes back as it came.
             return wire::streamed_body(Phase::ResponseBody, &b.body, b.end_of_stream);
         }
@@ -488,7 +475,7 @@ impl Exchange {
     /// the request is finished; before it, the guard's drop counts it cancelled.
     pub fn closed(&mut self) {
         // Where the body is sent to the picker, a stream closed before its end is a client gone.
-        if self.response_body_sent == Some(true) {
+        if self.response_mode.is_some_and(|m| m != NONE) {
             return;
         }
         if let Stage::Routed(a) = &mut self.stage {

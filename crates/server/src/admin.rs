@@ -226,21 +226,20 @@ async fn activate(State(admin): State<Admin>, body: Bytes) -> Response {
     let Some((_, inst)) = snapshot.get(&id) else {
         return unknown(&id);
     };
-    // With active checks it must pass a probe first, as a joining instance does: it may have
-    // been drained because it failed (ejected, or never up), and the health checker leaves a
-    // draining instance alone, so nothing has checked it since.
-    let to = if admin.state.settings.health.active {
-        InstanceState::Unknown
+    // With active checks it must pass a probe first, as a joining instance does (it may have
+    // been drained because it failed, and the checker leaves a draining instance alone). Back
+    // to unchecked is not an ejection: the strategy keeps what it learned (membership::
+    // transition would announce one, and cache-aware forget the cache); the probe that admits
+    // it announces it healthy.
+    let moved = if admin.state.settings.health.active {
+        inst.transition(&[InstanceState::Draining], InstanceState::Unknown)
     } else {
-        InstanceState::Healthy
-    };
-    // Back to unchecked is not an ejection: the strategy keeps what it learned of the
-    // instance (membership::transition would announce one, and cache-aware forget its cache);
-    // the probe that admits it announces it healthy.
-    let moved = if to == InstanceState::Unknown {
-        inst.transition(&[InstanceState::Draining], to)
-    } else {
-        membership::transition(&admin.state, inst, &[InstanceState::Draining], to)
+        membership::transition(
+            &admin.state,
+            inst,
+            &[InstanceState::Draining],
+            InstanceState::Healthy,
+        )
     };
     if !moved {
         return error(ApiError {

@@ -86,8 +86,13 @@ impl InFlightGuard {
     }
 
     /// Counts an upstream error against the instance (admin API's `errors`).
-    pub fn count_error(&self) {
+    /// Counts an upstream error of `kind` (the `kind` label of `upstream_errors_total`) in
+    /// the instance's stats and metrics.
+    pub fn upstream_error(&self, kind: &'static str) {
         InstanceStats::bump(&self.stats.errors);
+        self.state
+            .metrics
+            .upstream_error(&self.stats.series, self.instance.id().as_str(), kind);
     }
 
     /// The instance's counters and health record.

@@ -213,7 +213,8 @@ pub fn candidates(
             .cloned()
             .collect(),
     );
-    if open.eligible(model).next().is_none() && view.eligible(model).next().is_some() {
+    // (The view serves the model: checked above.)
+    if open.eligible(model).next().is_none() {
         state
             .metrics
             .shed

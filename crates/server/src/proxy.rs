@@ -75,12 +75,7 @@ async fn attempt(
     let failure = match sent {
         Ok(Ok(resp)) => {
             if resp.status().is_server_error() {
-                state.metrics.upstream_error(
-                    &routed.guard.stats().series,
-                    routed.id(),
-                    "status_5xx",
-                );
-                routed.guard.count_error();
+                routed.guard.upstream_error("status_5xx");
                 health::passive_failure(state, &routed.instance, routed.guard.stats());
             } else {
                 health::passive_success(routed.guard.stats());
@@ -90,10 +85,7 @@ async fn attempt(
         Ok(Err(e)) => Failure::of(&e),
         Err(_) => Failure::Timeout,
     };
-    state
-        .metrics
-        .upstream_error(&routed.guard.stats().series, routed.id(), failure.label());
-    routed.guard.count_error();
+    routed.guard.upstream_error(failure.label());
     routed.guard.fail(failure.outcome());
     if failure.ejects() {
         health::passive_failure(state, &routed.instance, routed.guard.stats());

@@ -95,16 +95,13 @@ impl RelayBody {
         err: BoxError,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.done = true;
-        let id = self.guard.instance().id().to_string();
         self.guard.fail(outcome);
-        self.guard
-            .metrics()
-            .upstream_error(&self.guard.stats().series, &id, outcome.label());
-        self.guard.count_error();
+        self.guard.upstream_error(outcome.label());
         if !self.sse {
             return Poll::Ready(Some(Err(err)));
         }
         self.guard.metrics().stream_error_events.inc();
+        let id = self.guard.instance().id();
         let api = if outcome == Outcome::IdleTimeout {
             ApiError::gateway_timeout(format!("instance {id}: {err}; the answer is incomplete"))
         } else {

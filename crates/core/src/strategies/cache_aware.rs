@@ -84,15 +84,10 @@ struct State {
     index: BlockIndex,
     slots: Slots,
     slot_of: crate::prehashed::PreHashedMap<u16>,
-    /// Per slot, the instance (id hash) it is mapped to, and whether that one is still a
-    /// member (not removed).
+    /// Per slot, the instance (id hash) it is mapped to.
     holder_of: Vec<u64>,
-    live: Vec<bool>,
-    /// Per slot, whether it is in `removed` (once at most: an instance that flaps between
-    /// removed and back must not grow the queue).
-    queued: Vec<bool>,
-    /// Slots of removed instances, oldest removal first, for the next new instance to reuse
-    /// (entries whose instance came back since are skipped): with discovery, every
+    /// Slots of removed instances, oldest removal first, each once, for the next new instance
+    /// to reuse (one that comes back first takes its slot out again): with discovery, every
     /// rescheduled pod is a new id, and slots kept for good would grow every per-slot vector
     /// and each decision's pass over them with the fleet's history, not its size.
     removed: VecDeque<u16>,
@@ -210,8 +205,6 @@ impl CacheAware {
             slots: Slots::default(),
             slot_of: Default::default(),
             holder_of: Vec::new(),
-            live: Vec::new(),
-            queued: Vec::new(),
             removed: VecDeque::new(),
             loads: Vec::new(),
             pool: Pool::new(config.prior),
@@ -257,16 +250,11 @@ impl State {
         if let Some(&s) = self.slot_of.get(&id_hash) {
             return Some(usize::from(s));
         }
-        while let Some(s) = self.removed.pop_front() {
+        if let Some(s) = self.removed.pop_front() {
             let slot = usize::from(s);
-            self.queued[slot] = false;
-            if self.live[slot] {
-                continue;
-            }
             self.slot_of.remove(&self.holder_of[slot]);
             self.slot_of.insert(id_hash, s);
             self.holder_of[slot] = id_hash;
-            self.live[slot] = true;
             // Its stamps were forgotten when it was removed; the estimate of the cache size
             // was the old engine's.
             self.slots.forget(slot);
@@ -274,7 +262,6 @@ impl State {
             // Tickets sent before now belong to instances that used the slot before.
             self.loads[slot] = InstanceLoad::since(config.prior, now);
             self.pending[slot].clear();
-            self.matched[slot] = 0;
             self.recent[slot] = 0.0;
             return Some(slot);
         }
@@ -284,8 +271,6 @@ impl State {
         }
         self.slot_of.insert(id_hash, s as u16);
         self.holder_of.push(id_hash);
-        self.live.push(true);
-        self.queued.push(false);
         // From now: tickets sent before (to an instance that had this id before its removal,
         // whose slot went to another) belong to no load of this one.
         self.loads.push(InstanceLoad::since(config.prior, now));
@@ -317,10 +302,11 @@ impl Strategy for CacheAware {
         _rng: &mut RouteRng,
     ) -> Result<Decision, RouteError> {
         let cfg = &self.config;
+        // The model's mix is a hash: taken before the lock, which other requests wait on.
+        let keys = Keys::new(req.chain, req.model);
         let mut st = self.lock();
         let st = &mut *st;
         st.matched.iter_mut().for_each(|m| *m = 0);
-        let keys = Keys::new(req.chain, req.model);
         st.index.longest_matches(keys, &st.slots, &mut st.matched);
         let idle = InstanceLoad::new(cfg.prior);
         let instances = st.loads.len();
@@ -400,6 +386,7 @@ impl Strategy for CacheAware {
 
     fn dispatched(&self, req: &RouteRequest<'_>, decision: &Decision, instance: &Instance) -> Note {
         let cfg = &self.config;
+        let keys = Keys::new(req.chain, req.model);
         let mut st = self.lock();
         let st = &mut *st;
         let Some(slot) = st.slot(instance.id_hash(), cfg, req.now) else {
@@ -416,12 +403,7 @@ impl Strategy for CacheAware {
         // Blocks past the prediction that the index has sent there but takes for evicted (if
         // the engine reports them cached, the cache is at least as large as their distance), and
         // the deepest predicted block's stamp, both as they were before this request.
-        let before = st.index.touch(
-            Keys::new(req.chain, req.model),
-            slot,
-            &mut st.slots,
-            predicted_blocks,
-        );
+        let before = st.index.touch(keys, slot, &mut st.slots, predicted_blocks);
         // How many blocks the instance cached since the deepest predicted block was last used:
         // feedback compares it with the estimated cache size. Unknown (`u32::MAX`) when that
         // block was sent after a request that has no first token yet started: it may still be
@@ -550,15 +532,15 @@ impl Strategy for CacheAware {
                 if change == MembershipChange::Removed {
                     st.loads[slot] = InstanceLoad::since(self.config.prior, now);
                     st.pending[slot].clear();
-                    st.live[slot] = false;
-                    if !st.queued[slot] {
-                        st.queued[slot] = true;
+                    if !st.removed.contains(&(slot as u16)) {
                         st.removed.push_back(slot as u16);
                     }
                 }
             }
             // Back before its slot went to another: it keeps it.
-            MembershipChange::Added | MembershipChange::Healthy => st.live[slot] = true,
+            MembershipChange::Added | MembershipChange::Healthy => {
+                st.removed.retain(|&s| usize::from(s) != slot);
+            }
             MembershipChange::Draining => {}
         }
     }
