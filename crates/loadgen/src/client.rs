@@ -33,6 +33,11 @@ const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle pooled connections are closed after this long.
 const POOL_IDLE: Duration = Duration::from_secs(30);
 
+/// How long the rest of a stream is read after `data: [DONE]`: the chunked terminator follows at
+/// once from a server that behaves, and reading it leaves the connection reusable; a server that
+/// keeps the stream open after it, or cuts it, has still answered completely.
+const AFTER_DONE: Duration = Duration::from_millis(100);
+
 /// A pooled HTTP/1.1 client bound to one chat-completions endpoint. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct ChatClient {
@@ -149,6 +154,9 @@ impl ChatClient {
                 rec.finished_s = done_s.unwrap_or(finished);
                 None
             }
+            // `[DONE]` came (read_stream set the end) and only the wait for the stream's own end
+            // ran out: the answer is complete.
+            Err(_) if rec.finished_s > 0.0 => None,
             Ok(Err(f)) => {
                 rec.finished_s = finished;
                 Some(f)
@@ -231,6 +239,14 @@ async fn read_stream(
         };
         parser.push(&data, &mut events).map_err(malformed)?;
         handle_events(&mut events, rec, &mut done_s, secs(clock))?;
+        if let Some(t) = done_s {
+            // Anything after [DONE] is not part of the answer, and neither is how the stream
+            // ends: a stream held open or cut after it has answered completely.
+            rec.finished_s = t;
+            let rest = async { while let Some(Ok(_)) = body.frame().await {} };
+            let _ = tokio::time::timeout(AFTER_DONE, rest).await;
+            return Ok(Some(t));
+        }
     }
     parser.finish(&mut events).map_err(malformed)?;
     handle_events(&mut events, rec, &mut done_s, secs(clock))?;

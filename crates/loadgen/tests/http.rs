@@ -5,7 +5,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{refused_url, reserved_url, start, start_on, Behaviour};
+use common::{refused_url, reserved_url, start, start_on, After, Behaviour};
 use prefix_router_loadgen::schedule::send_offsets;
 use prefix_router_loadgen::{run, BenchConfig, BenchOutcome, FailureKind, LoadMode};
 use prefix_router_workload::{
@@ -285,6 +285,26 @@ async fn errors_are_counted_by_kind() {
     assert_eq!(kinds(&out), vec![(FailureKind::StreamError, 1)]);
     let detail = out.records[0].failure.as_ref().map(|f| f.detail.clone());
     assert_eq!(detail.as_deref(), Some("engine died"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_is_complete_at_done_however_its_stream_ends() {
+    for after in [After::Cut, After::Hang(3000 * MS)] {
+        let t = start(Behaviour {
+            after,
+            ..Behaviour::default()
+        })
+        .await;
+        let mut config = closed(&t.url, 1);
+        config.timeout = 1000 * MS;
+        let started = Instant::now();
+        let out = bench(&config, requests(2, 0.0)).await;
+        assert_eq!(kinds(&out), vec![], "{after:?}");
+        assert_eq!(out.completed(), 2, "{after:?}");
+        // Ended at [DONE], not when the stream did.
+        assert!(out.e2e_ms().max < 500.0, "{after:?}: {:?}", out.e2e_ms());
+        assert!(started.elapsed() < 1500 * MS, "{after:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

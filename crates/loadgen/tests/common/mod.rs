@@ -40,6 +40,19 @@ pub struct Behaviour {
     pub raw_chunk: Option<&'static str>,
     /// Models listed at `GET /v1/models` (empty: that route answers 404). Not recorded.
     pub models: Vec<&'static str>,
+    /// What the stream does after its last event.
+    pub after: After,
+}
+
+/// How a stand-in's stream ends after its last event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// Properly (the chunked terminator).
+    End,
+    /// It stays open for this long, then ends.
+    Hang(Duration),
+    /// The connection is cut: no terminator.
+    Cut,
 }
 
 impl Default for Behaviour {
@@ -54,6 +67,7 @@ impl Default for Behaviour {
             done: true,
             raw_chunk: None,
             models: Vec::new(),
+            after: After::End,
         }
     }
 }
@@ -156,17 +170,26 @@ pub fn reserved_url() -> (String, tokio::net::TcpSocket) {
     (format!("http://{addr}"), socket)
 }
 
-/// A response body fed from a channel.
+/// A response body fed from a channel; an empty chunk cuts the connection (the body fails, so
+/// the server ends it without its terminator).
 pub struct ChanBody(mpsc::Receiver<Bytes>);
 
 impl Body for ChanBody {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = std::io::Error;
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.0.poll_recv(cx).map(|o| {
+            o.map(|b| {
+                if b.is_empty() {
+                    Err(std::io::Error::other("cut"))
+                } else {
+                    Ok(Frame::data(b))
+                }
+            })
+        })
     }
 }
 
@@ -255,7 +278,18 @@ async fn answer(
         if b.done {
             tail.push_str("data: [DONE]\n\n");
         }
-        let _ = tx.send(Bytes::from(tail)).await;
+        if !tail.is_empty() {
+            let _ = tx.send(Bytes::from(tail)).await;
+        }
+        match b.after {
+            After::End => {}
+            After::Hang(d) => tokio::time::sleep(d).await,
+            After::Cut => {
+                // Once the tail is out: hyper drops what it has not written when a body fails.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let _ = tx.send(Bytes::new()).await;
+            }
+        }
     });
     Ok(resp)
 }
