@@ -17,6 +17,10 @@ pub enum StreamError {
     /// A line was longer than [`MAX_LINE_BYTES`].
     #[error("SSE line longer than {MAX_LINE_BYTES} bytes")]
     LineTooLong,
+    /// One event's `data` lines together were longer than [`MAX_LINE_BYTES`] (many lines and no
+    /// blank line to end the event).
+    #[error("SSE event's data longer than {MAX_LINE_BYTES} bytes")]
+    EventTooLong,
     /// A line was not UTF-8.
     #[error("SSE line is not UTF-8")]
     NotUtf8,
@@ -90,6 +94,9 @@ impl SseParser {
             None => (line, ""),
         };
         if field == "data" {
+            if self.data.len() + value.len() + 1 > MAX_LINE_BYTES {
+                return Err(StreamError::EventTooLong);
+            }
             if self.has_data {
                 self.data.push('\n');
             }
@@ -256,6 +263,23 @@ mod tests {
     fn unterminated_last_event_is_dispatched() {
         assert_eq!(split(&[b"data:[DONE]"]), Ok(vec!["[DONE]".into()]));
         assert_eq!(split(&[b"retry: 5\n\n"]), Ok(vec![]));
+    }
+
+    #[test]
+    fn an_event_that_never_ends_is_bounded_like_a_line() {
+        let mut p = SseParser::new();
+        let mut events = Vec::new();
+        let line = format!("data: {}\n", "x".repeat(1 << 20));
+        let mut result = Ok(());
+        for _ in 0..17 {
+            result = p.push(line.as_bytes(), &mut events);
+            if result.is_err() {
+                break;
+            }
+        }
+        assert_eq!(result, Err(StreamError::EventTooLong));
+        assert!(p.data.len() <= MAX_LINE_BYTES);
+        assert!(events.is_empty());
     }
 
     #[test]
