@@ -342,9 +342,24 @@ fn positive(s: &str, why: &str) -> Result<f64, String> {
     }
 }
 
-/// A finite number above 0 (a duration, a timeout).
+/// A finite number above 0 (a rate).
 pub(crate) fn parse_positive(s: &str) -> Result<f64, String> {
     positive(s, "must be a positive number")
+}
+
+/// Longest duration or timeout a flag takes, in seconds: a year, far past any run, and well
+/// inside what a `Duration` and the runtime's timers hold (`1e20` panicked there).
+const MAX_SECONDS: f64 = 365.0 * 86_400.0;
+
+/// A number of seconds above 0 and at most [`MAX_SECONDS`] (a duration, a timeout).
+pub(crate) fn parse_seconds(s: &str) -> Result<f64, String> {
+    let v = positive(s, "must be a positive number of seconds")?;
+    if v > MAX_SECONDS {
+        return Err(format!(
+            "must be at most {MAX_SECONDS} seconds (a year), got '{s}'"
+        ));
+    }
+    Ok(v)
 }
 
 pub(crate) fn parse_share(s: &str) -> Result<f64, String> {
@@ -429,6 +444,26 @@ mod tests {
             text.contains("prefix_length must be within 1024..=65536, got 5"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn durations_past_a_year_are_refused_by_name_not_a_panic() {
+        for args in [
+            &["bench", "--timeout", "1e20"][..],
+            &["bench", "--duration", "1e300"],
+            &["demo", "--duration", "1e300"],
+        ] {
+            let e =
+                Cli::try_parse_from(std::iter::once("prefix-router").chain(args.iter().copied()))
+                    .map(|_| ())
+                    .unwrap_err()
+                    .to_string();
+            assert!(
+                e.contains(args[1]) && e.contains("at most"),
+                "{args:?}: {e}"
+            );
+        }
+        assert_eq!(parse_seconds("31536000"), Ok(31_536_000.0));
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub struct BenchArgs {
     pub concurrency: Option<u32>,
 
     /// Stop sending new requests after S seconds (in-flight ones still finish or time out).
-    #[arg(long, value_name = "S", conflicts_with = "requests", value_parser = crate::args::parse_positive)]
+    #[arg(long, value_name = "S", conflicts_with = "requests", value_parser = crate::args::parse_seconds)]
     pub duration: Option<f64>,
 
     /// Number of requests (generators: how many to make; traces: the first N).
@@ -74,7 +74,7 @@ pub struct BenchArgs {
 
     /// Per-request limit in seconds, from the send to the last byte; also bounds the wait for
     /// requests in flight when --duration ends.
-    #[arg(long, value_name = "S", default_value_t = 300.0, value_parser = crate::args::parse_positive)]
+    #[arg(long, value_name = "S", default_value_t = 300.0, value_parser = crate::args::parse_seconds)]
     pub timeout: f64,
 
     /// Write the report as JSON to FILE (the `simulate` schema plus errors and send figures).

@@ -79,7 +79,7 @@ pub struct DemoArgs {
 
     /// Stop sending new requests after S engine seconds per strategy (S × time scale of wall
     /// time); requests in flight still finish.
-    #[arg(long, value_name = "S", value_parser = crate::args::parse_positive)]
+    #[arg(long, value_name = "S", value_parser = crate::args::parse_seconds)]
     pub duration: Option<f64>,
 
     /// Seed of the workload generator (the router's own random choices are not seeded).
