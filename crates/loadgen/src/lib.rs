@@ -14,7 +14,7 @@
 //!
 //! Per request it measures time to first content chunk, end-to-end latency, tokens, the
 //! router's `x-prefix-router-instance` / `x-prefix-router-decision` headers and the kind of any
-//! failure; [`BenchOutcome`] keeps the records plus HDR histograms for percentiles.
+//! failure; [`BenchOutcome`] keeps the records and their latencies sorted, for exact nearest-rank percentiles.
 //!
 //! Entry points: [`run`] and [`run_with_progress`].
 #![forbid(unsafe_code)]

@@ -1,15 +1,15 @@
-//! The result of a run: every request's record plus HDR histograms and derived figures.
+//! The result of a run: every request's record, its latencies sorted, and derived figures.
+//!
+//! Percentiles are the exact nearest rank of the samples ([`nearest_rank`], the definition
+//! `simulate` uses), so a P99 is a latency some request had and the demo's figures sit beside
+//! the simulator's on the same terms. Every record is kept anyway: sorting their latencies costs
+//! less than the run's own bookkeeping.
 
 use std::collections::BTreeMap;
 
-use hdrhistogram::Histogram;
+use prefix_router_workload::percentile::nearest_rank;
 
 use crate::{FailureKind, LoadMode, RequestRecord};
-
-/// Largest latency the histograms hold, microseconds (one hour); longer ones are clamped.
-const HIST_MAX_US: u64 = 3_600_000_000;
-/// Significant decimal digits the histograms keep (0.1% relative error).
-const HIST_DIGITS: u8 = 3;
 
 /// Decision labels that mean the key's preferred instance was skipped because of load: the
 /// server's and the simulator's (`cache-aware`'s `hot_replica` and `load` among them).
@@ -49,32 +49,28 @@ pub struct BenchOutcome {
     pub wall_s: f64,
     /// The model given to requests that named none: the first the target listed.
     pub model_from_target: Option<String>,
-    ttft_us: Histogram<u64>,
-    e2e_us: Histogram<u64>,
-    send_lag_us: Histogram<u64>,
+    /// Milliseconds, ascending.
+    ttft_ms: Vec<f64>,
+    e2e_ms: Vec<f64>,
+    send_lag_ms: Vec<f64>,
 }
 
-fn histogram() -> Histogram<u64> {
-    // Constant, valid bounds: construction cannot fail.
-    Histogram::new_with_bounds(1, HIST_MAX_US, HIST_DIGITS).expect("valid histogram bounds")
+/// `seconds` in milliseconds, sorted ascending.
+fn sorted_ms(seconds: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut v: Vec<f64> = seconds.map(|s| s * 1e3).collect();
+    v.sort_by(f64::total_cmp);
+    v
 }
 
-fn micros(s: f64) -> u64 {
-    (s * 1e6).round().clamp(1.0, HIST_MAX_US as f64) as u64
-}
-
-fn stats(h: &Histogram<u64>) -> LatencyStats {
-    if h.is_empty() {
-        return LatencyStats::default();
-    }
-    let ms = |us: u64| us as f64 / 1000.0;
+fn stats(sorted: &[f64]) -> LatencyStats {
+    let at = |p: f64| nearest_rank(sorted, p).unwrap_or(0.0);
     LatencyStats {
-        count: h.len(),
-        p50: ms(h.value_at_quantile(0.50)),
-        p90: ms(h.value_at_quantile(0.90)),
-        p99: ms(h.value_at_quantile(0.99)),
-        mean: h.mean() / 1000.0,
-        max: ms(h.max()),
+        count: sorted.len() as u64,
+        p50: at(50.0),
+        p90: at(90.0),
+        p99: at(99.0),
+        mean: sorted.iter().sum::<f64>() / sorted.len().max(1) as f64,
+        max: sorted.last().copied().unwrap_or(0.0),
     }
 }
 
@@ -100,19 +96,13 @@ impl BenchOutcome {
         wall_s: f64,
     ) -> Self {
         records.sort_by_key(|r| r.index);
-        let (mut ttft_us, mut e2e_us, mut send_lag_us) = (histogram(), histogram(), histogram());
-        for r in &records {
-            if matches!(mode, LoadMode::OpenLoop { .. }) {
-                send_lag_us.saturating_record(micros(r.send_lag_s()));
-            }
-            if !r.is_ok() {
-                continue;
-            }
-            e2e_us.saturating_record(micros(r.e2e_s()));
-            if let Some(t) = r.ttft_s() {
-                ttft_us.saturating_record(micros(t));
-            }
-        }
+        let ok = || records.iter().filter(|r| r.is_ok());
+        let ttft_ms = sorted_ms(ok().filter_map(RequestRecord::ttft_s));
+        let e2e_ms = sorted_ms(ok().map(RequestRecord::e2e_s));
+        let send_lag_ms = match mode {
+            LoadMode::OpenLoop { .. } => sorted_ms(records.iter().map(RequestRecord::send_lag_s)),
+            LoadMode::ClosedLoop { .. } => Vec::new(),
+        };
         BenchOutcome {
             target,
             endpoint,
@@ -121,9 +111,9 @@ impl BenchOutcome {
             records,
             wall_s,
             model_from_target: None,
-            ttft_us,
-            e2e_us,
-            send_lag_us,
+            ttft_ms,
+            e2e_ms,
+            send_lag_ms,
         }
     }
 
@@ -152,26 +142,26 @@ impl BenchOutcome {
 
     /// Time to first content chunk of completed requests that had one.
     pub fn ttft_ms(&self) -> LatencyStats {
-        stats(&self.ttft_us)
+        stats(&self.ttft_ms)
     }
 
     /// Send-to-end latency of completed requests.
     pub fn e2e_ms(&self) -> LatencyStats {
-        stats(&self.e2e_us)
+        stats(&self.e2e_ms)
     }
 
     /// How late sends were against the open-loop schedule (no samples in closed loop).
     pub fn send_lag_ms(&self) -> LatencyStats {
-        stats(&self.send_lag_us)
+        stats(&self.send_lag_ms)
     }
 
     /// TTFT percentiles 0, 1, ..., 100 in milliseconds (empty when there are no samples).
     pub fn ttft_percentiles_ms(&self) -> Vec<f64> {
-        if self.ttft_us.is_empty() {
+        if self.ttft_ms.is_empty() {
             return Vec::new();
         }
         (0..=100)
-            .map(|p| self.ttft_us.value_at_quantile(f64::from(p) / 100.0) as f64 / 1000.0)
+            .filter_map(|p| nearest_rank(&self.ttft_ms, f64::from(p)))
             .collect()
     }
 
@@ -287,5 +277,54 @@ fn per_second(n: u64, span_s: f64) -> f64 {
         n as f64 / span_s
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(index: usize, ttft_ms: f64) -> RequestRecord {
+        RequestRecord {
+            index,
+            id: index as u64,
+            due_s: 0.0,
+            sent_s: 0.0,
+            first_content_s: Some(ttft_ms / 1e3),
+            finished_s: ttft_ms / 1e3 + 0.5,
+            status: Some(200),
+            usage: None,
+            content_chunks: 1,
+            instance: None,
+            decision: None,
+            failure: None,
+        }
+    }
+
+    #[test]
+    fn percentiles_are_latencies_requests_had_at_their_exact_rank() {
+        // 1..=100 ms in a shuffled order.
+        let records = (0..100)
+            .map(|i| record(i, f64::from((i as u32 * 37) % 100 + 1)))
+            .collect();
+        let out = BenchOutcome::from_records(
+            "t".into(),
+            "e".into(),
+            LoadMode::ClosedLoop { concurrency: 1 },
+            100,
+            records,
+            1.0,
+        );
+        let curve = out.ttft_percentiles_ms();
+        assert_eq!(curve.len(), 101);
+        // p × n / 100 exactly: rank 7 of 100, where a float quantile read rank 8.
+        for p in [7usize, 14, 28, 55, 56] {
+            assert!((curve[p] - p as f64).abs() < 1e-9, "p{p}: {}", curve[p]);
+        }
+        let s = out.ttft_ms();
+        assert_eq!((s.count, s.p50, s.p90, s.p99), (100, 50.0, 90.0, 99.0));
+        assert!((s.max - 100.0).abs() < 1e-9 && (s.mean - 50.5).abs() < 1e-9);
+        assert!((out.e2e_ms().p99 - 599.0).abs() < 1e-9);
+        assert_eq!(out.send_lag_ms().count, 0);
     }
 }

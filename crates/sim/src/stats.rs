@@ -37,15 +37,7 @@ pub fn percentile_sorted(sorted: &[f64], p: f64) -> f64 {
     nearest_rank(sorted, p).unwrap_or(0.0)
 }
 
-/// Nearest-rank percentile (`p` in 0..=100) of any ascending samples (`None` when empty).
-pub fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
-    let n = sorted.len();
-    // `p × n / 100` with the product first, and a hair below before rounding up: `p / 100 × n`
-    // read 7.000000000000001 for p = 7 of 100 samples (rank 8, not 7), and 99.9 of 1,000
-    // rounds the same way. Exact for every integer `p` and `n` up to millions.
-    let rank = ((p * n as f64) / 100.0 - 1e-9).ceil() as usize;
-    sorted.get(rank.clamp(1, n.max(1)) - 1).copied()
-}
+pub use prefix_router_workload::percentile::nearest_rank;
 
 /// The 101 percentiles 0, 1, ..., 100 of ascending samples (a compact CDF for plots and JSON).
 pub fn percentile_curve(sorted: &[f64]) -> Vec<f64> {

@@ -7,6 +7,7 @@
 pub mod affinity;
 pub mod generators;
 pub mod ids;
+pub mod percentile;
 pub mod request;
 pub mod scale;
 pub mod sharegpt;
