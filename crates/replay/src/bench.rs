@@ -296,6 +296,17 @@ pub fn render_extras(report: &BenchReport, outcome: &BenchOutcome) -> String {
         if !errors.is_empty() {
             out.push_str(&format!("errors: {}\n", errors.join(", ")));
         }
+        if r.failed > 0 && r.result.requests > 0 {
+            out.push_str(&format!(
+                "note: the latencies above are of the {} completed requests only; the {} failed ones are not in them{}\n",
+                r.result.requests,
+                r.failed,
+                match r.errors.get(FailureKind::Timeout.label()).copied().unwrap_or(0) {
+                    0 => String::new(),
+                    n => format!(" ({n} timed out, each after at least {:.1} s)", report.fleet.timeout_s),
+                }
+            ));
+        }
         if r.result.requests > 0 && r.cached_tokens_reported == 0 {
             out.push_str(
                 "note: the target reported no usage.prompt_tokens_details.cached_tokens; the hit rate reads 0\n",
@@ -428,6 +439,48 @@ mod tests {
         // Without a fleet, only the instances that answered.
         let seen = strategy_result(&outcome(), "router", &[]);
         assert_eq!(seen.instance_ids, vec!["a", "b"]);
+    }
+
+    #[test]
+    fn a_strategy_that_completed_nothing_has_no_latency_and_no_gain() {
+        let mut report = report();
+        report.results[0].result.strategy = "random".into();
+        let failed: Vec<RequestRecord> = (0..3)
+            .map(|i| {
+                let mut r = record(i, "a", "preferred", 0);
+                r.failure = Some(Failure {
+                    kind: FailureKind::Timeout,
+                    detail: "no complete answer".into(),
+                });
+                r
+            })
+            .collect();
+        let none = BenchOutcome::from_records(
+            "t".into(),
+            "e".into(),
+            LoadMode::OpenLoop { rate: None },
+            3,
+            failed,
+            1.0,
+        );
+        report.results.push(bench_result(&none, "cache-aware"));
+        let text = render_table(&report).unwrap_or_default();
+        assert!(!text.contains("-100.0%"), "{text}");
+        assert!(
+            text.contains("cache-aware vs random: not compared, cache-aware completed no request"),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("cache-aware "))
+            .unwrap_or_default();
+        assert!(!row.contains("0.0 ") && row.contains(" - "), "{row}");
+        // And where some failed, the extras say the latencies leave them out.
+        let extras = render_extras(&report, &outcome());
+        assert!(
+            extras.contains("latencies above are of the 4 completed requests only; the 1 failed"),
+            "{extras}"
+        );
     }
 
     #[test]

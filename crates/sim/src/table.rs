@@ -169,13 +169,15 @@ fn row(r: &StrategyResult) -> Vec<String> {
     } else {
         format!("{}-{}", pct(min), pct(max))
     };
+    // A run that completed nothing (a real one, over HTTP) has no latencies: "-", not 0.0.
+    let measured = |v: String| if r.requests == 0 { "-".to_string() } else { v };
     vec![
         r.strategy.clone(),
         r.requests.to_string(),
-        format!("{:.1}", r.ttft_ms.p50),
-        format!("{:.1}", r.ttft_ms.p90),
-        format!("{:.1}", r.ttft_ms.p99),
-        format!("{:.2}", r.e2e_ms.p50 / 1000.0),
+        measured(format!("{:.1}", r.ttft_ms.p50)),
+        measured(format!("{:.1}", r.ttft_ms.p90)),
+        measured(format!("{:.1}", r.ttft_ms.p99)),
+        measured(format!("{:.2}", r.e2e_ms.p50 / 1000.0)),
         pct(r.kv_hit_rate),
         format!("{:.2}", r.throughput_rps),
         format!("{:.0}", r.output_tokens_per_s),
@@ -192,6 +194,12 @@ fn comparison(report: &Report) -> Option<String> {
         .iter()
         .filter_map(|name| {
             let r = find(name)?;
+            if r.requests == 0 || rnd.requests == 0 {
+                return Some(format!(
+                    "{name} vs random: not compared, {} completed no request",
+                    if r.requests == 0 { *name } else { "random" }
+                ));
+            }
             Some(format!(
                 "{name} vs random: TTFT P50 {}, TTFT P90 {}, hit rate {} -> {}, throughput {}",
                 change(rnd.ttft_ms.p50, r.ttft_ms.p50),

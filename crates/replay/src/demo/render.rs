@@ -154,6 +154,17 @@ pub fn render(demo: &DemoReport) -> String {
         }
     );
     for (d, s) in demo.report.results.iter().zip(&demo.simulated) {
+        if d.requests == 0 {
+            let _ = writeln!(
+                out,
+                "  {:<18} hit rate {}, TTFT P50 {:.1} ms, P90 {:.1} ms (demo: no completed request)",
+                s.strategy,
+                pct(s.kv_hit_rate),
+                s.ttft_ms.p50,
+                s.ttft_ms.p90,
+            );
+            continue;
+        }
         let _ = writeln!(
             out,
             "  {:<18} hit rate {} (demo {}, {:+.1} points), TTFT P50 {:.1} ms (demo {:.1} ms, {:+.1}%), P90 {:.1} ms (demo {:.1} ms)",
@@ -170,6 +181,8 @@ pub fn render(demo: &DemoReport) -> String {
     }
 
     let find = |name: &str| demo.report.results.iter().find(|r| r.strategy == name);
+    // Compared only where both completed requests: no latency is not a latency of 0.
+    let find = |name: &str| find(name).filter(|r| r.requests > 0);
     if let (Some(pa), Some(rnd)) = (find("prefix-aware"), find("random")) {
         out.push('\n');
         let fmt_change = |new: f64, old: f64| {
