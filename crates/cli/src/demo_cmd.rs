@@ -211,6 +211,19 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
     }
     drop(runtime);
 
+    // A --duration that stopped the runs early: simulate what each one sent.
+    let simulated = match demo.simulate_sent(&runs)? {
+        Some(cut) => {
+            let sent: Vec<String> = runs.iter().map(|r| r.sent.len().to_string()).collect();
+            eprintln!(
+                "demo: --duration stopped the runs after {} of {} requests; simulate is run on the requests each sent",
+                sent.join(", "),
+                config.workload.requests.len()
+            );
+            cut
+        }
+        None => simulated,
+    };
     let report = demo.report(&simulated, &runs);
     crate::out::print(&render(&report))?;
     plot::write_svg(&report.report, &args.plot)

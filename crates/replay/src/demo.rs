@@ -103,6 +103,9 @@ pub struct StrategyRun {
     pub summary: RunSummary,
     /// The first failed request's kind and detail, if any failed.
     pub first_failure: Option<String>,
+    /// The positions in the workload of the requests it sent (all of them unless `duration_s`
+    /// stopped it), ascending.
+    pub sent: Vec<usize>,
 }
 
 impl Demo {
@@ -165,6 +168,46 @@ impl Demo {
     /// meet.
     pub fn simulate(&self) -> Result<Report, ReplayError> {
         Ok(simulate(&self.config.workload, &self.sim, &mut |_| {})?)
+    }
+
+    /// `simulate` on what each run sent, when `duration_s` stopped a run before the end of the
+    /// workload (`None` otherwise: [`Demo::simulate`] stands). Each strategy is simulated on
+    /// exactly the requests it sent, so its figures sit beside its own run's; the workload line
+    /// describes the largest of those sets. Without this, a cut run of 96 requests was compared
+    /// with a simulation of all 300.
+    pub fn simulate_sent(&self, runs: &[StrategyRun]) -> Result<Option<Report>, ReplayError> {
+        let all = self.config.workload.requests.len();
+        if self.config.duration_s.is_none() || runs.iter().all(|r| r.sent.len() == all) {
+            return Ok(None);
+        }
+        let mut combined: Option<(usize, Report)> = None;
+        let mut results = Vec::with_capacity(runs.len());
+        for (i, run) in runs.iter().enumerate() {
+            let strategy = self
+                .config
+                .strategies
+                .get(i)
+                .ok_or(ReplayError::NoStrategy(i))?;
+            let mut workload = self.config.workload.clone();
+            workload.requests = run
+                .sent
+                .iter()
+                .filter_map(|&k| self.config.workload.requests.get(k).cloned())
+                .collect();
+            let sim = SimConfig {
+                strategies: vec![strategy.clone()],
+                ..self.sim.clone()
+            };
+            let report = simulate(&workload, &sim, &mut |_| {})?;
+            results.extend(report.results.iter().cloned());
+            if combined.as_ref().is_none_or(|(n, _)| run.sent.len() > *n) {
+                combined = Some((run.sent.len(), report));
+            }
+        }
+        Ok(combined.map(|(_, mut report)| {
+            report.results = results;
+            report
+        }))
     }
 
     /// Runs strategy number `i` of the config: fresh engines, the router(s), the replay, the
@@ -259,6 +302,7 @@ impl Demo {
             result,
             summary,
             first_failure,
+            sent: outcome.records.iter().map(|r| r.index).collect(),
         })
     }
 

@@ -100,6 +100,11 @@ async fn every_strategy_runs_on_its_own_fleet_and_is_reported_beside_simulate() 
         text.contains("simulate, same workload and settings"),
         "{text}"
     );
+    // Every run sent the whole workload: the simulation of all of it stands.
+    assert!(demo
+        .simulate_sent(&runs)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .is_none());
     // A strategy the config does not have is an error, not a panic.
     assert!(matches!(
         demo.run_strategy(2, |_| {}).await,
@@ -122,4 +127,35 @@ fn an_unknown_preset_is_named_before_anything_starts() {
         }
         other => panic!("expected the preset's error, got {other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cut_by_its_duration_is_compared_with_a_simulation_of_what_it_sent() {
+    let mut cfg = config(&["random", "cache-aware"]);
+    // 2.5 ms of wall time: the 4 clients' first requests go out, hardly any more.
+    cfg.duration_s = Some(0.05);
+    let demo = Demo::new(cfg).unwrap_or_else(|e| panic!("{e}"));
+    let mut runs = Vec::new();
+    for i in 0..2 {
+        runs.push(
+            demo.run_strategy(i, |_| {})
+                .await
+                .unwrap_or_else(|e| panic!("strategy {i}: {e}")),
+        );
+    }
+    for run in &runs {
+        assert!(run.sent.len() < 40, "the duration did not cut the run");
+        assert_eq!(run.sent.len() as u64, run.summary.sent);
+    }
+    let cut = demo
+        .simulate_sent(&runs)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("a cut run is simulated on what it sent"));
+    assert_eq!(cut.results.len(), 2);
+    for (run, sim) in runs.iter().zip(&cut.results) {
+        assert_eq!(sim.strategy, run.summary.strategy);
+        assert_eq!(sim.requests, run.sent.len() as u64, "{}", sim.strategy);
+    }
+    let most = runs.iter().map(|r| r.sent.len()).max().unwrap_or(0) as u64;
+    assert_eq!(cut.workload.requests, most);
 }
