@@ -99,6 +99,15 @@ async fn every_metric_the_dashboard_queries_exists() {
             }
         }
     }
+    // The overflow panel counts what the router, bench and simulate count as overflow.
+    let overflow = format!(
+        "reason=~\\\"{}\\\"",
+        prefix_router_core::Reason::OVERFLOW_LABELS.join("|")
+    );
+    assert!(
+        text.contains(&overflow),
+        "no query reads the overflow decisions as {overflow}"
+    );
     // What the issue asks to see: hit rate, TTFT quantiles, shares, overflow, retries,
     // ejections, decision latency.
     for must in [
