@@ -233,6 +233,13 @@ async fn envoy_routes_where_serve_would_streams_pass_and_fails_closed() {
     assert!(events >= 4, "{events} events: {body}");
     assert!(body.contains("[DONE]"), "{body}");
 
+    // A body past Envoy's default buffer (1 MiB), which BUFFERED mode holds whole: the
+    // checked-in listener raises its limit to the router's `limits.max_body_bytes` (32 MiB).
+    let mut big: serde_json::Value = serde_json::from_str(&chat(1)).expect("json");
+    big["messages"][0]["content"] = serde_json::Value::String("word ".repeat(600_000));
+    let (status, head, body) = post(envoy.listen, "/v1/chat/completions", &big.to_string()).await;
+    assert_eq!(status, 200, "a 3 MiB body: {head}\n{body}");
+
     // `bench`'s driver through Envoy: a closed loop of 4 clients, 60 long-context requests,
     // streamed, every one answered and placed by the picker.
     let mut spec = prefix_router_workload::WorkloadSpec::default_for(
