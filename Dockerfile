@@ -1,6 +1,9 @@
 # prefix-router's image: built in a Rust stage, run from a distroless base (glibc, CA
 # certificates, no shell) as a non-root user.
 #   docker build -t prefix-router .
+#   docker run -p 8080:8080 prefix-router serve --listen 0.0.0.0:8080 --instance http://ENGINE:8000
+# (the default listen address is 127.0.0.1, unreachable from outside the container; the default
+# command wants a config file mounted at /etc/prefix-router/router.toml, as the Deployment does)
 # deploy/kubernetes/ runs it (readOnlyRootFilesystem: it writes nothing but its optional
 # access log, which belongs on a mounted volume).
 FROM rust:1.95-bookworm AS build

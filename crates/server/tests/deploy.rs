@@ -3,8 +3,8 @@
 //! type does not have (each is decoded with k8s-openapi and encoded again, and must come back
 //! the same: a misspelt or misplaced field is dropped on the way and fails here), kustomize
 //! lists every file, the ConfigMap's router.toml is a valid configuration that discovers
-//! through Kubernetes, and what the Deployment promises holds: 2 replicas, readiness on
-//! `/ready`, liveness on `/health`, a drain that fits the grace period, RBAC that only reads
+//! through Kubernetes, and what the Deployment promises holds: 2 replicas, readiness and
+//! liveness on `/health`, a drain that fits the grace period, RBAC that only reads
 //! EndpointSlices, a non-root container. The Dockerfile is checked for its stages and user.
 
 use std::path::{Path, PathBuf};
@@ -131,7 +131,9 @@ fn the_manifests_are_what_kubernetes_reads_and_do_what_they_say() {
             .and_then(|p| p.http_get.as_ref())
             .and_then(|h| h.path.clone())
     };
-    assert_eq!(probe_path(&c.readiness_probe).as_deref(), Some("/ready"));
+    // Not /ready: that one follows the engines, and would take every replica out of the
+    // Service during an engine outage.
+    assert_eq!(probe_path(&c.readiness_probe).as_deref(), Some("/health"));
     assert_eq!(probe_path(&c.liveness_probe).as_deref(), Some("/health"));
     let pod_security = pod.security_context.as_ref().expect("pod security context");
     assert_eq!(pod_security.run_as_non_root, Some(true));
@@ -154,6 +156,10 @@ fn the_manifests_are_what_kubernetes_reads_and_do_what_they_say() {
         prefix_router_server::settings::settings_from_text(toml, Path::new("router.toml"))
             .unwrap_or_else(|e| panic!("the ConfigMap's router.toml: {e}"));
     assert!(settings.discovery.kubernetes.is_some());
+    // Behind a Service every client is a few proxies' addresses, and the pod has no CPU limit
+    // for the default (one I/O thread per node CPU) to follow.
+    assert_eq!(settings.limits.max_connections_per_client, None);
+    assert_eq!(settings.limits.io_threads, 2);
     let port = i32::from(settings.listen.port());
     assert!(c
         .ports
