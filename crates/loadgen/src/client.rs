@@ -143,6 +143,7 @@ impl ChatClient {
             status: None,
             usage: None,
             content_chunks: 0,
+            streamed: false,
             instance: None,
             decision: None,
             failure: None,
@@ -211,6 +212,7 @@ impl ChatClient {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.to_ascii_lowercase().contains("text/event-stream"));
         let body = resp.into_body();
+        rec.streamed = streamed;
         if streamed {
             read_stream(body, rec, clock).await
         } else {
@@ -313,6 +315,12 @@ async fn read_whole(
     }
     let text = std::str::from_utf8(&bytes)
         .map_err(|_| failure(FailureKind::MalformedStream, "body is not UTF-8".into()))?;
+    if text.trim_start().starts_with("data:") {
+        return Err(failure(
+            FailureKind::MalformedStream,
+            "the target sent an event stream without `content-type: text/event-stream`, the header bench reads streams by".into(),
+        ));
+    }
     match parse_chunk(text).map_err(malformed)? {
         Chunk::Done => Err(failure(
             FailureKind::MalformedStream,

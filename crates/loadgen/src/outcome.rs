@@ -190,6 +190,12 @@ impl BenchOutcome {
             .sum()
     }
 
+    /// Completed requests answered as a whole JSON body, not streamed: their TTFT is the whole
+    /// answer's time.
+    pub fn unstreamed(&self) -> u64 {
+        self.ok().filter(|r| !r.streamed).count() as u64
+    }
+
     /// Completed requests whose usage reported `cached_tokens`.
     pub fn cached_tokens_reported(&self) -> u64 {
         self.ok()
@@ -295,6 +301,7 @@ mod tests {
             status: Some(200),
             usage: None,
             content_chunks: 1,
+            streamed: true,
             instance: None,
             decision: None,
             failure: None,

@@ -33,6 +33,9 @@ pub struct RequestRecord {
     pub usage: Option<Usage>,
     /// Chunks that carried generated text.
     pub content_chunks: u64,
+    /// The answer came as an event stream, as asked. `false`: a whole JSON answer from a target
+    /// that ignored `stream: true`, whose first content is its end (a TTFT that is not one).
+    pub streamed: bool,
     /// `x-prefix-router-instance` response header.
     pub instance: Option<String>,
     /// `x-prefix-router-decision` response header.

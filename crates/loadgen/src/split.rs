@@ -224,6 +224,7 @@ mod tests {
             status: Some(200),
             usage: None,
             content_chunks: 1,
+            streamed: true,
             instance: Some(instance.into()),
             decision: None,
             failure: None,

@@ -308,6 +308,42 @@ async fn an_answer_is_complete_at_done_however_its_stream_ends() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_that_were_not_streamed_are_told_apart() {
+    // A target that ignores `stream: true`: complete, and counted as not streamed.
+    let t = start(Behaviour {
+        whole: true,
+        ..Behaviour::default()
+    })
+    .await;
+    let out = bench(&closed(&t.url, 1), requests(2, 0.0)).await;
+    assert_eq!(out.completed(), 2, "{:?}", out.failures());
+    assert_eq!(out.unstreamed(), 2);
+    // A stream without its content type: a failure that says so.
+    let t = start(Behaviour {
+        untyped: true,
+        ..Behaviour::default()
+    })
+    .await;
+    let out = bench(&closed(&t.url, 1), requests(1, 0.0)).await;
+    assert_eq!(kinds(&out), vec![(FailureKind::MalformedStream, 1)]);
+    let detail = out.records[0].failure.as_ref().map(|f| f.detail.clone());
+    assert!(
+        detail
+            .as_deref()
+            .is_some_and(|d| d.contains("without `content-type: text/event-stream`")),
+        "{detail:?}"
+    );
+    // A streamed one is not counted.
+    let t = start(Behaviour::default()).await;
+    assert_eq!(
+        bench(&closed(&t.url, 1), requests(1, 0.0))
+            .await
+            .unstreamed(),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_answers_time_out() {
     let t = start(Behaviour {
         first_after: 3000 * MS,

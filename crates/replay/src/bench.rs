@@ -313,6 +313,12 @@ pub fn render_extras(report: &BenchReport, outcome: &BenchOutcome) -> String {
             );
         }
     }
+    let unstreamed = outcome.unstreamed();
+    if unstreamed > 0 {
+        out.push_str(&format!(
+            "note: the target answered {unstreamed} of the completed requests whole, not streamed (it ignored \"stream\": true): their TTFT is the time to the whole answer\n"
+        ));
+    }
     for f in outcome
         .records
         .iter()
@@ -345,6 +351,7 @@ mod tests {
                 cached_tokens: Some(cached),
             }),
             content_chunks: 10,
+            streamed: true,
             instance: Some(instance.into()),
             decision: Some(decision.into()),
             failure: None,
@@ -494,5 +501,13 @@ mod tests {
         let extras = render_extras(&report(), &outcome());
         assert!(extras.contains("errors: http-5xx 1"), "{extras}");
         assert!(extras.contains("request 4: http-5xx: HTTP 500"), "{extras}");
+        assert!(!extras.contains("not streamed"), "{extras}");
+        let mut whole = outcome();
+        whole.records[1].streamed = false;
+        let extras = render_extras(&report(), &whole);
+        assert!(
+            extras.contains("answered 1 of the completed requests whole, not streamed"),
+            "{extras}"
+        );
     }
 }

@@ -42,6 +42,10 @@ pub struct Behaviour {
     pub models: Vec<&'static str>,
     /// What the stream does after its last event.
     pub after: After,
+    /// Ignore `stream: true`: answer one JSON object (`application/json`).
+    pub whole: bool,
+    /// Send the stream without its `content-type: text/event-stream`.
+    pub untyped: bool,
 }
 
 /// How a stand-in's stream ends after its last event.
@@ -68,6 +72,8 @@ impl Default for Behaviour {
             raw_chunk: None,
             models: Vec::new(),
             after: After::End,
+            whole: false,
+            untyped: false,
         }
     }
 }
@@ -232,9 +238,25 @@ async fn answer(
     let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     seen.max_in_flight.fetch_max(now, Ordering::SeqCst);
     let (tx, rx) = mpsc::channel(64);
-    let mut resp = Response::builder()
-        .status(b.status)
-        .header("content-type", "text/event-stream");
+    if b.whole && b.status == 200 {
+        seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+        tokio::time::sleep_until((arrived + b.last_after).into()).await;
+        let _ = tx
+            .send(Bytes::from_static(
+                br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":1,"total_tokens":11}}"#,
+            ))
+            .await;
+        drop(tx);
+        return Ok(Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(ChanBody(rx))
+            .expect("response"));
+    }
+    let mut resp = Response::builder().status(b.status);
+    if !b.untyped {
+        resp = resp.header("content-type", "text/event-stream");
+    }
     for (k, v) in &b.headers {
         resp = resp.header(*k, v.as_str());
     }
