@@ -260,12 +260,32 @@ async fn remove(State(admin): State<Admin>, body: Bytes) -> Response {
         Ok(id) => id,
         Err(r) => return error(r),
     };
-    let removed = reload::edit_members(&admin.state, |m| {
+    let (removed, discovered) = reload::edit_members(&admin.state, |m| {
         let before = m.static_specs.len();
         m.static_specs.retain(|s| s.id != id);
-        m.static_specs.len() != before
+        let discovered = m
+            .dns
+            .values()
+            .flatten()
+            .chain(&m.kubernetes)
+            .any(|s| s.id == id);
+        (m.static_specs.len() != before, discovered)
     })
     .await;
+    if discovered {
+        // Discovery lists it, so it stays (and would come back at the next resolution): a 404
+        // said it did not exist, and a 200 would say it was gone.
+        return error(ApiError {
+            status: http::StatusCode::CONFLICT,
+            kind: "invalid_request_error",
+            message: format!(
+                "instance '{id}' comes from discovery (DNS or Kubernetes) and stays while discovery lists it; drain it instead (POST /admin/instances/drain), or remove it where it is discovered"
+            ),
+            param: Some("url".into()),
+            code: "discovered_instance",
+            retry_after: None,
+        });
+    }
     if !removed {
         return unknown(&id);
     }

@@ -15,6 +15,7 @@ use support::*;
 async fn dns_names_become_instances() {
     let a = Upstream::start("a", Mode::Echo, &[]).await;
     let mut s = settings(&[]);
+    s.admin = prefix_router_server::settings::Admin::on(([127, 0, 0, 1], 0).into(), "t0ken");
     s.discovery.dns = vec![
         DnsTarget {
             name: "localhost".into(),
@@ -54,6 +55,27 @@ async fn dns_names_become_instances() {
             (StatusCode::OK, "a".to_string())
         );
     }
+    // The admin API cannot remove what discovery lists: it says so, and the instance stays.
+    let removed = send(
+        r.admin_addr().expect("admin listener"),
+        request(
+            http::Method::POST,
+            "/admin/instances/remove",
+            &[
+                ("content-type", "application/json"),
+                ("authorization", "Bearer t0ken"),
+            ],
+            format!(r#"{{"url":"{want}"}}"#),
+        ),
+    )
+    .await;
+    assert_eq!(removed.status, StatusCode::CONFLICT, "{:?}", removed.body);
+    let text = String::from_utf8_lossy(&removed.body);
+    assert!(
+        text.contains("discovered_instance") && text.contains("drain it"),
+        "{text}"
+    );
+    assert!(r.state().fleet.snapshot().get(&want).is_some());
     // Re-resolution keeps the same fleet; the failing name adds nothing and breaks nothing.
     tokio::time::sleep(Duration::from_millis(120)).await;
     let snapshot = r.state().fleet.snapshot();
