@@ -288,6 +288,8 @@ impl Demo {
             client_ttft_mean_wall_ms,
             http_path_wall_ms,
             ttft_p50_all_scaled_ms: all_scaled.ttft_ms().p50,
+            send_lag_p99_wall_ms: (self.driver == Driver::OpenLoop)
+                .then(|| outcome.send_lag_ms().p99),
             replicas: cfg.replicas,
             engine_queues: cfg.engine_queues,
             affinity,

@@ -73,6 +73,8 @@ async fn every_strategy_runs_on_its_own_fleet_and_is_reported_beside_simulate() 
         assert_eq!(run.summary.sent, 40, "{}", run.summary.strategy);
         assert_eq!(run.result.requests, 40, "{}", run.summary.strategy);
         assert_eq!(run.summary.replicas, 2);
+        // A closed loop has no schedule to be late against.
+        assert!(run.summary.send_lag_p99_wall_ms.is_none());
         // All three engines are named, whether or not a strategy left one idle.
         assert_eq!(run.result.instance_ids.len(), 3);
         // The engines' own TTFT was read, so the HTTP path's cost is measured, not assumed.
@@ -158,4 +160,28 @@ async fn a_run_cut_by_its_duration_is_compared_with_a_simulation_of_what_it_sent
     }
     let most = runs.iter().map(|r| r.sent.len()).max().unwrap_or(0) as u64;
     assert_eq!(cut.workload.requests, most);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_loop_run_says_how_late_its_sends_were() {
+    let mut cfg = config(&["random"]);
+    let WorkloadSource::Generated { spec } = &mut cfg.workload.source else {
+        panic!("a generated workload")
+    };
+    spec.requests = 12;
+    spec.arrival = Arrival::Poisson { rate: 20.0 };
+    cfg.workload.requests = generators::generate(spec).collect();
+    let demo = Demo::new(cfg).unwrap_or_else(|e| panic!("{e}"));
+    let simulated = demo.simulate().unwrap_or_else(|e| panic!("{e}"));
+    let run = demo
+        .run_strategy(0, |_| {})
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let lag = run.summary.send_lag_p99_wall_ms;
+    assert!(lag.is_some_and(|ms| ms >= 0.0), "{lag:?}");
+    let text = render(&demo.report(&simulated, &[run]));
+    assert!(
+        text.contains("sends late against the open-loop schedule: P99"),
+        "{text}"
+    );
 }

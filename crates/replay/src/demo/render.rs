@@ -88,6 +88,18 @@ pub fn render(demo: &DemoReport) -> String {
                 );
             }
         }
+        if let Some(lag) = r.send_lag_p99_wall_ms {
+            let _ = writeln!(
+                out,
+                "  {:<14} sends late against the open-loop schedule: P99 {lag:.2} ms wall{}",
+                "",
+                if lag > 0.1 * r.client_ttft_mean_wall_ms {
+                    " (the load generator fell behind: requests waited before the TTFT clock started, so the TTFTs above read low)"
+                } else {
+                    ""
+                }
+            );
+        }
     }
 
     if let Some(first) = demo.runs.first() {

@@ -40,6 +40,9 @@ pub struct RunSummary {
     /// TTFT P50 if every wall millisecond were divided by the time scale (HTTP path
     /// included), engine ms: what the table would read without that accounting.
     pub ttft_p50_all_scaled_ms: f64,
+    /// Open loop: how late the load generator sent against the schedule, P99 in wall ms (a
+    /// late send is time the TTFT figures do not see). `None` in a closed loop.
+    pub send_lag_p99_wall_ms: Option<f64>,
     /// Router replicas the load was split across.
     pub replicas: u32,
     /// Whether the routers counted the engines' scraped queues.
