@@ -223,6 +223,33 @@ fn the_access_log_replays_its_sharing_tokens_and_times() {
 }
 
 #[test]
+fn requests_sharing_a_chain_share_its_tokens_whatever_their_own_density() {
+    // One 100-block document (12,800 characters) under two questions of different token
+    // densities: the engine reported 3,300 and 3,700 tokens.
+    let chain: Vec<String> = (1..=100).map(|h| h.to_string()).collect();
+    let line = |t: u32, units: u32, tokens: u32| {
+        format!(
+            r#"{{"t":{t},"prompt_units":{units},"block_units":128,"chain":[{}],"prompt_tokens":{tokens},"output_tokens":1}}"#,
+            chain.join(",")
+        )
+    };
+    let text = format!("{}\n{}\n", line(1, 12_900, 3_300), line(2, 12_950, 3_700));
+    let r = parse_access_log(&text, "a.jsonl").unwrap_or_else(|e| panic!("{e}"));
+    let cached = crate::trace::oracle_cached_tokens(&r, 16);
+    // The rate is the log's: 25,850 units over 7,000 tokens, 35 tokens a block; 3,500 shared.
+    assert!(cached[1] >= 3_000, "{cached:?}");
+    let tokens: Vec<u32> = r
+        .iter()
+        .map(|q| q.messages[0].segments.iter().map(|s| s.tokens).sum())
+        .collect();
+    assert_eq!(
+        tokens,
+        [3_300, 3_700],
+        "each request keeps the engine's count"
+    );
+}
+
+#[test]
 fn access_log_records_keep_what_the_router_observed() {
     // A line as the server writes it (every key of its Entry), then one of an older log.
     let text = r#"{"t":1700000010.5,"api":"chat","model":"m","group":"00000000000000aa","prompt_units":400,"block_units":128,"chain":[11,12,13],"instance":"http://127.0.0.1:1","reason":"cache_hit","attempt":1,"status":200,"outcome":"ok","ttft_s":0.125,"duration_s":0.5,"prompt_tokens":100,"cached_tokens":64,"output_tokens":7}
