@@ -30,8 +30,9 @@ pub struct Reuse {
     pub instance_cache_tokens: u64,
     /// Every instance's together.
     pub fleet_cache_tokens: u64,
-    /// Reuses that come back within one instance's cache: kept even by a cache-blind balancer
-    /// if the instance sees all the traffic, and by any router.
+    /// Reuses that come back within one instance's cache (the traffic in between and the
+    /// opening itself fit in it): kept even by a cache-blind balancer if the instance sees all
+    /// the traffic, and by any router.
     pub within_instance: f64,
     /// Reuses within the fleet's cache but not one instance's: kept only by a router that
     /// partitions prefixes over instances.
@@ -128,6 +129,7 @@ pub fn reuse_distances_at(
     let mut last: HashMap<u64, usize> = HashMap::new();
     let mut clock = 0usize;
     let mut distances = Vec::new();
+    let mut needs = Vec::new();
     let mut sampled = Vec::new();
     for r in requests {
         sampled_hashes(r, block_tokens, stride, &mut sampled);
@@ -153,7 +155,12 @@ pub fn reuse_distances_at(
             clock += 1;
         }
         if let Some(d) = deepest {
-            distances.push(d * stride as u64 * u64::from(block_tokens));
+            let tokens = stride as u64 * u64::from(block_tokens);
+            distances.push(d * tokens);
+            // What a cache must hold to still have the opening: the traffic in between and
+            // the opening itself. Set against the traffic alone, two copies of a 100k-token
+            // prompt read as kept by a 65k-token cache.
+            needs.push((d + leading as u64) * tokens);
         }
     }
     distances.sort_unstable();
@@ -164,7 +171,7 @@ pub fn reuse_distances_at(
         if n == 0 {
             0.0
         } else {
-            distances.iter().filter(|d| f(**d)).count() as f64 / n as f64
+            needs.iter().filter(|d| f(**d)).count() as f64 / n as f64
         }
     };
     Reuse {
@@ -173,9 +180,9 @@ pub fn reuse_distances_at(
         p90_tokens: pct(90.0),
         instance_cache_tokens,
         fleet_cache_tokens: fleet,
-        within_instance: share(&|d| d < instance_cache_tokens),
-        within_fleet_only: share(&|d| d >= instance_cache_tokens && d < fleet),
-        beyond_fleet: share(&|d| d >= fleet),
+        within_instance: share(&|d| d <= instance_cache_tokens),
+        within_fleet_only: share(&|d| d > instance_cache_tokens && d <= fleet),
+        beyond_fleet: share(&|d| d > fleet),
         stride: stride as u32,
     }
 }
@@ -252,6 +259,17 @@ mod tests {
             r.p90_tokens.abs_diff(exact.p90_tokens) <= 3 * 16 * 2,
             "{r:?} vs {exact:?}"
         );
+    }
+
+    #[test]
+    fn a_reuse_is_kept_only_if_the_opening_itself_fits_too() {
+        // Nothing in between, but the prompt (160 tokens) is larger than the cache (100).
+        let r = reuse_distances(&[req(0, &[(1, 160)]), req(1, &[(1, 160)])], 16, 100, 1);
+        assert_eq!((r.reuses, r.p50_tokens), (1, 0));
+        assert_eq!((r.within_instance, r.beyond_fleet), (0.0, 1.0));
+        // Exactly the cache's size: kept.
+        let r = reuse_distances(&[req(0, &[(1, 160)]), req(1, &[(1, 160)])], 16, 160, 1);
+        assert_eq!(r.within_instance, 1.0);
     }
 
     #[test]
