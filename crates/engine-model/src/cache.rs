@@ -267,6 +267,16 @@ impl PrefixCache {
         self.occupied_blocks().saturating_sub(self.capacity)
     }
 
+    /// Evicts unreferenced blocks until the cache is within its capacity again: after a request
+    /// that ran overcommitted ([`PrefixCache::allocate_overcommit`]) released its blocks.
+    /// Otherwise they stayed cached beyond the capacity until something else needed room, and a
+    /// 300k-token prompt sent twice to a 65k-token cache was a hit for all but one token.
+    pub fn trim_to_capacity(&mut self) {
+        while self.occupied_blocks() > self.capacity && self.evictable > 0 {
+            self.evict_one();
+        }
+    }
+
     /// Returns `n` private blocks to the free pool.
     pub fn free_private(&mut self, n: u32) {
         debug_assert!(

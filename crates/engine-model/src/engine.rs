@@ -426,6 +426,7 @@ impl Engine {
                 stats.finished += 1;
                 false
             });
+            cache.trim_to_capacity();
         }
     }
 }

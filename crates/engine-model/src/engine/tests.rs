@@ -301,6 +301,24 @@ fn a_request_larger_than_the_cache_runs_alone_overcommitted() {
 }
 
 #[test]
+fn a_request_larger_than_the_cache_leaves_no_more_than_the_cache_behind() {
+    let mut e = Engine::new(config(4, 8, 512));
+    let doc: Vec<u64> = (1..=10).collect();
+    run(&mut e, vec![(0.0, request(1, &doc, 160, 1))]);
+    assert!(
+        e.cache().cached_blocks() <= 4,
+        "{}",
+        e.cache().cached_blocks()
+    );
+    let ev = run(&mut e, vec![(100.0, request(2, &doc, 160, 1))]);
+    let (_, cached) = first_token(&ev, 2);
+    assert!(
+        cached <= 64,
+        "{cached} tokens cached of a 160-token prompt in a 64-token cache"
+    );
+}
+
+#[test]
 fn llama_70b_ttft_lies_in_the_published_envelope() {
     let cfg = presets::llama_3_1_70b_h100x8();
     let mut e = Engine::new(cfg);
