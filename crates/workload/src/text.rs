@@ -9,8 +9,9 @@
 //! from it, so the golden test below pins them.
 //!
 //! Literal text (ShareGPT conversations, `"content"` messages of our JSONL traces) is turned into
-//! a [`Segment`] by [`text_segment`]: its whitespace-separated words are counted and its id is
-//! chained from the previous segment, the role and the words, so equal histories give equal ids.
+//! a [`Segment`] by [`text_segment`]: its tokens ([`tokens`]: whitespace-separated words, each
+//! CJK character on its own, long runs without spaces in pieces) are counted and its id is
+//! chained from the previous segment, the role and the tokens, so equal histories give equal ids.
 //! [`text_segments`] does the same in chunks of a fixed number of words, so prompts that share
 //! only their opening words still share segments.
 
@@ -103,7 +104,95 @@ pub fn rendered_len(id: u64, tokens: u32) -> usize {
     words + (tokens as usize).saturating_sub(1)
 }
 
-/// Turns literal text into a segment: one token per whitespace-separated word, with an id chained
+/// Characters a token in a run without spaces longer than [`LONG_RUN`] (base64, URLs, hashes),
+/// about what BPE tokenizers give such text.
+const CHARS_PER_TOKEN: usize = 4;
+
+/// Longest run of characters without spaces read as one token (a long English word is still one
+/// or two).
+const LONG_RUN: usize = 16;
+
+/// Whether `c` is a CJK ideograph, kana, Hangul syllable or CJK punctuation (or full-width form):
+/// text in these scripts has no spaces between words, and tokenizers give about one token a
+/// character.
+fn is_cjk(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x3000..=0x30FF
+            | 0x3400..=0x4DBF
+            | 0x4E00..=0x9FFF
+            | 0xAC00..=0xD7AF
+            | 0xF900..=0xFAFF
+            | 0xFF00..=0xFFEF
+            | 0x20000..=0x2FFFF
+    )
+}
+
+/// The tokens of literal text as this crate counts them: whitespace-separated words, where a
+/// CJK character is a token of its own and a run of other characters longer than [`LONG_RUN`]
+/// is cut into pieces of [`CHARS_PER_TOKEN`]. One word one token alone read 3,000 characters of
+/// Chinese as 1 token (and nothing shared between prompts that shared all of them but the end).
+pub fn tokens(text: &str) -> Tokens<'_> {
+    Tokens {
+        words: text.split_whitespace(),
+        rest: "",
+        long: false,
+    }
+}
+
+/// See [`tokens`].
+#[derive(Debug, Clone)]
+pub struct Tokens<'a> {
+    words: std::str::SplitWhitespace<'a>,
+    /// What is left of the current word.
+    rest: &'a str,
+    /// The run being cut is longer than [`LONG_RUN`]: it goes in pieces to its end.
+    long: bool,
+}
+
+impl<'a> Iterator for Tokens<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        if self.rest.is_empty() {
+            self.rest = self.words.next()?;
+            self.long = false;
+        }
+        let rest = self.rest;
+        let mut chars = rest.char_indices();
+        let (_, first) = chars.next()?;
+        let take = if is_cjk(first) {
+            self.long = false;
+            first.len_utf8()
+        } else {
+            // The run of other characters, up to the next CJK one.
+            let end = rest
+                .char_indices()
+                .find(|&(_, c)| is_cjk(c))
+                .map_or(rest.len(), |(i, _)| i);
+            if !self.long && rest[..end].chars().count() > LONG_RUN {
+                self.long = true;
+            }
+            if self.long {
+                let cut = rest[..end]
+                    .char_indices()
+                    .nth(CHARS_PER_TOKEN)
+                    .map_or(end, |(i, _)| i);
+                if cut == end {
+                    self.long = false;
+                }
+                cut
+            } else {
+                end
+            }
+        };
+        let (token, rest) = rest.split_at(take);
+        self.rest = rest;
+        Some(token)
+    }
+}
+
+/// Turns literal text into a segment: one token per [`tokens`] item, with an id chained
 /// from `parent` (the previous segment's id in the prompt, or 0 at the start), the role and the
 /// words, so equal histories give equal ids. Returns `None` for text without words.
 ///
@@ -113,7 +202,7 @@ pub fn rendered_len(id: u64, tokens: u32) -> usize {
 pub fn text_segment(parent: u64, role: Role, text: &str) -> Option<Segment> {
     let mut words = 0u32;
     let mut h = xxh3_64_with_seed(&parent.to_le_bytes(), CONTENT_SEED ^ role_tag(role));
-    for w in text.split_whitespace() {
+    for w in tokens(text) {
         words = words.saturating_add(1);
         // Chain word by word so "a b" and "ab" differ; the whitespace between words is
         // normalized, as one-word-one-token tokenization implies.
@@ -138,7 +227,7 @@ pub fn text_segments(
     chunk_words: usize,
     out: &mut Vec<Segment>,
 ) -> u64 {
-    chunk_segments(parent, role, text.split_whitespace(), chunk_words, out)
+    chunk_segments(parent, role, tokens(text), chunk_words, out)
 }
 
 /// [`text_segments`] over words already split (text parts of one message run on as one text).
@@ -207,6 +296,31 @@ mod tests {
     }
 
     const GOLDEN_42: &str = "dead flat from king held kill bulk jack";
+
+    #[test]
+    fn text_without_spaces_is_counted_as_tokenizers_count_it() {
+        fn t(text: &str) -> Vec<&str> {
+            tokens(text).collect()
+        }
+        assert_eq!(t("a few  words\n here"), ["a", "few", "words", "here"]);
+        assert_eq!(t("hello,世界abc"), ["hello,", "世", "界", "abc"]);
+        // A long run without spaces: pieces of 4 characters to its end.
+        assert_eq!(
+            t("aGVsbG8gd29ybGQgYmFzZTY0IQ== ok"),
+            ["aGVs", "bG8g", "d29y", "bGQg", "YmFz", "ZTY0", "IQ==", "ok"]
+        );
+        assert_eq!(t("internationalization").len(), 5);
+        let chinese = "系统提示".repeat(750);
+        let seg = text_segment(0, Role::System, &chinese).map(|s| s.tokens);
+        assert_eq!(seg, Some(3_000));
+        // Two prompts sharing all but their last characters share their chunks up to there.
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        text_segments(0, Role::User, &format!("{chinese}甲"), 512, &mut a);
+        text_segments(0, Role::User, &format!("{chinese}乙"), 512, &mut b);
+        assert_eq!(a.len(), 6);
+        assert_eq!(a[..5], b[..5]);
+        assert_ne!(a[5], b[5]);
+    }
 
     #[test]
     fn vocabulary_is_lowercase_ascii_words_without_duplicates() {

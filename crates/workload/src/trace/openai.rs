@@ -178,7 +178,7 @@ fn chat_messages(messages: &Value) -> Result<Vec<Message>, String> {
         let mut segments: Vec<Segment> = Vec::new();
         // Parts of one message run on as one text: chunks cross part boundaries, as the
         // engine's prompt does.
-        let words = texts.iter().flat_map(|t| t.split_whitespace());
+        let words = texts.iter().flat_map(|t| crate::text::tokens(t));
         parent = chunk_segments(parent, role, words, OPENAI_CHUNK_WORDS, &mut segments);
         // A message without words (an assistant's tool call, an image) stays, empty, so the
         // replayed body keeps the conversation's turns.
