@@ -41,6 +41,12 @@ pub struct Message {
     pub segments: Vec<Segment>,
 }
 
+/// Most prompt tokens a request of a trace may have: 10 M, the longest context windows served.
+pub const MAX_PROMPT_TOKENS: u32 = 10_000_000;
+
+/// Most output tokens a request of a trace may ask for.
+pub const MAX_OUTPUT_TOKENS: u32 = 1_000_000;
+
 /// One request of a workload.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Request {
@@ -128,6 +134,28 @@ impl Request {
             .flat_map(|m| m.segments.iter().rev());
         segments.next()?;
         segments.next().map(|s| s.id)
+    }
+
+    /// Refuses a request no engine runs, before anything is allocated for its blocks: more than
+    /// [`MAX_PROMPT_TOKENS`] prompt tokens or [`MAX_OUTPUT_TOKENS`] output tokens (a trace line
+    /// with 4,294,967,295 tokens aborted `analyze` allocating 2 GB of block hashes).
+    pub fn check_size(&self) -> Result<(), String> {
+        let prompt = self
+            .messages
+            .iter()
+            .fold(0u64, |a, m| a + u64::from(m.tokens()));
+        if prompt > u64::from(MAX_PROMPT_TOKENS) {
+            return Err(format!(
+                "{prompt} prompt tokens: at most {MAX_PROMPT_TOKENS} (the longest context any engine serves)"
+            ));
+        }
+        if self.output_tokens > MAX_OUTPUT_TOKENS {
+            return Err(format!(
+                "{} output tokens: at most {MAX_OUTPUT_TOKENS}",
+                self.output_tokens
+            ));
+        }
+        Ok(())
     }
 
     /// Prompt length in tokens (all segments of all messages; saturates at `u32::MAX`).

@@ -260,7 +260,9 @@ pub fn parse_jsonl(text: &str, path: &str) -> Result<Vec<Request>, TraceError> {
             why,
         };
         let line: Line = serde_json::from_str(l).map_err(|e| err(e.to_string()))?;
-        out.push(line.into_request(0).map_err(err)?);
+        let request = line.into_request(0).map_err(err)?;
+        request.check_size().map_err(err)?;
+        out.push(request);
     }
     out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
     for (i, r) in out.iter_mut().enumerate() {
@@ -292,7 +294,9 @@ pub fn parse_mooncake(text: &str, path: &str) -> Result<Vec<Request>, TraceError
             why,
         };
         let record: MooncakeRecord = serde_json::from_str(l).map_err(|e| err(e.to_string()))?;
-        out.push(record.to_request(i as u64).map_err(err)?);
+        let request = record.to_request(i as u64).map_err(err)?;
+        request.check_size().map_err(err)?;
+        out.push(request);
     }
     out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
     for (i, r) in out.iter_mut().enumerate() {

@@ -183,6 +183,7 @@ pub fn parse_access_log_with_records(
     for (i, (n, r)) in records.into_iter().enumerate() {
         let request = r
             .to_request(i as u64, start, rate)
+            .and_then(|q| q.check_size().map(|()| q))
             .map_err(|why| TraceError::Line {
                 path: path.to_string(),
                 line: n,

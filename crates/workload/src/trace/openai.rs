@@ -46,11 +46,13 @@ pub const OPENAI_DEFAULT_OUTPUT_TOKENS: u32 = 128;
 pub fn parse_openai_bodies(text: &str, path: &str) -> Result<Vec<Request>, TraceError> {
     let mut parsed: Vec<(usize, Option<f64>, Request)> = Vec::new();
     for (i, (n, l)) in super::numbered_lines(text).enumerate() {
-        let (timestamp, request) = parse_body(l, i as u64).map_err(|why| TraceError::Line {
-            path: path.to_string(),
-            line: n,
-            why,
-        })?;
+        let (timestamp, request) = parse_body(l, i as u64)
+            .and_then(|(t, q)| q.check_size().map(|()| (t, q)))
+            .map_err(|why| TraceError::Line {
+                path: path.to_string(),
+                line: n,
+                why,
+            })?;
         parsed.push((n, timestamp, request));
     }
     let timed = parsed.iter().filter(|(_, t, _)| t.is_some()).count();

@@ -284,3 +284,33 @@ fn access_log_records_keep_what_the_router_observed() {
     assert_eq!(e, parse_access_log(bad, "x.jsonl").unwrap_err().to_string());
     assert_eq!(e, "x.jsonl:1: block_units: must be at least 1 with a chain");
 }
+
+#[test]
+fn requests_no_engine_runs_are_refused_with_their_line() {
+    let seg =
+        r#"{"t":0,"messages":[{"role":"user","segments":[[7,4294967295]]}],"output_tokens":1}"#;
+    let out =
+        r#"{"t":0,"messages":[{"role":"user","segments":[[7,10]]}],"output_tokens":4000000000}"#;
+    let two = r#"{"t":0,"messages":[{"role":"user","segments":[[7,4000000000],[8,4000000000]]}],"output_tokens":1}"#;
+    for (line, what) in [
+        (seg, "prompt tokens"),
+        (out, "output tokens"),
+        (two, "prompt tokens"),
+    ] {
+        let e = parse_jsonl(&format!("{line}\n"), "t.jsonl")
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("t.jsonl:1:") && e.contains(what), "{e}");
+    }
+    let moon = r#"{"timestamp":0,"input_length":4294967295,"output_length":1,"hash_ids":[1]}"#;
+    let e = parse_mooncake(moon, "m.jsonl")
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("prompt tokens"), "{e}");
+    // The largest allowed still reads.
+    let ok =
+        r#"{"t":0,"messages":[{"role":"user","segments":[[7,10000000]]}],"output_tokens":1000000}"#;
+    assert!(parse_jsonl(ok, "t.jsonl").is_ok());
+}
