@@ -180,7 +180,7 @@ fn traffic(a: &Analysis, out: &mut String) {
 fn row(out: &mut String, label: &str, o: &Outcome) {
     let _ = writeln!(
         out,
-        "  {label:<46} {:>5}x {:>8.2} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>7} {:>8}",
+        "  {label:<46} {:>5}x {:>8.2} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>7} {:>8}{}",
         o.rate_factor,
         o.rate_rps,
         o.ttft_ms.p50,
@@ -188,7 +188,12 @@ fn row(out: &mut String, label: &str, o: &Outcome) {
         o.ttft_ms.p99,
         pct(o.hit_rate),
         pct(o.max_share),
-        pct(o.overflow_rate)
+        pct(o.overflow_rate),
+        if o.overloaded {
+            format!("  overloaded: {:.2} req/s completed", o.throughput_rps)
+        } else {
+            String::new()
+        }
     );
 }
 
@@ -228,6 +233,14 @@ fn sweep(a: &Analysis, out: &mut String) {
                 row(out, if rate == 0 { &label } else { "" }, o);
             }
         }
+    }
+    if a.outcomes.iter().any(|o| o.overloaded) {
+        let _ = writeln!(
+            out,
+            "  overloaded: the fleet completed under half the offered rate, so a queue grew for the whole run and those\n  \
+             TTFTs grow with the trace's length rather than reading a level the fleet holds; the score counts them as\n  \
+             they are (a setting that overloads at a lower rate ranks lower)"
+        );
     }
 }
 

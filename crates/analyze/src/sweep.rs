@@ -51,7 +51,15 @@ pub struct Outcome {
     pub throughput_rps: f64,
     /// TTFT percentiles 0..=100, ms (a CDF).
     pub ttft_percentiles_ms: Vec<f64>,
+    /// The fleet completed under [`OVERLOADED_BELOW`] of the offered rate: a queue grew for the
+    /// whole run, so its TTFT measures how long the trace is, not a level the fleet holds.
+    pub overloaded: bool,
 }
+
+/// Completed over offered requests per second under which a run is [overloaded](Outcome): the
+/// backlog took longer to drain than the arrivals took to come (a fleet that keeps up
+/// completes at the offered rate, less the last requests' own time).
+pub const OVERLOADED_BELOW: f64 = 0.5;
 
 /// What every run shares.
 pub struct Sweep<'a> {
@@ -252,6 +260,7 @@ impl<'a> Sweep<'a> {
             overflow_rate: r.overflow_rate,
             throughput_rps: r.throughput_rps,
             ttft_percentiles_ms: r.ttft_percentiles_ms.clone(),
+            overloaded: r.throughput_rps < OVERLOADED_BELOW * self.base_rate_rps * factor,
         })
     }
 }

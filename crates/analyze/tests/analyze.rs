@@ -158,3 +158,28 @@ fn bad_inputs_are_named() {
     c.instances = 0;
     assert!(analyze(&input, &c, &mut |_| {}).is_err());
 }
+
+#[test]
+fn a_rate_the_fleet_cannot_keep_up_with_is_named_overloaded() {
+    let run = |rate: f64| {
+        let mut spec = WorkloadSpec::default_for(WorkloadKind::LongContext);
+        spec.requests = 60;
+        spec.arrival = Arrival::Poisson { rate };
+        spec.params
+            .apply_override("documents=60")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let input = Input::from_requests("long-context", generators::generate(&spec).collect());
+        let mut c = config(1, setting("random"));
+        c.rate_factors = vec![1.0];
+        c.fleet_deltas = Vec::new();
+        analyze(&input, &c, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
+    };
+    // 60 uncached 8k-token prompts at 50 a second on one small engine: a queue for the whole run.
+    let a = run(50.0);
+    assert!(a.outcomes.iter().all(|o| o.overloaded), "{:?}", a.outcomes);
+    assert!(render::text(&a).contains("overloaded: the fleet completed under half"));
+    // One every 20 seconds: it keeps up.
+    let a = run(0.05);
+    assert!(a.outcomes.iter().all(|o| !o.overloaded), "{:?}", a.outcomes);
+    assert!(!render::text(&a).contains("overloaded"));
+}
