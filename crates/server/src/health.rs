@@ -18,7 +18,8 @@ use crate::state::AppState;
 use crate::stats::InstanceStats;
 
 /// A request to `inst` failed (connect error or 5xx): ejects it after
-/// `health.passive_failures` in a row, for the current backoff, which then doubles.
+/// `health.passive_failures` in a row, for the current backoff, which then doubles (and starts
+/// over once the instance has stayed healthy for `health.max_eject_backoff`).
 pub fn passive_failure(state: &AppState, inst: &Instance, stats: &InstanceStats) {
     let h = &state.settings.health;
     let failures = stats.passive_failures.fetch_add(1, Ordering::Relaxed) + 1;
@@ -35,7 +36,17 @@ pub fn passive_failure(state: &AppState, inst: &Instance, stats: &InstanceStats)
     ) {
         return;
     }
-    let backoff = rec.next_backoff.unwrap_or(h.eject_backoff);
+    // Doubling on each repeat, whether it came back by probes or at the end of its backoff; a
+    // long healthy stretch since starts over. Recovery by probes used to forget the backoff,
+    // so with active checks (the default) a flapping instance was ejected for the first
+    // backoff every time; without them, the backoff never came down again.
+    let repeat = rec
+        .recovered_at
+        .is_none_or(|t| t.elapsed() < h.max_eject_backoff);
+    let backoff = match rec.next_backoff {
+        Some(b) if repeat => b,
+        _ => h.eject_backoff,
+    };
     rec.ejected_until = Some(Instant::now() + backoff);
     rec.next_backoff = Some((backoff * 2).min(h.max_eject_backoff));
     rec.probe_successes = 0;
@@ -91,7 +102,7 @@ fn record_probe(state: &AppState, inst: &Instance, ok: bool) {
             && backoff_over
         {
             rec.ejected_until = None;
-            rec.next_backoff = None;
+            rec.recovered_at = Some(Instant::now());
             stats.passive_failures.store(0, Ordering::Relaxed);
             if membership::transition(
                 state,
@@ -131,6 +142,7 @@ fn end_backoff(state: &AppState, inst: &Instance) {
         && rec.ejected_until.is_some_and(|t| Instant::now() >= t)
     {
         rec.ejected_until = None;
+        rec.recovered_at = Some(Instant::now());
         let probation = state.settings.health.passive_failures.saturating_sub(1);
         stats.passive_failures.store(probation, Ordering::Relaxed);
         if membership::transition(

@@ -82,6 +82,10 @@ pub struct HealthRecord {
     pub ejected_until: Option<Instant>,
     /// Length of the next passive ejection.
     pub next_backoff: Option<Duration>,
+    /// When it last came back from an ejection: a passive ejection within
+    /// `health.max_eject_backoff` of it is a repeat (its backoff doubles), a later one a new
+    /// incident (the backoff starts again from `health.eject_backoff`).
+    pub recovered_at: Option<Instant>,
 }
 
 /// Stats of every instance the router has seen, by its id's hash ([`Instance::id_hash`]: the

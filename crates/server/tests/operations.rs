@@ -118,6 +118,56 @@ async fn repeated_5xx_eject_passively_and_backoff_ends() {
 }
 
 #[tokio::test]
+async fn a_repeat_ejection_backs_off_longer_after_a_recovery_by_probes() {
+    // An instance that passes its health checks but fails real requests: every recovery by
+    // probes is followed by another passive ejection, each longer than the last.
+    let a = Upstream::start("a", Mode::Status(500), &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let mut s = settings(&[a.url(), b.url()]);
+    s.routing.strategy = prefix_router_core::StrategyConfig::new(
+        StrategyKind::named("round-robin").expect("registered"),
+    );
+    s.health.active = true;
+    s.health.healthy_threshold = 1;
+    s.health.passive_failures = 2;
+    s.health.eject_backoff = Duration::from_millis(200);
+    s.health.max_eject_backoff = Duration::from_secs(30);
+    let r = router(s).await;
+    let next_backoff = || {
+        let snapshot = r.state().fleet.snapshot();
+        let (_, inst) = snapshot.get(&a.url()).expect("a member");
+        let stats = r.state().stats.get(inst);
+        let next = stats.health().next_backoff;
+        next
+    };
+    let mut i = 0;
+    for round in 1..=2u32 {
+        eventually("a takes requests", || {
+            state_of(&r, &a.url()) == Some(InstanceState::Healthy)
+        })
+        .await;
+        while state_of(&r, &a.url()) == Some(InstanceState::Healthy) {
+            post(
+                r.local_addr(),
+                "/v1/completions",
+                &[],
+                format!(r#"{{"prompt":"{i}"}}"#),
+            )
+            .await;
+            i += 1;
+            assert!(i < 200, "a was never ejected");
+        }
+        // 200 ms, then 400: the next one doubles again.
+        assert_eq!(
+            next_backoff(),
+            Some(Duration::from_millis(200 << round)),
+            "round {round}"
+        );
+    }
+    r.shutdown().await;
+}
+
+#[tokio::test]
 async fn connect_errors_eject_a_dead_instance() {
     let dead = dead_url().await;
     let b = Upstream::start("b", Mode::Echo, &[]).await;
