@@ -385,7 +385,12 @@ async fn put_routing(State(admin): State<Admin>, body: Bytes) -> Response {
     match apply_change(&admin.state, change) {
         Ok(()) => {
             tracing::info!(routing = %routing_json(&admin.state), "routing changed through the admin API");
-            reply(StatusCode::OK, routing_json(&admin.state))
+            let mut body = routing_json(&admin.state);
+            if let Some(why) = crate::kv_events::blind(&admin.state) {
+                tracing::warn!("{why}");
+                body["warning"] = Value::String(why);
+            }
+            reply(StatusCode::OK, body)
         }
         Err(e) => error(e),
     }

@@ -9,7 +9,7 @@ use prefix_router_core::{
 };
 
 use crate::membership::{self, Membership};
-use crate::settings::SettingsError;
+use crate::settings::{Settings, SettingsError};
 use crate::state::AppState;
 
 /// What a reload changed.
@@ -83,6 +83,73 @@ pub fn set_routing(
     }
 }
 
+/// The sections of `new` that differ from `now` and that a reload does not apply (they take
+/// effect on restart): said in the log, so a changed key is never ignored silently. Every field
+/// is named here, so a new section cannot be left out ([`kv_events`](Settings::kv_events) and
+/// [`prewarm`](Settings::prewarm) were, and a change to them was dropped without a word).
+fn needs_restart(new: &Settings, now: &Settings) -> Vec<&'static str> {
+    let Settings {
+        listen,
+        admin,
+        // Applied by the reload.
+        routing: _,
+        limits,
+        timeouts,
+        retries,
+        health,
+        discovery,
+        engine_metrics,
+        access_log,
+        kv_events,
+        prewarm,
+        tls,
+        upstream_tls,
+        // Applied by the reload.
+        instances: _,
+    } = new;
+    [
+        ("listen", *listen != now.listen),
+        ("tls", *tls != now.tls),
+        ("upstream_tls", *upstream_tls != now.upstream_tls),
+        ("admin", *admin != now.admin),
+        ("limits", *limits != now.limits),
+        ("timeouts", *timeouts != now.timeouts),
+        ("retries", *retries != now.retries),
+        ("health", *health != now.health),
+        ("discovery", *discovery != now.discovery),
+        ("access_log", *access_log != now.access_log),
+        ("kv_events", *kv_events != now.kv_events),
+        ("prewarm", *prewarm != now.prewarm),
+        ("engine_metrics", *engine_metrics != now.engine_metrics),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect()
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use super::*;
+
+    #[test]
+    fn every_section_a_reload_does_not_apply_is_named() {
+        let now = Settings::default();
+        assert!(needs_restart(&now, &now).is_empty());
+        let mut new = Settings::default();
+        new.kv_events.subscribe = !now.kv_events.subscribe;
+        new.prewarm.enabled = !now.prewarm.enabled;
+        new.retries.max_retries += 1;
+        new.instances
+            .push(prefix_router_core::InstanceSpec::from_url(
+                "http://127.0.0.1:1",
+            ));
+        assert_eq!(
+            needs_restart(&new, &now),
+            ["retries", "kv_events", "prewarm"]
+        );
+    }
+}
+
 /// Reads the configuration source again and applies its instances and routing. Other settings
 /// (listen addresses, limits, timeouts, health) take effect only on restart.
 pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
@@ -99,28 +166,7 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
     };
     let settings = source.load()?;
     let now = &state.settings;
-    let restart: Vec<&str> = [
-        ("listen", settings.listen != now.listen),
-        ("tls", settings.tls != now.tls),
-        ("upstream_tls", settings.upstream_tls != now.upstream_tls),
-        ("admin", settings.admin != now.admin),
-        ("limits", settings.limits != now.limits),
-        ("timeouts", settings.timeouts != now.timeouts),
-        (
-            "retries",
-            settings.retries.max_retries != now.retries.max_retries,
-        ),
-        ("health", settings.health != now.health),
-        ("discovery", settings.discovery != now.discovery),
-        ("access_log", settings.access_log != now.access_log),
-        (
-            "engine_metrics",
-            settings.engine_metrics != now.engine_metrics,
-        ),
-    ]
-    .into_iter()
-    .filter_map(|(name, changed)| changed.then_some(name))
-    .collect();
+    let restart = needs_restart(&settings, &state.settings);
     if !restart.is_empty() {
         tracing::warn!(sections = ?restart, "these settings changed but take effect only on restart");
     }
@@ -129,6 +175,7 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
         settings.routing.strategy.clone(),
         settings.routing.prefix_length,
     )?;
+    crate::kv_events::warn_if_blind(state);
     set_members(state, settings.instances).await;
     // The listener's certificate is read again from the same files (a rotation); a bad file
     // keeps the one in force and fails the reload with the field named.

@@ -406,6 +406,34 @@ async fn admin_api_lists_adds_drains_removes_and_changes_routing() {
     assert_eq!(changed.status, StatusCode::OK);
     assert_eq!(changed.json()["strategy"], "round-robin");
     assert_eq!(changed.json()["concurrency_threshold"], 7);
+    assert!(changed.json().get("warning").is_none());
+    // kv-aware without the engines' KV events (read at start only): accepted, and the answer
+    // says it runs as cache-aware.
+    let blind = admin_call(
+        admin,
+        Method::PUT,
+        "/admin/routing",
+        t,
+        r#"{"strategy":"kv-aware"}"#,
+    )
+    .await;
+    assert_eq!(blind.status, StatusCode::OK);
+    assert!(
+        blind.json()["warning"]
+            .as_str()
+            .is_some_and(|w| w.contains("runs as cache-aware")),
+        "{:?}",
+        blind.json()
+    );
+    let back = admin_call(
+        admin,
+        Method::PUT,
+        "/admin/routing",
+        t,
+        r#"{"strategy":"round-robin"}"#,
+    )
+    .await;
+    assert_eq!(back.status, StatusCode::OK);
     let refused = admin_call(
         admin,
         Method::PUT,

@@ -366,6 +366,27 @@ impl KvFeeds {
     }
 }
 
+/// Why the strategy in force, which routes on the engines' reports, cannot have any (it then
+/// runs as cache-aware, on what the router infers); `None` when it does not read them or can.
+/// Said at start, on a reload and in the admin API's answer to a strategy change: `[kv_events]`
+/// is read at start only, so switching to kv-aware later does not subscribe.
+pub fn blind(state: &AppState) -> Option<String> {
+    let routing = state.routing.load();
+    if !routing.strategy.reads_tokens() {
+        return None;
+    }
+    let name = routing.strategy.name();
+    match &state.kv_events {
+        None => Some(format!(
+            "[kv_events] subscribe is off (read at start only): {name} has no engine reports and runs as cache-aware"
+        )),
+        Some(f) if !f.has_tokenizer() => Some(format!(
+            "no [kv_events] tokenizer: requests cannot be matched to the engines' blocks, so {name} runs as cache-aware"
+        )),
+        Some(_) => None,
+    }
+}
+
 /// Says at start when the strategy routes on the engines' reports but cannot have them: it then
 /// runs as cache-aware, on what the router infers.
 pub fn warn_if_blind(state: &AppState) {
@@ -374,16 +395,11 @@ pub fn warn_if_blind(state: &AppState) {
         return;
     }
     let name = routing.strategy.name();
+    if let Some(why) = blind(state) {
+        tracing::warn!(strategy = name, "{why}");
+        return;
+    }
     match &state.kv_events {
-        None => tracing::warn!(
-            strategy = name,
-            "[kv_events] subscribe is off: {name} has no engine reports and runs as cache-aware"
-        ),
-        Some(f) if !f.has_tokenizer() => tracing::warn!(
-            strategy = name,
-            "no [kv_events] tokenizer: requests cannot be matched to the engines' blocks, so \
-             {name} runs as cache-aware"
-        ),
         Some(f) if f.tokenizer.is_none() => {
             let mut models: Vec<&str> = f.tokenizers.keys().map(String::as_str).collect();
             models.sort_unstable();
@@ -395,6 +411,6 @@ pub fn warn_if_blind(state: &AppState) {
                  {name} runs as cache-aware for the others"
             );
         }
-        Some(_) => {}
+        _ => {}
     }
 }
