@@ -127,29 +127,6 @@ fn needs_restart(new: &Settings, now: &Settings) -> Vec<&'static str> {
     .collect()
 }
 
-#[cfg(test)]
-mod restart_tests {
-    use super::*;
-
-    #[test]
-    fn every_section_a_reload_does_not_apply_is_named() {
-        let now = Settings::default();
-        assert!(needs_restart(&now, &now).is_empty());
-        let mut new = Settings::default();
-        new.kv_events.subscribe = !now.kv_events.subscribe;
-        new.prewarm.enabled = !now.prewarm.enabled;
-        new.retries.max_retries += 1;
-        new.instances
-            .push(prefix_router_core::InstanceSpec::from_url(
-                "http://127.0.0.1:1",
-            ));
-        assert_eq!(
-            needs_restart(&new, &now),
-            ["retries", "kv_events", "prewarm"]
-        );
-    }
-}
-
 /// Reads the configuration source again and applies its instances and routing. Other settings
 /// (listen addresses, limits, timeouts, health) take effect only on restart.
 pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
@@ -165,7 +142,6 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
         });
     };
     let settings = source.load()?;
-    let now = &state.settings;
     let restart = needs_restart(&settings, &state.settings);
     if !restart.is_empty() {
         tracing::warn!(sections = ?restart, "these settings changed but take effect only on restart");
@@ -192,4 +168,27 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
         "configuration reloaded"
     );
     Ok(summary)
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use super::*;
+
+    #[test]
+    fn every_section_a_reload_does_not_apply_is_named() {
+        let now = Settings::default();
+        assert!(needs_restart(&now, &now).is_empty());
+        let mut new = Settings::default();
+        new.kv_events.subscribe = !now.kv_events.subscribe;
+        new.prewarm.enabled = !now.prewarm.enabled;
+        new.retries.max_retries += 1;
+        new.instances
+            .push(prefix_router_core::InstanceSpec::from_url(
+                "http://127.0.0.1:1",
+            ));
+        assert_eq!(
+            needs_restart(&new, &now),
+            ["retries", "kv_events", "prewarm"]
+        );
+    }
 }
