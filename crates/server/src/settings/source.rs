@@ -88,10 +88,16 @@ impl Overrides {
         }
         let strategy = &mut s.routing.strategy;
         if let Some(name) = &self.strategy {
-            // The file's threshold, overflow and parameters stay: only the name is replaced.
-            strategy.kind = name
+            let kind = name
                 .parse()
                 .map_err(|e| invalid("routing.strategy", format!("{e}")))?;
+            // The file's threshold and overflow stay. Its `[routing.params]` belong to the
+            // file's strategy: trying another one by flag must not fail on parameters it
+            // does not take (`--strategy-param` below sets the new one's).
+            if kind != strategy.kind {
+                strategy.params.clear();
+            }
+            strategy.kind = kind;
         }
         if let Some(n) = self.concurrency_threshold {
             strategy.concurrency_threshold = ConcurrencyThreshold::new(n)

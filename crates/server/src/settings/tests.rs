@@ -247,6 +247,16 @@ fn strategy_parameters_from_the_file_and_the_flags() {
         matches!(&e, Err(m) if m.contains("--strategy-param") && m.contains("NAME=VALUE")),
         "{e:?}"
     );
+    // Another strategy by flag: the file's cache-aware parameters are not its own.
+    src.overrides.strategy_params.clear();
+    src.overrides.strategy = Some("least-outstanding".into());
+    let s = src.load().unwrap_or_else(|e| panic!("{e}"));
+    assert!(s.routing.strategy.params.is_empty());
+    // The same strategy by flag keeps them.
+    src.overrides.strategy = Some("cache-aware".into());
+    let s = src.load().unwrap_or_else(|e| panic!("{e}"));
+    let p = &s.routing.strategy.params;
+    assert_eq!(p.get("index-blocks").map(String::as_str), Some("4096"));
     let _ = std::fs::remove_file(path);
 }
 
