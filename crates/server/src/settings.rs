@@ -226,9 +226,23 @@ impl Settings {
     /// Checks what one field's decoder cannot: pairs of fields, lists, the strategy's own
     /// parameters and the TLS files. Normalizes instance URLs (ids are URLs).
     pub fn validate(mut self) -> Result<Self, SettingsError> {
+        // A token read from a secret file or variable often ends in a newline; a client can
+        // never send one in a header, so the surrounding whitespace is not part of it.
+        if let Some(t) = &mut self.admin.token {
+            let trimmed = t.trim();
+            if trimmed.len() != t.len() {
+                *t = trimmed.to_owned();
+            }
+        }
         match (&self.admin.token, self.admin.listen) {
-            (Some(t), _) if t.trim().is_empty() => {
+            (Some(t), _) if t.is_empty() => {
                 return Err(invalid("admin.token", "must not be empty"))
+            }
+            (Some(t), _) if t.bytes().any(|b| !b.is_ascii_graphic()) => {
+                return Err(invalid(
+                    "admin.token",
+                    "must be printable ASCII without spaces (it is sent as `Authorization: Bearer <token>`)",
+                ))
             }
             (None, Some(_)) => {
                 return Err(invalid(

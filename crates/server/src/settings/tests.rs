@@ -89,6 +89,11 @@ fn errors_name_the_field() {
     );
     assert!(err("listen = \"nowhere\"").contains("`listen`"));
     assert!(err("[admin]\nlisten = \"127.0.0.1:1\"").contains("admin.token"));
+    assert!(err("[admin]\ntoken = \"two words\"").contains("admin.token"));
+    assert!(err("[admin]\ntoken = \" \\n\"").contains("must not be empty"));
+    let t = parse("[admin]\nlisten = \"127.0.0.1:1\"\ntoken = \"s3cret\\n\"")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(t.admin.token.as_deref(), Some("s3cret"));
     assert!(err("[timeouts]\nconnect_ms = 0").contains("timeouts.connect_ms"));
     assert!(err("[[discovery.dns]]\nname = \"\"\nport = 80").contains("discovery.dns[0].name"));
     assert!(err("[[discovery.dns]]\nname = \"svc\"\nport = 0").contains("discovery.dns[0].port"));
