@@ -400,7 +400,7 @@ impl Demo {
     ) -> Result<((f64, u64), Option<KvEventSummary>), ReplayError> {
         let client = upstream::client(
             Duration::from_secs(2),
-            prefix_router_server::tls::client_config(&Default::default())?,
+            prefix_router_server::tls::ClientTls::new(&Default::default())?.config(),
             0,
         );
         let page = |addr: SocketAddr| {

@@ -158,6 +158,8 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
     if let Some(tls) = &state.tls {
         tls.reload()?;
     }
+    // So are the instances' CA bundle and the client certificate (mutual TLS).
+    state.upstream_tls.reload()?;
     let summary = ReloadSummary {
         instances: state.fleet.snapshot().len(),
         strategy: state.routing.load().strategy.name(),

@@ -278,7 +278,7 @@ impl Settings {
             crate::tls::server_config(files)?;
         }
         if self.upstream_tls != crate::tls::UpstreamTls::default() {
-            crate::tls::client_config(&self.upstream_tls)?;
+            crate::tls::ClientTls::new(&self.upstream_tls)?;
         }
         Ok(self)
     }

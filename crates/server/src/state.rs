@@ -30,6 +30,8 @@ pub struct AppState {
     pub client: Arc<Upstreams>,
     /// The listener's TLS, when configured.
     pub tls: Option<tls::Listener>,
+    /// The client side for `https://` instances (its files are read again on reload).
+    pub upstream_tls: tls::ClientTls,
     /// Metrics.
     pub metrics: Metrics,
     /// Per-instance counters and health records.
@@ -64,7 +66,7 @@ impl AppState {
             settings.routing.prefix_length,
         )?;
         let tls = settings.tls.clone().map(tls::Listener::new).transpose()?;
-        let client_tls = tls::client_config(&settings.upstream_tls)?;
+        let upstream_tls = tls::ClientTls::new(&settings.upstream_tls)?;
         let access_log = match &settings.access_log.path {
             None => None,
             Some(path) => Some(
@@ -106,10 +108,11 @@ impl AppState {
             fallback: Arc::new(LeastOutstanding),
             client: upstream::client(
                 settings.timeouts.connect,
-                client_tls,
+                upstream_tls.config(),
                 settings.limits.io_threads,
             ),
             tls,
+            upstream_tls,
             metrics,
             stats: StatsTable::default(),
             settings,

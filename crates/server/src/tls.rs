@@ -1,14 +1,18 @@
-//! TLS with rustls (ring provider): the data-plane listener's certificate, reloaded on SIGHUP
-//! from the same files (certificate rotation without a restart), and the client side for
-//! `https://` instances: the system's roots or a configured CA bundle, and optionally a client
-//! certificate for mutual TLS to the engines.
+//! TLS with rustls (ring provider): the data-plane listener's certificate, and the client side
+//! for `https://` instances (the system's roots or a configured CA bundle, and optionally a
+//! client certificate for mutual TLS to the engines). Files are read again on SIGHUP, so a
+//! rotated certificate or CA takes effect without a restart.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, SignatureScheme};
 
 use crate::settings::SettingsError;
 
@@ -94,45 +98,162 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, Sett
     Ok(Arc::new(config))
 }
 
-/// The client configuration for `https://` instances.
-pub fn client_config(up: &UpstreamTls) -> Result<rustls::ClientConfig, SettingsError> {
-    let mut roots = rustls::RootCertStore::empty();
-    match &up.ca_file {
-        Some(path) => {
-            for cert in certs(path, "upstream_tls.ca_file".into())? {
-                roots.add(cert).map_err(|e| {
-                    invalid(
-                        "upstream_tls.ca_file".into(),
-                        format!("{}: {e}", path.display()),
-                    )
-                })?;
-            }
-        }
-        None => {
-            // A minimal container may have none: plain http instances still work, and an
-            // https one then fails its handshake with an error that names the issuer.
-            let found = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(found.certs);
-        }
+/// The CA bundle's verifier, replaced whole on reload. It only delegates to rustls' WebPKI
+/// verifier, which is why building it goes through `dangerous()`: nothing is skipped.
+#[derive(Debug)]
+struct Roots(ArcSwap<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for Roots {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.0
+            .load()
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
     }
-    let builder = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| invalid("upstream_tls".into(), e.to_string()))?
-        .with_root_certificates(roots);
-    let config = match &up.client {
-        Some(files) => {
-            let (chain, key) = chain_and_key(files)?;
-            builder.with_client_auth_cert(chain, key).map_err(|e| {
-                invalid(
-                    "upstream_tls.key_file".into(),
-                    format!("the key does not fit the certificate: {e}"),
-                )
-            })?
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.load().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.load().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.load().supported_verify_schemes()
+    }
+}
+
+/// The client certificate, replaced whole on reload.
+#[derive(Debug)]
+struct ClientCert(ArcSwap<CertifiedKey>);
+
+impl ResolvesClientCert for ClientCert {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.load_full())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+fn verifier(path: &Path) -> Result<Arc<WebPkiServerVerifier>, SettingsError> {
+    let field = "upstream_tls.ca_file";
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certs(path, field.into())? {
+        roots
+            .add(cert)
+            .map_err(|e| invalid(field.into(), format!("{}: {e}", path.display())))?;
+    }
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| invalid(field.into(), format!("{}: {e}", path.display())))
+}
+
+fn certified(files: &TlsFiles) -> Result<Arc<CertifiedKey>, SettingsError> {
+    let (chain, key) = chain_and_key(files)?;
+    CertifiedKey::from_der(chain, key, &provider())
+        .map(Arc::new)
+        .map_err(|e| {
+            invalid(
+                format!("{}.key_file", files.section),
+                format!("the key does not fit the certificate: {e}"),
+            )
+        })
+}
+
+/// The client side for `https://` instances: the system's roots or `ca_file`, and the client
+/// certificate for mutual TLS. The CA bundle and the certificate are read again on reload
+/// (SIGHUP), so a rotated one reaches the next connection without a restart; connections
+/// already open keep the handshake they made.
+#[derive(Debug)]
+pub struct ClientTls {
+    files: UpstreamTls,
+    roots: Option<Arc<Roots>>,
+    cert: Option<Arc<ClientCert>>,
+    config: rustls::ClientConfig,
+}
+
+impl ClientTls {
+    /// Loads the files of `up`.
+    pub fn new(up: &UpstreamTls) -> Result<Self, SettingsError> {
+        let roots = match &up.ca_file {
+            Some(path) => Some(Arc::new(Roots(ArcSwap::new(verifier(path)?)))),
+            None => None,
+        };
+        let cert = match &up.client {
+            Some(files) => Some(Arc::new(ClientCert(ArcSwap::new(certified(files)?)))),
+            None => None,
+        };
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| invalid("upstream_tls".into(), e.to_string()))?;
+        let builder = match &roots {
+            Some(r) => builder
+                .dangerous()
+                .with_custom_certificate_verifier(r.clone()),
+            None => {
+                // A minimal container may have none: plain http instances still work, and an
+                // https one then fails its handshake with an error that names the issuer.
+                let mut native = rustls::RootCertStore::empty();
+                native.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+                builder.with_root_certificates(native)
+            }
+        };
+        // No ALPN here: the connector sets it (HTTP/1.1, what engines speak to the router).
+        let config = match &cert {
+            Some(c) => builder.with_client_cert_resolver(c.clone()),
+            None => builder.with_no_client_auth(),
+        };
+        Ok(Self {
+            files: up.clone(),
+            roots,
+            cert,
+            config,
+        })
+    }
+
+    /// The configuration the upstream connector is built with (it shares the swaps).
+    pub fn config(&self) -> rustls::ClientConfig {
+        self.config.clone()
+    }
+
+    /// Reads the same files again. Both are read before either is replaced, so a bad file
+    /// keeps the pair in force and fails the reload with the field named.
+    pub fn reload(&self) -> Result<(), SettingsError> {
+        let verifier = match &self.files.ca_file {
+            Some(path) => Some(verifier(path)?),
+            None => None,
+        };
+        let cert = match &self.files.client {
+            Some(files) => Some(certified(files)?),
+            None => None,
+        };
+        if let (Some(roots), Some(v)) = (&self.roots, verifier) {
+            roots.0.store(v);
         }
-        None => builder.with_no_client_auth(),
-    };
-    // No ALPN here: the connector sets it (HTTP/1.1, what engines speak to the router).
-    Ok(config)
+        if let (Some(c), Some(k)) = (&self.cert, cert) {
+            c.0.store(k);
+        }
+        Ok(())
+    }
 }
 
 /// The listener's TLS configuration in force, replaced whole on reload.

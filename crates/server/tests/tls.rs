@@ -322,6 +322,109 @@ async fn https_instances_through_a_private_ca_with_a_client_certificate() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// A router file with `[upstream_tls]` in `d` and one instance.
+fn upstream_config(d: &Path, ca_file: &Path, client: &TlsFiles, instance: &str) -> PathBuf {
+    let config = d.join("router.toml");
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n[health]\nactive = false\n[upstream_tls]\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n[[instances]]\nurl = \"{instance}\"\n",
+        ca_file.display().to_string(),
+        client.cert_file.display().to_string(),
+        client.key_file.display().to_string(),
+    );
+    std::fs::write(&config, text).expect("write config");
+    config
+}
+
+#[tokio::test]
+async fn a_rotated_engine_ca_and_client_certificate_are_read_again_on_reload() {
+    let d = dir("upstream-rotation");
+    let (ca1, ca2) = (Ca::new("engines CA 1"), Ca::new("engines CA 2"));
+    let ca_file = d.join("ca.crt");
+    std::fs::write(&ca_file, ca1.pem()).expect("write CA");
+    let client = write_pair(
+        &d,
+        "router",
+        &ca1.issue(ExtendedKeyUsagePurpose::ClientAuth),
+        "upstream_tls",
+    );
+    let first = tls_engine(
+        &write_pair(
+            &d,
+            "engine1",
+            &ca1.issue(ExtendedKeyUsagePurpose::ServerAuth),
+            "test",
+        ),
+        &ca1.pem(),
+    )
+    .await;
+    let config = upstream_config(&d, &ca_file, &client, &first.url());
+    let source = prefix_router_server::ConfigSource {
+        path: Some(config),
+        overrides: Default::default(),
+    };
+    let loaded = source.load().expect("valid config");
+    let r = prefix_router_server::Router::start(loaded, Some(source))
+        .await
+        .expect("starts");
+    let ask = |prompt: &'static str| {
+        let addr = r.local_addr();
+        async move {
+            post(
+                addr,
+                "/v1/completions",
+                &[],
+                format!(r#"{{"prompt":"{prompt}"}}"#),
+            )
+            .await
+        }
+    };
+    assert_eq!(ask("first").await.status, StatusCode::OK);
+
+    // Rotation: the engines move to a new CA, which signs both their certificates and the
+    // router's; the files keep their names and the instance list moves to the new engine.
+    // Only the new CA and the new client certificate together pass both checks.
+    let second = tls_engine(
+        &write_pair(
+            &d,
+            "engine2",
+            &ca2.issue(ExtendedKeyUsagePurpose::ServerAuth),
+            "test",
+        ),
+        &ca2.pem(),
+    )
+    .await;
+    std::fs::write(&ca_file, ca2.pem()).expect("write CA");
+    write_pair(
+        &d,
+        "router",
+        &ca2.issue(ExtendedKeyUsagePurpose::ClientAuth),
+        "upstream_tls",
+    );
+    upstream_config(&d, &ca_file, &client, &second.url());
+    prefix_router_server::reload::reload(r.state())
+        .await
+        .expect("reload");
+    let a = ask("rotated").await;
+    assert_eq!(
+        (a.status, a.upstream()),
+        (StatusCode::OK, "tls-engine".to_string()),
+        "{}",
+        String::from_utf8_lossy(&a.body)
+    );
+
+    // A broken key on reload: refused, naming the field; the pair in force stays.
+    std::fs::write(&client.key_file, "not a key").expect("write");
+    let e = prefix_router_server::reload::reload(r.state())
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("upstream_tls.key_file"), "{e}");
+    assert_eq!(ask("kept").await.status, StatusCode::OK);
+    r.shutdown().await;
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 #[test]
 fn tls_settings_name_the_field_that_is_wrong() {
     let d = dir("settings");
