@@ -127,7 +127,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     bar.finish();
     let analysis = analysis?;
     crate::out::print(&render::text(&analysis))?;
-    eprintln!(
+    crate::note!(
         "analyzed {} requests: {} simulations in {:.1} s",
         input.requests.len(),
         analysis.outcomes.len() + analysis.fleet_sizes.len(),

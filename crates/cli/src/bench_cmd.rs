@@ -232,8 +232,8 @@ impl Bar {
 
     fn plain(&mut self, p: &Progress) {
         match self.last_plain_s {
-            None => eprintln!("{}", first_plain_line(p, &self.target)),
-            Some(last) if p.elapsed_s - last >= PLAIN_EVERY_S => eprintln!("{}", plain_line(p)),
+            None => crate::note!("{}", first_plain_line(p, &self.target)),
+            Some(last) if p.elapsed_s - last >= PLAIN_EVERY_S => crate::note!("{}", plain_line(p)),
             Some(_) => return,
         }
         self.last_plain_s = Some(p.elapsed_s);

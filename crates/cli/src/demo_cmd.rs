@@ -143,7 +143,7 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
         .collect();
     crate::args::apply_strategy_params(&mut strategies, &args.strategy_params)?;
     if demo::reads_tokens(&strategies)? && !args.kv_events {
-        eprintln!("demo: kv-aware routes on the engines' KV events: turning on --kv-events");
+        crate::note!("demo: kv-aware routes on the engines' KV events: turning on --kv-events");
         args.kv_events = true;
     }
     let demo = Demo::new(DemoConfig {
@@ -167,7 +167,7 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
     })?;
     let simulated = demo.simulate()?;
     let config = demo.config();
-    eprintln!(
+    crate::note!(
         "demo: {} requests of {} per strategy through {} mock engines ({}) and {}, engines at {}x real time ({} wall s per engine s)",
         config.workload.requests.len(),
         config.workload.name,
@@ -200,7 +200,7 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
         }));
         bar.lock().unwrap_or_else(|e| e.into_inner()).finish();
         let run = run.with_context(|| format!("demo with {name}"))?;
-        eprintln!(
+        crate::note!(
             "demo: {label}: {} completed, {} failed in {:.1} s wall ({:.0} engine s)",
             run.result.requests,
             run.summary.failed,
@@ -215,7 +215,7 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
     let simulated = match demo.simulate_sent(&runs)? {
         Some(cut) => {
             let sent: Vec<String> = runs.iter().map(|r| r.sent.len().to_string()).collect();
-            eprintln!(
+            crate::note!(
                 "demo: --duration stopped the runs after {} of {} requests; simulate is run on the requests each sent",
                 sent.join(", "),
                 config.workload.requests.len()
@@ -235,7 +235,7 @@ pub fn run(mut args: DemoArgs) -> Result<()> {
     if let Some(path) = &args.json {
         crate::report_file::write_json(path, &report)?;
     }
-    eprintln!("demo: finished in {:.1} s", started.elapsed().as_secs_f64());
+    crate::note!("demo: finished in {:.1} s", started.elapsed().as_secs_f64());
     let failed = demo::failures(&runs);
     if !failed.is_empty() {
         bail!("{}", failed.join("; "));

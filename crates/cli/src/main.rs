@@ -57,7 +57,7 @@ fn main() -> ExitCode {
                 }
                 line.push_str(&cause);
             }
-            eprintln!("error: {line}");
+            crate::note!("error: {line}");
             ExitCode::FAILURE
         }
     }
@@ -87,9 +87,9 @@ fn clap_error(e: clap::Error) -> ExitCode {
                 .filter(|l| !l.trim().is_empty())
                 .collect();
             if message.is_empty() {
-                eprintln!("error: invalid arguments (see --help)");
+                crate::note!("error: invalid arguments (see --help)");
             } else {
-                eprintln!("{}", message.join("\n"));
+                crate::note!("{}", message.join("\n"));
             }
             ExitCode::from(2)
         }

@@ -159,12 +159,12 @@ pub fn run(args: MockEngineArgs) -> Result<()> {
     runtime.block_on(async {
         let engine = MockEngine::bind(args.listen, config).await?;
         if args.instant {
-            eprintln!(
+            crate::note!(
                 "mock engine (instant answers) listening on {}",
                 engine.url()
             );
         } else {
-            eprintln!(
+            crate::note!(
                 "mock engine (preset {}, time scale {}) listening on {}",
                 args.preset,
                 args.time_scale,
@@ -175,7 +175,7 @@ pub fn run(args: MockEngineArgs) -> Result<()> {
             engine.kv_events_endpoint(),
             engine.kv_events_replay_endpoint(),
         ) {
-            eprintln!("KV events on {e}, replay on {r}");
+            crate::note!("KV events on {e}, replay on {r}");
         }
         tokio::signal::ctrl_c()
             .await

@@ -15,3 +15,19 @@ pub fn print(text: &str) -> anyhow::Result<()> {
         _ => Ok(()),
     }
 }
+
+/// Writes one line to standard error (progress, notes, errors). `eprintln!` panics when the
+/// reader has gone (`prefix-router bench ... 2>&1 | head` panicked mid-run): here a closed pipe
+/// drops the line and the command goes on.
+pub fn note_line(text: std::fmt::Arguments<'_>) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_fmt(text).and_then(|()| err.write_all(b"\n"));
+}
+
+/// `eprintln!` without the panic on a closed pipe (see [`note_line`]).
+#[macro_export]
+macro_rules! note {
+    ($($arg:tt)*) => {
+        $crate::out::note_line(format_args!($($arg)*))
+    };
+}

@@ -44,7 +44,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let wall = started.elapsed().as_secs_f64();
 
     crate::out::print(&table::render(&report))?;
-    eprintln!(
+    crate::note!(
         "simulated {} requests x {} in {wall:.1} s",
         workload.requests.len(),
         runs(&config)
@@ -80,7 +80,7 @@ fn run_sweep(args: &SimulateArgs, workload: &SimWorkload) -> Result<()> {
         args.load
     ))?;
     crate::out::print(&sweep::render(&sweep))?;
-    eprintln!(
+    crate::note!(
         "simulated {} loads x {} (and the capacity run) in {:.1} s",
         args.load.len(),
         runs(&config),
@@ -115,7 +115,7 @@ fn write_trace(path: &Path, requests: &[Request]) -> Result<()> {
     trace::write_jsonl(requests, &mut out)
         .and_then(|()| std::io::Write::flush(&mut out))
         .with_context(|| format!("--write-trace: cannot write {}", path.display()))?;
-    eprintln!("wrote {} requests to {}", requests.len(), path.display());
+    crate::note!("wrote {} requests to {}", requests.len(), path.display());
     Ok(())
 }
 

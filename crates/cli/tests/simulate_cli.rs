@@ -455,3 +455,31 @@ fn a_scale_list_may_start_with_a_removal() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A reader that leaves early (`... 2>&1 | head -1`) closes standard error: the notes written
+/// there are dropped and the command finishes (`eprintln!` panicked with exit status 101).
+#[test]
+fn a_closed_standard_error_does_not_stop_a_command() {
+    let trace = tmp("closed-stderr.jsonl");
+    let mut child = bin()
+        .args([
+            "simulate",
+            "--workload",
+            "sharegpt",
+            "--requests",
+            "20",
+            "--write-trace",
+        ])
+        .arg(&trace)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    // Closed before the child writes its note (it has a 150 MB binary to load first).
+    drop(child.stderr.take());
+    let status = child.wait().expect("waits");
+    assert!(status.success(), "{status}");
+    let written = std::fs::read_to_string(&trace).expect("the trace is written");
+    assert_eq!(written.lines().count(), 20);
+    let _ = std::fs::remove_file(trace);
+}
