@@ -106,7 +106,10 @@ pub async fn run_until_signal(
     options: PickerOptions,
 ) -> Result<(), ServerError> {
     let (ops, ops_addr) = bind_ops(listeners.ops).await?;
-    tracing::info!(grpc = %listeners.grpc, ops = ?ops_addr, "endpoint picker starting");
+    match ops_addr {
+        Some(ops) => tracing::info!(grpc = %listeners.grpc, %ops, "endpoint picker starting"),
+        None => tracing::info!(grpc = %listeners.grpc, ops = "off", "endpoint picker starting"),
+    }
     run_front_until_signal(source, Some((listeners.grpc, front(options, ops)))).await
 }
 
