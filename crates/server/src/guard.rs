@@ -61,9 +61,12 @@ impl InFlightGuard {
         self.log = Some(Box::new(entry));
     }
 
-    /// This attempt is retried elsewhere: the next one writes the request's line.
-    pub fn no_log(&mut self) {
-        self.log = None;
+    /// This attempt is retried elsewhere: the next one writes the request's line. The entry
+    /// comes back, marked retried, for the caller to write if no next attempt starts.
+    pub fn take_log(&mut self) -> Option<Box<Entry>> {
+        let mut e = self.log.take()?;
+        e.outcome = Outcome::Retried.label();
+        Some(e)
     }
 
     /// The instance's status code (for the access log).

@@ -119,10 +119,24 @@ async fn forward(
     let snapshot = state.fleet.snapshot();
     let mut tried: Vec<Arc<Instance>> = Vec::new();
     let mut attempt_no = 0u32;
+    // The line of a retried attempt, written only if no next attempt starts (the request
+    // then ends here, and its line says where it last went).
+    let mut retried_line: Option<Box<Entry>> = None;
     loop {
-        let view = candidates(state, &snapshot, &tried, model)?;
-        let fleet = view.as_ref().unwrap_or(&snapshot);
-        let mut routed = prepared.route(state, fleet)?;
+        let routed = candidates(state, &snapshot, &tried, model).and_then(|view| {
+            let fleet = view.as_ref().unwrap_or(&snapshot);
+            prepared.route(state, fleet)
+        });
+        let mut routed = match routed {
+            Ok(r) => r,
+            Err(e) => {
+                if let (Some(mut line), Some(log)) = (retried_line, &state.access_log) {
+                    line.duration_s = received.elapsed().as_secs_f64();
+                    log.log(*line);
+                }
+                return Err(e);
+            }
+        };
         if logging {
             routed.guard.log_as(Entry {
                 t: unix_now() - received.elapsed().as_secs_f64(),
@@ -200,7 +214,7 @@ async fn forward(
         } = routed;
         // One line per request: the attempt that answers it writes it.
         let mut guard = guard;
-        guard.no_log();
+        retried_line = guard.take_log();
         drop(guard);
         tried.push(instance);
         attempt_no += 1;

@@ -147,6 +147,48 @@ async fn a_retried_request_is_one_line_from_the_attempt_that_answered() {
     );
 }
 
+/// A request retried and then refused (the only other instance is at its in-flight cap) still
+/// writes its line, from the attempt that failed; it wrote none.
+#[tokio::test]
+async fn a_retried_request_that_finds_no_instance_still_writes_its_line() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let d = dir("retry-refused");
+    let path = d.join("access.jsonl");
+    let mut s = settings(&[a.url(), b.url()]);
+    s.access_log.path = Some(path.clone());
+    s.limits.max_in_flight_per_instance = Some(1);
+    let r = router(s).await;
+    let addr = r.local_addr();
+    // One request held fills an instance; the other then answers 503 (retryable).
+    let held = post_held(addr, r#"{"prompt":"held"}"#);
+    tokio::time::timeout(WAIT, async {
+        while a.held() + b.held() < 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("held");
+    let (full, other) = if a.held() == 1 { (&a, &b) } else { (&b, &a) };
+    other.set_mode(Mode::Status(503));
+    let refused = complete(addr, "retried, then refused").await;
+    assert_ne!(refused.status, StatusCode::OK);
+    full.release(1);
+    assert_eq!(held.await.expect("held").status, StatusCode::OK);
+    r.shutdown().await;
+    let got = lines(&path);
+    assert_eq!(got.len(), 2, "{got:?}");
+    let line = got
+        .iter()
+        .find(|l| l["instance"] == other.url())
+        .unwrap_or_else(|| panic!("no line for the refused request: {got:?}"));
+    assert_eq!(
+        (line["outcome"].as_str(), line["attempt"].as_u64()),
+        (Some("retried"), Some(0)),
+        "{line}"
+    );
+}
+
 #[tokio::test]
 async fn a_path_that_cannot_be_opened_stops_start_up_naming_the_field() {
     let mut s = settings(&[]);
