@@ -73,6 +73,7 @@ fn commit(
         note,
         sent_at: req.now,
         first_token_at: None,
+        streamed: true,
     };
     Dispatched {
         index: decision.index,
@@ -130,6 +131,17 @@ impl Ticket {
         self.info.first_token_at = Some(now);
         self.strategy
             .feedback(&self.info, &Feedback::FirstToken, now);
+    }
+
+    /// A whole unstreamed answer arrived at `now`: told as the first token, marked as no sample
+    /// of its time ([`TicketInfo::streamed`]). Only the first call (of this or
+    /// [`Ticket::first_token`]) counts.
+    pub fn whole_answer(&mut self, now: f64) {
+        if self.done || self.info.first_token_at.is_some() {
+            return;
+        }
+        self.info.streamed = false;
+        self.first_token(now);
     }
 
     /// The request ended at `now`: releases the slot and tells the strategy.

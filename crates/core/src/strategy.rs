@@ -102,6 +102,10 @@ pub struct TicketInfo {
     pub sent_at: f64,
     /// When its first token came (set by the ticket before [`Feedback::FirstToken`] is told).
     pub first_token_at: Option<f64>,
+    /// Whether `first_token_at` is a first token (a streamed answer), or only when a whole
+    /// unstreamed answer arrived ([`Ticket::whole_answer`](crate::Ticket::whole_answer)): that
+    /// time includes the decode, so it is no sample of the time to first token.
+    pub streamed: bool,
 }
 
 /// A change of membership or state, told to the strategy by whoever changed it.

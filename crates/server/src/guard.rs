@@ -30,6 +30,9 @@ pub struct InFlightGuard {
     completed: bool,
     usage: Option<Usage>,
     first_byte_seen: bool,
+    /// False for an answer that is not an event stream: its first byte comes with the whole
+    /// answer, after the decode.
+    streamed: bool,
     /// The access log's line, when the log is on: filled in as the request goes, sent on drop.
     log: Option<Box<Entry>>,
 }
@@ -51,6 +54,7 @@ impl InFlightGuard {
             completed: false,
             usage: None,
             first_byte_seen: false,
+            streamed: true,
             log: None,
         }
     }
@@ -125,14 +129,23 @@ impl InFlightGuard {
         self.completed = true;
     }
 
-    /// The first response body byte is about to go to the client: records TTFT once, and for a
-    /// successful answer tells the strategy (an error body's first byte is no first token: it
-    /// would teach cache-aware that prefill is free).
+    /// The answer is not an event stream: its first byte is the whole answer's arrival.
+    pub fn unstreamed(&mut self) {
+        self.streamed = false;
+    }
+
+    /// The first response body byte is about to go to the client: for a successful answer,
+    /// records TTFT once and tells the strategy. An error body's first byte is no first token:
+    /// it would teach cache-aware that prefill is free, and make a failing instance's TTFT
+    /// the best on the dashboard.
     pub fn first_byte(&mut self) {
         if self.first_byte_seen {
             return;
         }
         self.first_byte_seen = true;
+        if self.outcome != Outcome::Ok {
+            return;
+        }
         let now = Instant::now();
         let ttft = now.saturating_duration_since(self.received).as_secs_f64();
         if let Some(e) = self.log.as_mut() {
@@ -142,9 +155,12 @@ impl InFlightGuard {
         self.state
             .metrics
             .observe_ttft(&self.stats.series, &self.instance.id().0, ttft);
-        if self.outcome == Outcome::Ok {
-            if let Some(t) = self.ticket.as_mut() {
-                t.first_token(self.state.secs_at(now));
+        let at = self.state.secs_at(now);
+        if let Some(t) = self.ticket.as_mut() {
+            if self.streamed {
+                t.first_token(at);
+            } else {
+                t.whole_answer(at);
             }
         }
     }

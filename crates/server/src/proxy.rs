@@ -236,9 +236,13 @@ fn relay(
     fields.push_checked(INSTANCE_HEADER.as_bytes(), routed.id().as_bytes());
     fields.push(DECISION_HEADER.as_bytes(), routed.reason.as_bytes());
     let sse = fields.is_event_stream();
+    let mut guard = routed.guard;
+    if !sse {
+        guard.unstreamed();
+    }
     let body = RelayBody::new(
         incoming,
-        routed.guard,
+        guard,
         settings.timeouts.idle_stream,
         scan_usage,
         sse,

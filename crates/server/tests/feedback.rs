@@ -131,6 +131,57 @@ async fn answers_failures_and_cancellations_are_reported() {
     r.shutdown().await;
 }
 
+/// An answer that is not an event stream arrives whole, after its decode: the strategy is told
+/// it is no sample of the time to first token. An error answer records no TTFT at all (a fast
+/// 400 made a failing instance's TTFT the best on the dashboard).
+#[tokio::test]
+async fn whole_answers_and_error_answers_are_no_ttft_samples() {
+    let up = Upstream::start("a", Mode::Echo, &[]).await;
+    let r = router(settings(&[up.url()])).await;
+    let addr = r.local_addr();
+    let recorder = install(&r);
+    let first_token_streamed = |recorder: &Recording| {
+        recorder.take().into_iter().find_map(|c| match c {
+            Call::Feedback {
+                event: prefix_router_core::Feedback::FirstToken,
+                streamed,
+                ..
+            } => Some(streamed),
+            _ => None,
+        })
+    };
+    let a = post(addr, "/v1/completions", &[], r#"{"prompt":"whole"}"#).await;
+    assert_eq!(a.status, StatusCode::OK);
+    eventually("told", || in_flight(&r, &up.url()) == 0).await;
+    assert_eq!(first_token_streamed(&recorder), Some(false));
+    let a = post(
+        addr,
+        "/v1/completions",
+        &[("x-test-stream", "1"), ("x-test-chunks", "2")],
+        r#"{"prompt":"streamed","stream":true}"#,
+    );
+    up.open_gate(1);
+    assert_eq!(a.await.status, StatusCode::OK);
+    eventually("told", || in_flight(&r, &up.url()) == 0).await;
+    assert_eq!(first_token_streamed(&recorder), Some(true));
+
+    let ttft_count = |text: &str| {
+        let series = format!(
+            "prefix_router_ttft_seconds_count{{instance=\"{}\"}} ",
+            up.url()
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()).map(str::to_owned))
+            .unwrap_or_default()
+    };
+    assert_eq!(ttft_count(&metrics_text(addr).await), "2");
+    up.set_mode(Mode::Status(400));
+    let a = post(addr, "/v1/completions", &[], r#"{"prompt":"bad"}"#).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert_eq!(ttft_count(&metrics_text(addr).await), "2");
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_retried_instance_is_told_it_failed() {
     let busy = Upstream::start("busy", Mode::Status(503), &[]).await;

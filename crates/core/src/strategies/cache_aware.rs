@@ -493,14 +493,18 @@ impl Strategy for CacheAware {
             Feedback::FirstToken => {
                 load.leave_queue(uncached, t.sent_at, f64::from_bits(t.note[3]));
                 load.decoding += 1;
-                let queued = t.note[0] & ((1 << 40) - 1);
-                let decoding = t.note[0] >> 40;
-                load.observe(
-                    &mut st.pool,
-                    (queued + uncached) as f64,
-                    decoding as f64,
-                    now - t.sent_at,
-                );
+                // An unstreamed answer's time includes its decode: learning from it would
+                // make prefill look that slow.
+                if t.streamed {
+                    let queued = t.note[0] & ((1 << 40) - 1);
+                    let decoding = t.note[0] >> 40;
+                    load.observe(
+                        &mut st.pool,
+                        (queued + uncached) as f64,
+                        decoding as f64,
+                        now - t.sent_at,
+                    );
+                }
             }
             Feedback::Finished { usage } => {
                 load.decoding = load.decoding.saturating_sub(1);

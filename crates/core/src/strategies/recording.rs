@@ -36,6 +36,8 @@ pub enum Call {
         now: f64,
         sent_at: f64,
         note: Note,
+        /// [`TicketInfo::streamed`].
+        streamed: bool,
     },
     /// [`Strategy::membership`].
     Membership {
@@ -118,6 +120,7 @@ impl Strategy for Recording {
             now,
             sent_at: t.sent_at,
             note: t.note,
+            streamed: t.streamed,
         });
     }
 
