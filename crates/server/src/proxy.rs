@@ -243,7 +243,7 @@ fn relay(
     let body = RelayBody::new(
         incoming,
         guard,
-        settings.timeouts.idle_stream,
+        (settings.timeouts.idle_stream, settings.timeouts.first_byte),
         scan_usage,
         sse,
     );

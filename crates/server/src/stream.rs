@@ -29,6 +29,11 @@ use crate::usage::UsageScanner;
 #[error("upstream stream idle for more than {0:?}")]
 pub struct IdleTimeout(pub Duration);
 
+/// The instance sent its head but no data within the first-byte timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("no answer data within {0:?} of the response head (timeouts.first_byte_ms)")]
+pub struct FirstDataTimeout(pub Duration);
+
 /// An upstream body relayed to the client. Dropping it (client gone) drops the upstream body,
 /// which closes that upstream connection: the engine sees the disconnect and stops generating.
 #[derive(Debug)]
@@ -36,6 +41,14 @@ pub struct RelayBody {
     inner: Leased,
     guard: InFlightGuard,
     idle: Duration,
+    /// Until the first data frame, the wait may last this long from the head. Engines behind
+    /// uvicorn (vLLM, SGLang) send a stream's head at once, before queueing and prefill: the
+    /// idle timeout alone would cut a request that waited its turn for 5 minutes.
+    first_data: Duration,
+    /// When the relay started (the head came).
+    started: Instant,
+    /// A data frame went by.
+    seen_data: bool,
     /// When the instance last sent something (or the relay started).
     last: Instant,
     /// The idle timer, armed only once the instance makes the relay wait, and moved only when
@@ -57,20 +70,35 @@ impl RelayBody {
     pub fn new(
         inner: Leased,
         guard: InFlightGuard,
-        idle: Duration,
+        (idle, first_data): (Duration, Duration),
         scan_usage: bool,
         sse: bool,
     ) -> Self {
+        let now = Instant::now();
         Self {
             inner,
             guard,
             idle,
-            last: Instant::now(),
+            first_data,
+            started: now,
+            seen_data: false,
+            last: now,
             timer: None,
             usage: scan_usage.then(UsageScanner::new),
             sse,
             last_two: *b"\n\n",
             done: false,
+        }
+    }
+
+    /// When waiting becomes a timeout: `idle` after the last frame, and before the first data
+    /// no sooner than `first_data` after the head.
+    fn deadline(&self) -> Instant {
+        let idle_at = self.last + self.idle;
+        if self.seen_data {
+            idle_at
+        } else {
+            idle_at.max(self.started + self.first_data)
         }
     }
 
@@ -102,7 +130,7 @@ impl RelayBody {
         }
         self.guard.metrics().stream_error_events.inc();
         let id = self.guard.instance().id();
-        let api = if outcome == Outcome::IdleTimeout {
+        let api = if matches!(outcome, Outcome::IdleTimeout | Outcome::Timeout) {
             ApiError::gateway_timeout(format!("instance {id}: {err}; the answer is incomplete"))
         } else {
             ApiError::bad_gateway(
@@ -139,7 +167,10 @@ impl Body for RelayBody {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                let mut first_data = false;
                 if let Some(data) = frame.data_ref() {
+                    first_data = !this.seen_data && !data.is_empty();
+                    this.seen_data |= first_data;
                     this.guard.first_byte();
                     if let Some(scanner) = this.usage.as_mut() {
                         scanner.feed(data);
@@ -150,8 +181,12 @@ impl Body for RelayBody {
                         n => this.last_two = [data[n - 2], data[n - 1]],
                     }
                 }
-                if this.timer.is_some() {
+                if let Some(timer) = this.timer.as_mut() {
                     this.last = Instant::now();
+                    // Armed for the first data's longer wait: from here on, the idle one.
+                    if first_data {
+                        timer.as_mut().reset(this.last + this.idle);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -165,23 +200,29 @@ impl Body for RelayBody {
                 if this.timer.is_none() {
                     // First wait: from now on, `last` is kept current on every frame.
                     this.last = Instant::now();
-                    this.timer = Some(Box::pin(tokio::time::sleep_until(this.last + this.idle)));
+                    this.timer = Some(Box::pin(tokio::time::sleep_until(this.deadline())));
                 }
-                if let Some(timer) = this.timer.as_mut() {
+                if let Some(mut timer) = this.timer.take() {
                     loop {
                         if timer.as_mut().poll(cx).is_pending() {
+                            this.timer = Some(timer);
                             return Poll::Pending;
                         }
-                        // Fired: idle for real, or armed before the latest frame arrived.
-                        let deadline = this.last + this.idle;
+                        // Fired: for real, or armed before the latest frame arrived.
+                        let deadline = this.deadline();
                         if deadline <= Instant::now() {
                             break;
                         }
                         timer.as_mut().reset(deadline);
                     }
                 }
-                let idle = this.idle;
-                this.error(Outcome::IdleTimeout, Box::new(IdleTimeout(idle)))
+                if this.seen_data {
+                    let idle = this.idle;
+                    this.error(Outcome::IdleTimeout, Box::new(IdleTimeout(idle)))
+                } else {
+                    let wait = this.first_data.max(this.idle);
+                    this.error(Outcome::Timeout, Box::new(FirstDataTimeout(wait)))
+                }
             }
         }
     }

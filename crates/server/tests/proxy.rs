@@ -485,6 +485,58 @@ async fn idle_upstream_stream_is_cut_and_released() {
     r.shutdown().await;
 }
 
+/// vLLM sends a stream's head at once, then queues and prefills: the wait for the first data is
+/// bounded by `first_byte`, not by the idle timeout (which cut a request queued 5 minutes).
+#[tokio::test]
+async fn a_stream_queued_before_its_first_data_waits_first_byte_not_idle() {
+    let up = Upstream::start("s", Mode::Echo, &[]).await;
+    let mut s = settings(&[up.url()]);
+    s.timeouts.idle_stream = Duration::from_millis(100);
+    s.timeouts.first_byte = Duration::from_millis(1_500);
+    let r = router(s).await;
+    let queued = |r: &prefix_router_server::RunningRouter| {
+        let addr = r.local_addr();
+        async move {
+            let mut sender = connect(addr).await;
+            let req = request(
+                Method::POST,
+                "/v1/completions",
+                &[
+                    ("x-test-stream", "1"),
+                    ("x-test-queued", "1"),
+                    ("x-test-chunks", "2"),
+                ],
+                r#"{"prompt":"queued","stream":true}"#,
+            );
+            let resp = sender.send_request(req).await.expect("head");
+            let body = tokio::time::timeout(WAIT, resp.into_body().collect())
+                .await
+                .expect("ended in time")
+                .expect("a clean end")
+                .to_bytes();
+            String::from_utf8_lossy(&body).to_string()
+        }
+    };
+    // Queued 3 idle timeouts long, then answered: the whole answer, no error event.
+    let answer = tokio::spawn(queued(&r));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    up.open_gate(2);
+    let text = answer.await.expect("answer");
+    assert!(!text.contains("event: error"), "{text}");
+    assert_eq!(text.matches("data: ").count(), 2, "{text}");
+    // Never answered: cut at first_byte with the error event.
+    let started = std::time::Instant::now();
+    let text = queued(&r).await;
+    assert!(text.contains("\"code\":\"upstream_timeout\""), "{text}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_400),
+        "{:?}",
+        started.elapsed()
+    );
+    eventually("in-flight released", || in_flight(&r, &up.url()) == 0).await;
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn timeouts_and_dead_fleets_answer_in_the_openai_shape() {
     let up = Upstream::start("u", Mode::Echo, &[]).await;

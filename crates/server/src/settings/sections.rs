@@ -178,7 +178,9 @@ pub struct Timeouts {
     /// Connecting to an instance.
     #[serde(rename = "connect_ms", deserialize_with = "de::millis")]
     pub connect: Duration,
-    /// Request sent to response head received (prefill can take minutes: generous default).
+    /// Request sent to response head received (prefill can take minutes: generous default),
+    /// and head to first data for an answer whose head comes at once (vLLM's and SGLang's
+    /// streams): until then the idle-stream timeout does not cut it.
     #[serde(rename = "first_byte_ms", deserialize_with = "de::millis")]
     pub first_byte: Duration,
     /// Longest pause between two response chunks.

@@ -42,7 +42,9 @@ pub enum Mode {
 /// A stand-in engine. Request headers steer it:
 /// - `x-test-hold: 1`: wait until the test releases it ([`Upstream::release`]);
 /// - `x-test-stream: 1`: stream SSE chunks: one at once, the rest after [`Upstream::open_gate`],
-///   then every 10 ms until `x-test-chunks` chunks went out (or the reader is gone);
+///   then every 10 ms until `x-test-chunks` chunks went out (or the reader is gone); with
+///   `x-test-queued: 1` the head goes at once and the first chunk too waits for the gate (an
+///   engine's queue and prefill, as vLLM streams);
 /// - `x-test-abort: 1`: stream one and a half SSE events, then break the connection;
 /// - `x-test-usage: P,C`: report usage (`prompt_tokens` P, `cached_tokens` C, which may be
 ///   `null`): the whole answer when not streaming, an SSE chunk and `[DONE]` after the others
@@ -236,9 +238,15 @@ async fn serve_upstream(shared: Arc<UpShared>, req: Request<Incoming>) -> Respon
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok())
             .unwrap_or(5);
+        let queued = headers.contains_key("x-test-queued");
         let (tx, rx) = mpsc::channel(1);
         let s = Arc::clone(&shared);
         tokio::spawn(async move {
+            if queued {
+                if let Ok(p) = s.gate.acquire().await {
+                    p.forget();
+                }
+            }
             if tx.send(sse_chunk(0)).await.is_err() {
                 s.cancelled.fetch_add(1, Ordering::SeqCst);
                 return;
