@@ -169,15 +169,26 @@ async fn replay(
         ticket.finish(End::Failed, state.now_s());
         return false;
     };
-    ticket.first_token(state.now_s());
+    // An error's head is no first token: a 404 from an engine that has not loaded the model
+    // yet would teach the strategy that this instance prefills for free.
     let ok = resp.status().is_success();
+    if ok {
+        ticket.first_token(state.now_s());
+    }
     let mut scanner = UsageScanner::new();
     let mut body = resp.into_body();
-    while let Some(Ok(frame)) = body.frame().await {
-        if let Some(data) = frame.data_ref() {
-            scanner.feed(data);
+    // One token: the body follows the head at once. One that breaks or never ends is a
+    // failure, not an answer.
+    let read = tokio::time::timeout(state.settings.timeouts.idle_stream, async {
+        while let Some(frame) = body.frame().await {
+            if let Some(data) = frame.ok()?.data_ref() {
+                scanner.feed(data);
+            }
         }
-    }
+        Some(())
+    })
+    .await;
+    let ok = ok && matches!(read, Ok(Some(())));
     let end = if ok {
         End::Finished {
             usage: scanner.finish(),

@@ -134,3 +134,70 @@ async fn prewarming_halves_the_dip_when_an_instance_joins() {
         "dip {warm} with prewarming against {cold} without"
     );
 }
+
+/// A joining instance that answers its replays with an error (the model not loaded yet) teaches
+/// the strategy nothing about its speed: the replays are failures, never first tokens.
+#[tokio::test]
+async fn replays_answered_with_an_error_are_no_first_tokens() {
+    use prefix_router_core::strategies::recording::{Call, Pick, Recording};
+    use prefix_router_core::Feedback;
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Status(404), &[]).await;
+    let mut s = settings(&[a.url()]);
+    s.prewarm.enabled = true;
+    let r = router(s).await;
+    for doc in 0..4 {
+        let ans = post(
+            r.local_addr(),
+            "/v1/chat/completions",
+            &[],
+            chat_about(doc, 1),
+        )
+        .await;
+        assert_eq!(ans.status, StatusCode::OK);
+    }
+    // From here every request (and the plan) goes to the last instance: the joining one.
+    let recorder = std::sync::Arc::new(Recording::new(Pick::Last));
+    let current = r.state().routing.load_full();
+    r.state().routing.store(std::sync::Arc::new(
+        prefix_router_server::routing::Routing {
+            config: current.config.clone(),
+            prefix_length: current.prefix_length,
+            strategy: recorder.clone(),
+        },
+    ));
+    let specs = vec![
+        InstanceSpec::from_url(a.url()),
+        InstanceSpec::from_url(b.url()),
+    ];
+    prefix_router_server::reload::set_members(r.state(), specs).await;
+    let b_url = b.url();
+    let warming = |r: &RunningRouter| {
+        r.state()
+            .fleet
+            .snapshot()
+            .get(&b_url)
+            .map(|(_, i)| i.state())
+            == Some(InstanceState::Warming)
+    };
+    eventually("the replays ended", || !warming(&r)).await;
+    let failed = metric(
+        &metrics_text(r.local_addr()).await,
+        "prefix_router_prewarm_replays_total",
+        &[("reason", "failed")],
+    );
+    assert!(failed >= 1.0, "{failed}");
+    let told: Vec<Feedback> = recorder
+        .take()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Feedback {
+                instance, event, ..
+            } if instance.as_str() == b.url() => Some(event),
+            _ => None,
+        })
+        .collect();
+    assert!(!told.is_empty(), "no replay was told");
+    assert!(told.iter().all(|e| *e == Feedback::Failed), "{told:?}");
+    r.shutdown().await;
+}
