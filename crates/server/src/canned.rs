@@ -60,6 +60,18 @@ pub fn malformed(what: &str) -> ApiError {
     )
 }
 
+/// A request framing the router does not implement (501).
+pub fn not_implemented(what: &str) -> ApiError {
+    ApiError {
+        status: http::StatusCode::NOT_IMPLEMENTED,
+        ..ApiError::bad_request(
+            "unsupported_transfer_coding",
+            format!("{what}; send the body with content-length or chunked alone"),
+            None,
+        )
+    }
+}
+
 /// A request head over `limits.max_header_bytes` (431).
 pub fn head_too_large(max_header_bytes: usize) -> ApiError {
     ApiError {

@@ -400,6 +400,17 @@ impl BodyDecoder {
     }
 }
 
+/// `name ":" value` with a token name (no whitespace before the colon).
+fn is_field_line(line: &[u8]) -> bool {
+    let Some(colon) = line.iter().position(|&b| b == b':') else {
+        return false;
+    };
+    colon > 0
+        && line[..colon]
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
 fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded, WireError> {
     loop {
         match *state {
@@ -439,7 +450,16 @@ fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded,
                 let Some(nl) = line_end(buf, left, "trailers too long")? else {
                     return Ok(Decoded::More);
                 };
-                let empty = nl == 0 || (nl == 1 && buf[0] == b'\r');
+                // Every line ends in CRLF (RFC 9112 section 7.1). A bare LF ending the body
+                // would let what follows be read as the next pipelined request, where a proxy
+                // in front that does not end a line at LF saw it as part of this one.
+                if nl == 0 || buf[nl - 1] != b'\r' {
+                    return Err(WireError::Chunk("trailer line not ended by CRLF"));
+                }
+                let empty = nl == 1;
+                if !empty && !is_field_line(&buf[..nl - 1]) {
+                    return Err(WireError::Chunk("trailer line is not a field"));
+                }
                 // Trailers are read past and dropped: engines send none that a client needs.
                 buf.advance(nl + 1);
                 *state = if empty {

@@ -135,7 +135,9 @@ fn catalogue() -> Vec<Case> {
         case("two different content-lengths", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n{\"a\":1".to_vec(), 400, Some("malformed_request")),
         case("content-length not a number", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n".to_vec(), 400, Some("malformed_request")),
         case("negative content-length", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: -1\r\n\r\n".to_vec(), 400, Some("malformed_request")),
-        case("transfer-encoding not chunked", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\n".to_vec(), 400, None),
+        case("transfer-encoding not chunked", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\n".to_vec(), 501, Some("unsupported_transfer_coding")),
+        case("gzip then chunked", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n".to_vec(), 501, Some("unsupported_transfer_coding")),
+        case("chunked body ended by a bare LF", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\nGET /health HTTP/1.1\r\nhost: x\r\n\r\n".to_vec(), 400, None),
         case("chunk size not hex", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n".to_vec(), 400, None),
         case("CL.TE smuggling: the chunked body is what is read", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\ntransfer-encoding: chunked\r\n\r\n1\r\n{\r\n0\r\n\r\nGET /v1/../admin HTTP/1.1\r\nhost: x\r\n\r\n".to_vec(), 400, None),
         // Request lines.

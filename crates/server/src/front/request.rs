@@ -47,6 +47,8 @@ pub struct RequestHead {
 pub enum HeadError {
     /// Not HTTP/1.x, or a framing a proxy must not guess at: 400.
     Malformed(&'static str),
+    /// A transfer-coding other than one `chunked`: 501 (RFC 9112 section 6.1).
+    Unsupported(&'static str),
     /// Over `limits.max_header_bytes`, or more than 100 headers: 431.
     TooLarge,
     /// More headers than the first parse had room for: parsed again with room for 100 (never
@@ -59,6 +61,7 @@ impl HeadError {
     pub fn to_api(&self, max_header_bytes: usize) -> ApiError {
         match self {
             HeadError::Malformed(what) => crate::canned::malformed(what),
+            HeadError::Unsupported(what) => crate::canned::not_implemented(what),
             HeadError::TooLarge | HeadError::ManyHeaders => {
                 crate::canned::head_too_large(max_header_bytes)
             }
@@ -133,7 +136,10 @@ fn parse_in<const N: usize>(
         .map_err(|_| HeadError::Malformed("the URI could not be parsed"))?;
     let mut headers = HeaderMap::with_capacity(count);
     let mut length = None::<u64>;
-    let (mut coded, mut chunked) = (false, false);
+    // Codings accumulate over repeated headers. Only one `chunked` is followed: a request body
+    // under another coding (gzip, say) would reach the engine undone under a header it never
+    // sees (transfer-encoding is hop-by-hop), as bytes that do not parse.
+    let (mut coded, mut chunked, mut other) = (false, 0u32, false);
     let (mut close, mut keep, mut expect_continue) = (false, false, false);
     for &(name, value) in &spans[..count] {
         let raw_value = slice(value);
@@ -147,9 +153,12 @@ fn parse_in<const N: usize>(
             }
             length = Some(n);
         } else if name == TRANSFER_ENCODING {
-            // Codings accumulate over repeated headers: the last one named decides.
-            if let Some(last) = tokens(&raw_value).last() {
-                chunked = last.eq_ignore_ascii_case(b"chunked");
+            for t in tokens(&raw_value) {
+                if t.eq_ignore_ascii_case(b"chunked") {
+                    chunked += 1;
+                } else {
+                    other = true;
+                }
             }
             coded = true;
         } else if name == CONNECTION {
@@ -176,9 +185,14 @@ fn parse_in<const N: usize>(
                 "transfer-encoding in an HTTP/1.0 request",
             ))
         }
-        (true, None) if !chunked => {
+        (true, None) if other => {
+            return Err(HeadError::Unsupported(
+                "only the chunked transfer-coding is supported",
+            ))
+        }
+        (true, None) if chunked != 1 => {
             return Err(HeadError::Malformed(
-                "the transfer-encoding does not end with chunked",
+                "the transfer-encoding is not chunked once",
             ))
         }
         (true, None) => BodyFraming::Chunked,

@@ -306,7 +306,20 @@ fn chunked_bodies_decode_with_extensions_and_trailers() {
 
 #[test]
 fn broken_chunked_bodies_are_errors() {
-    let cases: [(&[u8], &str); 6] = [
+    let cases: [(&[u8], &str); 9] = [
+        // A bare LF ending the body: what follows must not be read as the next request.
+        (
+            b"2\r\nab\r\n0\r\n\nGET / HTTP/1.1\r\n\r\n",
+            "trailer line not ended by CRLF",
+        ),
+        (
+            b"2\r\nab\r\n0\r\nx-t: 1\n\r\n",
+            "trailer line not ended by CRLF",
+        ),
+        (
+            b"2\r\nab\r\n0\r\nno colon\r\n\r\n",
+            "trailer line is not a field",
+        ),
         (b"zz\r\nab\r\n0\r\n\r\n", "size line without a size"),
         (b"2x\r\nab\r\n0\r\n\r\n", "invalid character in a size line"),
         (b"2\r\nabXY0\r\n\r\n", "chunk data not followed by CRLF"),
