@@ -133,15 +133,10 @@ impl Ticket {
             .feedback(&self.info, &Feedback::FirstToken, now);
     }
 
-    /// A whole unstreamed answer arrived at `now`: told as the first token, marked as no sample
-    /// of its time ([`TicketInfo::streamed`]). Only the first call (of this or
-    /// [`Ticket::first_token`]) counts.
-    pub fn whole_answer(&mut self, now: f64) {
-        if self.done || self.info.first_token_at.is_some() {
-            return;
-        }
+    /// The answer is not streamed: its first token, when told (or implied by its end), is when
+    /// the whole answer arrived, which is no sample of its time ([`TicketInfo::streamed`]).
+    pub fn unstreamed(&mut self) {
         self.info.streamed = false;
-        self.first_token(now);
     }
 
     /// The request ended at `now`: releases the slot and tells the strategy.

@@ -103,7 +103,7 @@ pub struct TicketInfo {
     /// When its first token came (set by the ticket before [`Feedback::FirstToken`] is told).
     pub first_token_at: Option<f64>,
     /// Whether `first_token_at` is a first token (a streamed answer), or only when a whole
-    /// unstreamed answer arrived ([`Ticket::whole_answer`](crate::Ticket::whole_answer)): that
+    /// unstreamed answer arrived ([`Ticket::unstreamed`](crate::Ticket::unstreamed)): that
     /// time includes the decode, so it is no sample of the time to first token.
     pub streamed: bool,
 }

@@ -30,9 +30,6 @@ pub struct InFlightGuard {
     completed: bool,
     usage: Option<Usage>,
     first_byte_seen: bool,
-    /// False for an answer that is not an event stream: its first byte comes with the whole
-    /// answer, after the decode.
-    streamed: bool,
     /// The access log's line, when the log is on: filled in as the request goes, sent on drop.
     log: Option<Box<Entry>>,
 }
@@ -54,7 +51,6 @@ impl InFlightGuard {
             completed: false,
             usage: None,
             first_byte_seen: false,
-            streamed: true,
             log: None,
         }
     }
@@ -129,9 +125,13 @@ impl InFlightGuard {
         self.completed = true;
     }
 
-    /// The answer is not an event stream: its first byte is the whole answer's arrival.
+    /// The answer is not an event stream: its first byte is the whole answer's arrival, after
+    /// the decode (told to the strategy as no sample of the time to first token, also when the
+    /// body ends without a byte).
     pub fn unstreamed(&mut self) {
-        self.streamed = false;
+        if let Some(t) = self.ticket.as_mut() {
+            t.unstreamed();
+        }
     }
 
     /// The first response body byte is about to go to the client: for a successful answer,
@@ -155,13 +155,8 @@ impl InFlightGuard {
         self.state
             .metrics
             .observe_ttft(&self.stats.series, &self.instance.id().0, ttft);
-        let at = self.state.secs_at(now);
         if let Some(t) = self.ticket.as_mut() {
-            if self.streamed {
-                t.first_token(at);
-            } else {
-                t.whole_answer(at);
-            }
+            t.first_token(self.state.secs_at(now));
         }
     }
 }

@@ -20,7 +20,8 @@ pub enum Outcome {
     Upstream5xx,
     /// Its answer (503, 429) or failure was dropped and the request sent elsewhere.
     Retried,
-    /// No response head within the first-byte timeout.
+    /// No response head within the first-byte timeout, or no data of a stream whose head came
+    /// at once ([`crate::stream`]).
     Timeout,
     /// No connection could be made.
     ConnectError,

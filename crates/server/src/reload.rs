@@ -146,6 +146,16 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
     if !restart.is_empty() {
         tracing::warn!(sections = ?restart, "these settings changed but take effect only on restart");
     }
+    // TLS files first, each tried whatever the other did: the listener's certificate, and the
+    // instances' CA bundle and client certificate (mutual TLS), read again from the same files
+    // (a rotation). A bad file keeps the one in force and fails the reload with the field
+    // named, before any new instance is let in (it would be reached with the old CA).
+    let listener = state
+        .tls
+        .as_ref()
+        .map_or(Ok(()), crate::tls::Listener::reload);
+    let upstream = state.upstream_tls.reload();
+    listener.and(upstream)?;
     set_routing(
         state,
         settings.routing.strategy.clone(),
@@ -153,13 +163,6 @@ pub async fn reload(state: &AppState) -> Result<ReloadSummary, SettingsError> {
     )?;
     crate::kv_events::warn_if_blind(state);
     set_members(state, settings.instances).await;
-    // The listener's certificate is read again from the same files (a rotation); a bad file
-    // keeps the one in force and fails the reload with the field named.
-    if let Some(tls) = &state.tls {
-        tls.reload()?;
-    }
-    // So are the instances' CA bundle and the client certificate (mutual TLS).
-    state.upstream_tls.reload()?;
     let summary = ReloadSummary {
         instances: state.fleet.snapshot().len(),
         strategy: state.routing.load().strategy.name(),

@@ -31,7 +31,7 @@ pub struct IdleTimeout(pub Duration);
 
 /// The instance sent its head but no data within the first-byte timeout.
 #[derive(Debug, thiserror::Error)]
-#[error("no answer data within {0:?} of the response head (timeouts.first_byte_ms)")]
+#[error("no answer data within {0:?} of the response head (the longer of timeouts.first_byte_ms and idle_stream_ms)")]
 pub struct FirstDataTimeout(pub Duration);
 
 /// An upstream body relayed to the client. Dropping it (client gone) drops the upstream body,

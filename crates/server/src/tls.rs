@@ -218,10 +218,16 @@ impl ClientTls {
             }
         };
         // No ALPN here: the connector sets it (HTTP/1.1, what engines speak to the router).
-        let config = match &cert {
+        let mut config = match &cert {
             Some(c) => builder.with_client_cert_resolver(c.clone()),
             None => builder.with_no_client_auth(),
         };
+        if roots.is_some() || cert.is_some() {
+            // A resumed session skips both checks a rotation renews (the engine's chain to
+            // the new CA, the new client certificate). Connections are pooled, so a full
+            // handshake is paid per new connection, not per request.
+            config.resumption = rustls::client::Resumption::disabled();
+        }
         Ok(Self {
             files: up.clone(),
             roots,
@@ -282,5 +288,75 @@ impl Listener {
     pub fn reload(&self) -> Result<(), SettingsError> {
         self.config.store(server_config(&self.files)?);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(dir: &Path, name: &str) -> TlsFiles {
+        let key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("{e}"));
+        let params = rcgen::CertificateParams::new(vec!["router".to_string()])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let cert = params.self_signed(&key).unwrap_or_else(|e| panic!("{e}"));
+        let files = TlsFiles {
+            cert_file: dir.join(format!("{name}.crt")),
+            key_file: dir.join(format!("{name}.key")),
+            section: "upstream_tls",
+        };
+        std::fs::write(&files.cert_file, cert.pem()).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&files.key_file, key.serialize_pem()).unwrap_or_else(|e| panic!("{e}"));
+        files
+    }
+
+    /// A reload with one bad file replaces neither: a rotated CA beside a broken key stays
+    /// unread, and the pair in force goes on (a half-applied rotation fails every handshake).
+    #[test]
+    fn a_reload_with_a_bad_file_keeps_the_pair_in_force() {
+        let dir = std::env::temp_dir().join(format!("pr-client-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let client = pair(&dir, "client");
+        let ca = pair(&dir, "ca");
+        let up = UpstreamTls {
+            ca_file: Some(ca.cert_file.clone()),
+            client: Some(client.clone()),
+        };
+        let tls = ClientTls::new(&up).unwrap_or_else(|e| panic!("{e}"));
+        let held = |tls: &ClientTls| {
+            let roots = tls.roots.as_ref().map(|r| r.0.load_full());
+            let cert = tls.cert.as_ref().map(|c| c.0.load_full());
+            (roots, cert)
+        };
+        let (roots, cert) = held(&tls);
+        // A good reload replaces both.
+        tls.reload().unwrap_or_else(|e| panic!("{e}"));
+        let (r2, c2) = held(&tls);
+        assert!(!Arc::ptr_eq(
+            roots.as_ref().unwrap_or_else(|| panic!()),
+            r2.as_ref().unwrap_or_else(|| panic!())
+        ));
+        assert!(!Arc::ptr_eq(
+            cert.as_ref().unwrap_or_else(|| panic!()),
+            c2.as_ref().unwrap_or_else(|| panic!())
+        ));
+        // A new CA with a broken key: refused, naming the key; neither replaced.
+        pair(&dir, "ca");
+        std::fs::write(&client.key_file, "not a key").unwrap_or_else(|e| panic!("{e}"));
+        let e = tls.reload().map_err(|e| e.to_string());
+        assert!(
+            matches!(&e, Err(m) if m.contains("upstream_tls.key_file")),
+            "{e:?}"
+        );
+        let (r3, c3) = held(&tls);
+        assert!(Arc::ptr_eq(
+            r2.as_ref().unwrap_or_else(|| panic!()),
+            r3.as_ref().unwrap_or_else(|| panic!())
+        ));
+        assert!(Arc::ptr_eq(
+            c2.as_ref().unwrap_or_else(|| panic!()),
+            c3.as_ref().unwrap_or_else(|| panic!())
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -412,7 +412,8 @@ async fn a_rotated_engine_ca_and_client_certificate_are_read_again_on_reload() {
         String::from_utf8_lossy(&a.body)
     );
 
-    // A broken key on reload: refused, naming the field; the pair in force stays.
+    // A broken key on reload: refused, naming the field (that the pair in force stays is
+    // checked beside the code, where a pooled connection cannot hide a swap: src/tls.rs).
     std::fs::write(&client.key_file, "not a key").expect("write");
     let e = prefix_router_server::reload::reload(r.state())
         .await
@@ -420,7 +421,6 @@ async fn a_rotated_engine_ca_and_client_certificate_are_read_again_on_reload() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(e.contains("upstream_tls.key_file"), "{e}");
-    assert_eq!(ask("kept").await.status, StatusCode::OK);
     r.shutdown().await;
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -861,10 +861,9 @@ fn whole_unstreamed_answers_teach_no_prefill_cost() {
             let now = q as f64;
             let mut t = dispatch_on(&strategy, &fleet, &prompt("", q, 0), now).ticket;
             if whole {
-                t.whole_answer(now + 5.0);
-            } else {
-                t.first_token(now + 5.0);
+                t.unstreamed();
             }
+            t.first_token(now + 5.0);
             t.finish(End::Finished { usage: None }, now + 5.0);
         }
         let st = ca.lock();
