@@ -14,7 +14,9 @@
 //! request. Idle links are not polled: one that the instance closed in the meantime is found
 //! closed at checkout and dropped, and a request that a reused link could not write (the
 //! instance closed it just then) goes out again on a new connection, since the instance never
-//! saw it.
+//! saw it. So does, once, a request written on a reused link that then closed with no byte of
+//! an answer (the instance's idle close crossed it); if that new connection is refused, the
+//! request fails as closed, since it may be what brought the instance down.
 
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
@@ -211,9 +213,15 @@ impl Upstreams {
         body: &Bytes,
     ) -> Result<Response<Leased>, SendError> {
         let head_request = parts.method == Method::HEAD;
+        let mut resent = false;
         loop {
-            let mut link = match self.checkout(base) {
+            let pooled = if resent { None } else { self.checkout(base) };
+            let mut link = match pooled {
                 Some(link) => link,
+                // Sent again after a close, and the instance is gone: the request may be what
+                // brought it down, so it fails as the close it was (not retried elsewhere),
+                // not as a refused connection (which another instance would be given).
+                None if resent => self.connect(base).await.map_err(|_| SendError::Closed)?,
                 None => self.connect(base).await?,
             };
             link.head.clear();
@@ -226,7 +234,20 @@ impl Upstreams {
                 }
                 return Err(e.into());
             }
-            let head = link.read_head(head_request).await?;
+            let head = match link.read_head(head_request).await {
+                Ok(head) => head,
+                // A reused connection closed or reset with no byte of an answer: most likely
+                // the instance closed it while idle just as the request went out (the
+                // keep-alive race of RFC 9112 section 9.3.1; browsers send again here too).
+                // Once, on a new connection: an engine that really died refuses that one.
+                Err(SendError::Closed | SendError::Io(_))
+                    if link.reused && link.buf.is_empty() && !resent =>
+                {
+                    resent = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let leased = Leased {
                 fields: head.fields,
                 decoder: BodyDecoder::new(head.framing),

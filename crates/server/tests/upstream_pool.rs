@@ -188,3 +188,124 @@ async fn concurrent_requests_open_connections_that_are_then_reused() {
         r.shutdown().await;
     }
 }
+
+/// The keep-alive race: the instance closes a reused connection just after the request went
+/// out, with no byte of an answer. The request goes out again, once, on a new connection: an
+/// answer, no upstream error, no failure counted toward ejection (it was a 502 that did).
+#[tokio::test]
+async fn a_reused_connection_closed_as_the_request_went_out_is_sent_again_on_a_new_one() {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let (a, n) = (Arc::clone(&accepted), Arc::clone(&answered));
+    let url = raw_engine(move |s| {
+        let first = a.fetch_add(1, Ordering::SeqCst) == 0;
+        let n = Arc::clone(&n);
+        async move {
+            if first {
+                // Answers one request, then reads the next and closes without a byte.
+                serve_then_drop(s, n).await;
+            } else {
+                serve(s, false, n).await;
+            }
+        }
+    })
+    .await;
+    let mut s = settings(std::slice::from_ref(&url));
+    s.limits.io_threads = 1;
+    s.health.passive_failures = 1;
+    let r = router(s).await;
+    let addr = r.local_addr();
+    for i in 0..3 {
+        let a = complete(addr, &format!("prompt {i}")).await;
+        assert_eq!(a.status, 200, "request {i}: {:?}", a.body);
+    }
+    assert_eq!(answered.load(Ordering::SeqCst), 3);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    let page = metrics_text(addr).await;
+    assert_eq!(
+        metric(&page, "prefix_router_upstream_errors_total", &[]),
+        0.0,
+        "{page}"
+    );
+    r.shutdown().await;
+}
+
+async fn serve_then_drop(mut s: TcpStream, answered: Arc<AtomicUsize>) {
+    let mut buf = Vec::new();
+    let mut heads = 0;
+    loop {
+        let mut chunk = [0u8; 8192];
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+        }
+        while let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            heads += 1;
+            if heads == 2 {
+                // The second request arrived: closed, as an idle timeout firing just then.
+                return;
+            }
+            let head = String::from_utf8_lossy(&buf[..i + 4]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            while buf.len() < i + 4 + len {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                }
+            }
+            buf.drain(..i + 4 + len);
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{BODY}",
+                BODY.len()
+            );
+            if s.write_all(answer.as_bytes()).await.is_err() {
+                return;
+            }
+            answered.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The same close, from an instance that is then gone (its new connection refused): the
+/// request may be what brought it down, so it is not handed to another instance.
+#[tokio::test]
+async fn a_request_whose_instance_closed_on_it_and_went_away_is_not_sent_elsewhere() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let n = Arc::clone(&answered);
+    tokio::spawn(async move {
+        if let Ok((s, _)) = listener.accept().await {
+            // Nothing listens any more: the next connection is refused.
+            drop(listener);
+            serve_then_drop(s, n).await;
+        }
+    });
+    let other = Upstream::start("other", Mode::Echo, &[]).await;
+    let mut s = settings(&[url.clone(), other.url()]);
+    s.limits.io_threads = 1;
+    s.routing.strategy = prefix_router_core::StrategyConfig::new(
+        prefix_router_core::StrategyKind::named("round-robin").expect("registered"),
+    );
+    let r = router(s).await;
+    let addr = r.local_addr();
+    // Round-robin: the first and third requests go to the closing instance.
+    let mut statuses = Vec::new();
+    for i in 0..3 {
+        statuses.push(complete(addr, &format!("prompt {i}")).await.status);
+    }
+    assert_eq!(answered.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        2,
+        "{statuses:?}"
+    );
+    assert_eq!(other.hits(), 1, "the closed-on request went nowhere else");
+    r.shutdown().await;
+}
