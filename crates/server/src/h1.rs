@@ -400,15 +400,12 @@ impl BodyDecoder {
     }
 }
 
-/// `name ":" value` with a token name (no whitespace before the colon).
+/// `name ":" value` with a valid field name (no whitespace before the colon). Trailers are
+/// rare, so the name check is `http`'s own rather than a copy of it.
 fn is_field_line(line: &[u8]) -> bool {
-    let Some(colon) = line.iter().position(|&b| b == b':') else {
-        return false;
-    };
-    colon > 0
-        && line[..colon]
-            .iter()
-            .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    line.iter()
+        .position(|&b| b == b':')
+        .is_some_and(|colon| http::HeaderName::from_bytes(&line[..colon]).is_ok())
 }
 
 fn decode_chunked(state: &mut ChunkState, buf: &mut BytesMut) -> Result<Decoded, WireError> {

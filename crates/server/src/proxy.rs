@@ -243,7 +243,8 @@ fn relay(
     let body = RelayBody::new(
         incoming,
         guard,
-        (settings.timeouts.idle_stream, settings.timeouts.first_byte),
+        settings.timeouts.idle_stream,
+        settings.timeouts.first_byte,
         scan_usage,
         sse,
     );

@@ -70,7 +70,8 @@ impl RelayBody {
     pub fn new(
         inner: Leased,
         guard: InFlightGuard,
-        (idle, first_data): (Duration, Duration),
+        idle: Duration,
+        first_data: Duration,
         scan_usage: bool,
         sse: bool,
     ) -> Self {
