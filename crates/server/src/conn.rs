@@ -10,9 +10,13 @@
 //! - a head that takes longer than `timeouts.client_header` from its first byte (slowloris)
 //!   gets the connection closed at once (HTTP/1; an HTTP/2 connection's frames are not heads);
 //! - a connection with no request open and nothing sent either way for `timeouts.client_idle`
-//!   is shut down gracefully (HTTP/1 closes, HTTP/2 sends GOAWAY).
+//!   is shut down gracefully (HTTP/1 closes, HTTP/2 sends GOAWAY);
+//! - a client that takes nothing for `timeouts.client_write` while the router has something
+//!   to send it (a write to its socket waits, or an answer waits to be asked for its next
+//!   frame: [`answers`]) is cut: the connection is closed, or, over HTTP/2 with only some of
+//!   its streams stalled, those streams' requests are cancelled.
 //!
-//! A stream being relayed holds its request open, so neither rule ever cuts an answer.
+//! A stream being relayed holds its request open, so the first two rules never cut an answer.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -22,8 +26,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
-use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+mod answers;
+
+use answers::Answers;
+pub use answers::{OpenRequest, StoppedReading, Tracked};
 
 /// No time noted.
 const NONE: u64 = u64::MAX;
@@ -42,6 +50,11 @@ pub struct Activity {
     head_ms: AtomicU64,
     /// Requests received whose answer has not finished.
     open: AtomicU32,
+    /// Since when a write to the socket has been waiting for the client to take bytes
+    /// (`NONE`: none waits).
+    blocked_ms: AtomicU64,
+    /// The answers being written.
+    answers: Answers,
     /// The first bytes were the HTTP/2 preface.
     h2: AtomicBool,
     /// Nothing read yet.
@@ -57,6 +70,11 @@ pub enum Verdict {
     HeaderTimeout,
     /// Idle too long: shut down gracefully.
     Idle,
+    /// The client took nothing of what it was sent for too long: close now.
+    WriteTimeout,
+    /// Some HTTP/2 streams took nothing for too long: cancel the answers waiting since this
+    /// ([`Activity::cancel_waiting`]), and keep the connection.
+    StreamsStalled(u64),
 }
 
 impl Activity {
@@ -67,6 +85,8 @@ impl Activity {
             last_ms: AtomicU64::new(0),
             head_ms: AtomicU64::new(NONE),
             open: AtomicU32::new(0),
+            blocked_ms: AtomicU64::new(NONE),
+            answers: Answers::default(),
             h2: AtomicBool::new(false),
             fresh: AtomicBool::new(true),
         })
@@ -92,6 +112,27 @@ impl Activity {
 
     fn wrote(&self) {
         self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+        self.unblocked();
+    }
+
+    /// Nothing waits to be written any more.
+    fn unblocked(&self) {
+        if self.blocked_ms.load(Ordering::Relaxed) != NONE {
+            self.blocked_ms.store(NONE, Ordering::Relaxed);
+        }
+    }
+
+    /// A write found the client's socket full.
+    fn blocked(&self) {
+        if self.blocked_ms.load(Ordering::Relaxed) == NONE {
+            self.blocked_ms.store(self.now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// Drops the relays of the answers waiting since `due` (a [`Verdict::StreamsStalled`]);
+    /// how many.
+    pub fn cancel_waiting(&self, due: u64) -> usize {
+        self.answers.cancel_waiting(due)
     }
 
     /// A request's head has arrived and its answer is under way; the returned guard ends it.
@@ -101,16 +142,35 @@ impl Activity {
         OpenRequest(Arc::clone(self))
     }
 
-    /// Decides, given the two limits. A wait is never longer than `header`: a head may start
-    /// to arrive at any moment, and its deadline is only known once the watchdog looks.
-    pub fn verdict(&self, header: Duration, idle: Duration) -> Verdict {
+    /// Decides, given the three limits. A wait is never longer than `header` or `write`: a
+    /// head may start to arrive, or a write start to wait, at any moment, and its deadline is
+    /// only known once the watchdog looks.
+    pub fn verdict(&self, header: Duration, idle: Duration, write: Duration) -> Verdict {
         let now = self.now_ms();
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(NONE - 1).max(1);
-        let look_again =
-            |due: u64| Verdict::Wait(Duration::from_millis((due - now).min(ms(header))));
+        // A write waiting for the client: due `write` after it began.
+        let blocked = self.blocked_ms.load(Ordering::Relaxed);
+        let blocked_due = blocked.saturating_add(ms(write));
+        if blocked != NONE && now >= blocked_due {
+            return Verdict::WriteTimeout;
+        }
+        let look_again = |due: u64| {
+            Verdict::Wait(Duration::from_millis(
+                (due.min(blocked_due) - now).min(ms(header)).min(ms(write)),
+            ))
+        };
         if self.open.load(Ordering::Relaxed) > 0 {
-            // An answer is under way: nothing to time until it ends.
-            return look_again(now.saturating_add(ms(idle)));
+            let waiting = self.answers.oldest_waiting();
+            let waiting_due = waiting.saturating_add(ms(write));
+            if waiting != NONE && now >= waiting_due {
+                // Over HTTP/1 an answer waits only on the whole connection.
+                if !self.h2.load(Ordering::Relaxed) {
+                    return Verdict::WriteTimeout;
+                }
+                return Verdict::StreamsStalled(now - ms(write));
+            }
+            // An answer is under way: nothing else to time until it ends.
+            return look_again(now.saturating_add(ms(idle)).min(waiting_due));
         }
         let head = self.head_ms.load(Ordering::Relaxed);
         if head != NONE && !self.h2.load(Ordering::Relaxed) {
@@ -128,52 +188,6 @@ impl Activity {
             return Verdict::Idle;
         }
         look_again(due)
-    }
-}
-
-/// One request whose answer has not finished; dropping it ends it.
-#[derive(Debug)]
-pub struct OpenRequest(Arc<Activity>);
-
-impl Drop for OpenRequest {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
-        // The end of an answer is traffic: the idle time counts from here.
-        self.0.wrote();
-    }
-}
-
-/// A response body that holds its request open until it ends or is dropped.
-#[derive(Debug)]
-pub struct Tracked<B> {
-    inner: B,
-    _open: OpenRequest,
-}
-
-impl<B> Tracked<B> {
-    /// Holds `open` for as long as `inner` lives.
-    pub fn new(inner: B, open: OpenRequest) -> Self {
-        Self { inner, _open: open }
-    }
-}
-
-impl<B: Body + Unpin> Body for Tracked<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -219,8 +233,10 @@ impl<T: AsyncWrite + Unpin> TrackedIo<T> {
             return Poll::Ready(Ok(data.len()));
         }
         let polled = write(Pin::new(&mut self.inner), cx);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.wrote();
+        match polled {
+            Poll::Ready(Ok(n)) if n > 0 => self.activity.wrote(),
+            Poll::Pending => self.activity.blocked(),
+            _ => {}
         }
         polled
     }
@@ -228,8 +244,11 @@ impl<T: AsyncWrite + Unpin> TrackedIo<T> {
     /// Writes out the pending replacement, if any.
     fn drain(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         while self.written < self.pending.len() {
-            let n =
-                ready!(Pin::new(&mut self.inner).poll_write(cx, &self.pending[self.written..]))?;
+            let polled = Pin::new(&mut self.inner).poll_write(cx, &self.pending[self.written..]);
+            if polled.is_pending() {
+                self.activity.blocked();
+            }
+            let n = ready!(polled)?;
             if n == 0 {
                 return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
             }
@@ -302,7 +321,15 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         ready!(this.drain(cx))?;
-        Pin::new(&mut this.inner).poll_flush(cx)
+        // A TLS stream's flush writes out what it buffered: waiting there is the client too.
+        let polled = Pin::new(&mut this.inner).poll_flush(cx);
+        match polled {
+            // Not traffic for the idle clock: a flush may have had nothing to write.
+            Poll::Ready(Ok(())) => this.activity.unblocked(),
+            Poll::Pending => this.activity.blocked(),
+            Poll::Ready(Err(_)) => {}
+        }
+        polled
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -374,66 +401,4 @@ impl Drop for ClientSlot {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    // Long enough that a busy machine does not reach a deadline between two statements.
-    const H: Duration = Duration::from_millis(200);
-    const I: Duration = Duration::from_millis(400);
-
-    #[test]
-    fn a_slow_head_times_out_and_an_idle_connection_goes_idle() {
-        let a = Activity::new();
-        assert!(matches!(a.verdict(H, I), Verdict::Wait(_)));
-        a.read(b"POST /v1/completions HT");
-        std::thread::sleep(H + Duration::from_millis(5));
-        assert_eq!(a.verdict(H, I), Verdict::HeaderTimeout);
-
-        let b = Activity::new();
-        std::thread::sleep(I + Duration::from_millis(5));
-        assert_eq!(b.verdict(H, I), Verdict::Idle);
-    }
-
-    #[test]
-    fn an_open_request_is_never_timed_and_its_end_restarts_the_idle_clock() {
-        let a = Activity::new();
-        a.read(b"POST / HTTP/1.1\r\n\r\n");
-        let open = a.request();
-        // The client sends more (a pipelined request, HTTP/2 window updates) while the answer
-        // streams: still no verdict against it.
-        a.read(b"GET /");
-        std::thread::sleep(I + Duration::from_millis(5));
-        assert!(matches!(a.verdict(H, I), Verdict::Wait(_)));
-        drop(open);
-        assert!(matches!(a.verdict(H, I), Verdict::Wait(_)));
-    }
-
-    #[test]
-    fn http2_frames_are_not_heads() {
-        let a = Activity::new();
-        a.read(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
-        std::thread::sleep(H + Duration::from_millis(5));
-        assert!(matches!(a.verdict(H, I), Verdict::Wait(_)));
-        std::thread::sleep(I);
-        assert_eq!(a.verdict(H, I), Verdict::Idle);
-    }
-
-    #[test]
-    fn per_client_slots_are_counted_and_released() {
-        let t = PerClient::new(Some(2));
-        let ip: IpAddr = [127, 0, 0, 1].into();
-        let other: IpAddr = [127, 0, 0, 2].into();
-        let s1 = t.admit(ip);
-        let s2 = t.admit(ip);
-        assert!(matches!((&s1, &s2), (Ok(Some(_)), Ok(Some(_)))));
-        assert_eq!(t.admit(ip).err(), Some(2));
-        assert!(matches!(t.admit(other), Ok(Some(_))));
-        drop(s1);
-        assert_eq!(t.count(ip), 1);
-        let s3 = t.admit(ip);
-        assert!(s3.is_ok());
-        drop((s2, s3));
-        assert_eq!(t.count(ip), 0);
-        assert!(matches!(PerClient::new(None).admit(ip), Ok(None)));
-    }
-}
+mod tests;

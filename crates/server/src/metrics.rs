@@ -141,6 +141,10 @@ pub struct Metrics {
     pub stream_error_events: Counter,
     /// Client connections the router closed or refused, by reason.
     pub connections_closed: Family<ReasonLabels, Counter>,
+    /// HTTP/2 streams whose request the router cancelled while keeping the connection, by
+    /// reason (`write_timeout`: the client took nothing of the answer for
+    /// `timeouts.client_write_ms`).
+    pub streams_reset: Family<ReasonLabels, Counter>,
     /// Requests refused before routing by admission control, by reason.
     pub shed: Family<ReasonLabels, Counter>,
     /// Engines' prefix-cache hit ratio over the last scrape interval (scraped).
@@ -352,6 +356,7 @@ impl Metrics {
         let retries = Family::<ReasonLabels, Counter>::default();
         let stream_error_events = Counter::default();
         let connections_closed = Family::<ReasonLabels, Counter>::default();
+        let streams_reset = Family::<ReasonLabels, Counter>::default();
         let shed = Family::<ReasonLabels, Counter>::default();
         let prewarm_replays = Family::<ReasonLabels, Counter>::default();
         let engine_hit_ratio = Family::<InstanceLabels, Gauge<f64, AtomicU64>>::default();
@@ -415,6 +420,11 @@ impl Metrics {
             connections_closed.clone(),
         );
         registry.register(
+            "client_streams_reset",
+            "HTTP/2 streams whose request the router cancelled, keeping the connection, by reason",
+            streams_reset.clone(),
+        );
+        registry.register(
             "requests_shed",
             "Requests refused with 429 by admission control, by reason",
             shed.clone(),
@@ -472,6 +482,7 @@ impl Metrics {
             retries,
             stream_error_events,
             connections_closed,
+            streams_reset,
             shed,
             prewarm_replays,
         }

@@ -380,8 +380,39 @@ async fn serve_connection<S>(
     let timeouts = &state.settings.timeouts;
     let mut closing = false;
     loop {
-        let wait = match activity.verdict(timeouts.client_header, timeouts.client_idle) {
-            _ if closing => timeouts.client_idle,
+        let verdict = activity.verdict(
+            timeouts.client_header,
+            timeouts.client_idle,
+            timeouts.client_write,
+        );
+        let wait = match verdict {
+            // Even a connection shutting down must not wait forever on a client that takes
+            // nothing (a GOAWAY or the last bytes of an answer cannot go out).
+            Verdict::WriteTimeout => {
+                count_close(&state, "write_timeout");
+                tracing::debug!("client stopped reading its answers; connection closed");
+                return;
+            }
+            Verdict::StreamsStalled(due) => {
+                let n = activity.cancel_waiting(due);
+                state
+                    .metrics
+                    .streams_reset
+                    .get_or_create(&ReasonLabels {
+                        reason: "write_timeout",
+                    })
+                    .inc_by(n as u64);
+                tracing::debug!(
+                    streams = n,
+                    "client stopped reading some streams; their requests cancelled"
+                );
+                if n > 0 {
+                    continue;
+                }
+                // Asked again meanwhile: look again later rather than at once.
+                timeouts.client_write.min(timeouts.client_header)
+            }
+            _ if closing => timeouts.client_idle.min(timeouts.client_write),
             Verdict::Wait(d) => d,
             Verdict::HeaderTimeout => {
                 count_close(&state, "header_timeout");

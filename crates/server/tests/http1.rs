@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{chat, complete_answer, content_length, echo_router, raw, total_in_flight};
+use support::{
+    chat, complete_answer, content_length, echo_router, endless_engine, raw, total_in_flight,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -291,40 +293,6 @@ async fn a_relayed_head_answer_of_unknown_length_announces_no_length() {
         "the HEAD answer had a body: {text}"
     );
     r.shutdown().await;
-}
-
-/// An engine that streams without end once asked (64 KiB chunks), and says so in `gone` when
-/// its connection breaks: the router let go of the answer.
-async fn endless_engine(gone: Arc<AtomicBool>, asked: Arc<AtomicBool>) -> String {
-    support::raw_engine(move |mut s| {
-        let (gone, asked) = (Arc::clone(&gone), Arc::clone(&asked));
-        async move {
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                match s.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
-            asked.store(true, Ordering::SeqCst);
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-            let mut piece = b"10000\r\n".to_vec();
-            piece.extend(std::iter::repeat_n(b'x', 0x10000));
-            piece.extend_from_slice(b"\r\n");
-            if s.write_all(head.as_bytes()).await.is_err() {
-                return;
-            }
-            // Bounded: 1 GiB at most, far beyond any socket buffer.
-            for _ in 0..16 * 1024 {
-                if s.write_all(&piece).await.is_err() {
-                    gone.store(true, Ordering::SeqCst);
-                    return;
-                }
-            }
-        }
-    })
-    .await
 }
 
 #[tokio::test]

@@ -416,6 +416,89 @@ async fn health_ready_ping_and_no_instance() {
 }
 
 #[tokio::test]
+async fn an_http2_stream_the_client_stops_reading_is_cancelled_and_its_connection_kept() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let (gone, asked) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let url = endless_engine(Arc::clone(&gone), Arc::clone(&asked)).await;
+    let mut s = settings(&[url]);
+    s.timeouts.client_write = Duration::from_millis(300);
+    let r = router(s).await;
+    let stream = tokio::net::TcpStream::connect(r.local_addr())
+        .await
+        .expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(executor(), hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut req = request(
+        Method::POST,
+        "http://router.test/v1/chat/completions",
+        &[],
+        chat("a long answer"),
+    );
+    req.headers_mut().remove("host");
+    let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("in time")
+        .expect("response");
+    // Its body is never read: the stream's flow-control window closes, so hyper stops asking
+    // the relay for more while the connection itself stays healthy.
+    let mut stalled = resp.into_body();
+    eventually("the engine was asked", || asked.load(Ordering::SeqCst)).await;
+    eventually("the router let go of the engine's answer", || {
+        gone.load(Ordering::SeqCst)
+    })
+    .await;
+    eventually("no request left in flight", || total_in_flight(&r) == 0).await;
+    // The connection still serves.
+    let mut health = request(Method::GET, "http://router.test/health", &[], "");
+    health.headers_mut().remove("host");
+    let ok = tokio::time::timeout(WAIT, sender.send_request(health))
+        .await
+        .expect("in time")
+        .expect("the connection was kept");
+    assert_eq!(ok.status(), StatusCode::OK);
+    // The stalled stream ends in an error (a reset), never as a whole answer.
+    let rest = tokio::time::timeout(WAIT, async {
+        loop {
+            match stalled.frame().await {
+                Some(Ok(_)) => continue,
+                Some(Err(_)) => return true,
+                None => return false,
+            }
+        }
+    })
+    .await
+    .expect("the stalled stream ends");
+    assert!(rest, "the cut answer must not end as a whole one");
+    let page = metrics_text(r.local_addr()).await;
+    assert_eq!(
+        metric(
+            &page,
+            "prefix_router_client_streams_reset_total",
+            &[("reason", "write_timeout")]
+        ),
+        1.0,
+        "{page}"
+    );
+    assert_eq!(
+        metric(
+            &page,
+            "prefix_router_client_connections_closed_total",
+            &[("reason", "write_timeout")]
+        ),
+        0.0,
+        "{page}"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
 async fn http2_clients_are_served() {
     let up = Upstream::start("u", Mode::Echo, &[]).await;
     let r = router(settings(&[up.url()])).await;

@@ -452,3 +452,65 @@ fn tls_settings_name_the_field_that_is_wrong() {
     assert!(e.contains("http or https"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[tokio::test]
+async fn a_tls_client_that_stops_reading_is_disconnected_and_its_request_cancelled() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let (gone, asked) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let url = endless_engine(Arc::clone(&gone), Arc::clone(&asked)).await;
+    let d = dir("stalled");
+    let ca = Ca::new("stalled CA");
+    let files = write_pair(
+        &d,
+        "server",
+        &ca.issue(ExtendedKeyUsagePurpose::ServerAuth),
+        "tls",
+    );
+    let mut s = settings(&[url]);
+    s.tls = Some(files);
+    s.timeouts.client_write = std::time::Duration::from_millis(300);
+    let r = router(s).await;
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots(&ca.pem()))
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(r.local_addr()).await.expect("connect");
+    let name = ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let body = chat("a long answer");
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: router.test\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(req.as_bytes()).await.expect("send");
+    // The client never reads: over TLS hyper writes the answer, and stops asking the relay
+    // for more once the socket is full, so only the connection's watchdog can see it.
+    eventually("the engine was asked", || asked.load(Ordering::SeqCst)).await;
+    eventually("the router let go of the engine's answer", || {
+        gone.load(Ordering::SeqCst)
+    })
+    .await;
+    eventually("no request left in flight", || total_in_flight(&r) == 0).await;
+    let (_, page) = tls_request(r.local_addr(), &ca.pem(), Method::GET, "/metrics", "")
+        .await
+        .expect("metrics over TLS");
+    assert_eq!(
+        metric(
+            &page,
+            "prefix_router_client_connections_closed_total",
+            &[("reason", "write_timeout")]
+        ),
+        1.0,
+        "{page}"
+    );
+    drop(tls);
+    r.shutdown().await;
+}

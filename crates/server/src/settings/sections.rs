@@ -193,8 +193,8 @@ pub struct Timeouts {
     #[serde(rename = "client_header_ms", deserialize_with = "de::millis")]
     pub client_header: Duration,
     /// A client that takes nothing of its answer for this long (it stopped reading) is
-    /// disconnected, and its request cancelled. Plaintext HTTP/1 only (over TLS or HTTP/2 the
-    /// answer waits until the connection dies).
+    /// disconnected, and its request cancelled; over HTTP/2 a stream the client stopped reading
+    /// is reset and its request cancelled, and the connection kept ([`crate::conn`]).
     #[serde(rename = "client_write_ms", deserialize_with = "de::millis")]
     pub client_write: Duration,
     /// A client connection idle (no request open, no traffic) for this long is closed.

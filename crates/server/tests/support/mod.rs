@@ -455,6 +455,41 @@ where
     format!("http://{addr}")
 }
 
+/// An engine that streams without end once asked (64 KiB chunks), and says so in `gone` when
+/// its connection breaks: the router let go of the answer.
+pub async fn endless_engine(gone: Arc<AtomicBool>, asked: Arc<AtomicBool>) -> String {
+    raw_engine(move |mut s| {
+        let (gone, asked) = (Arc::clone(&gone), Arc::clone(&asked));
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            asked.store(true, Ordering::SeqCst);
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            let mut piece = b"10000\r\n".to_vec();
+            piece.extend(std::iter::repeat_n(b'x', 0x10000));
+            piece.extend_from_slice(b"\r\n");
+            if s.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            // Bounded: 1 GiB at most, far beyond any socket buffer.
+            for _ in 0..16 * 1024 {
+                if s.write_all(&piece).await.is_err() {
+                    gone.store(true, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }
+    })
+    .await
+}
+
 /// A URL on which nothing listens (connection refused), for as long as the test binary runs.
 /// The port stays bound to a socket that never listens: a port bound and then released went
 /// back to the pool, and a test running beside this one once got it for its own server, so the
