@@ -4,7 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version};
 use serde_json::json;
 
 use crate::body::{full, ProxyBody, RequestBody};
@@ -93,6 +93,27 @@ fn is_dot_segment(segment: &str) -> bool {
     dots > 0
 }
 
+/// Refuses an HTTP/1.1 request without a `Host` header, and any request with more than one:
+/// RFC 9112 3.2 says a server MUST answer both with 400. A proxy in front that reads another
+/// `Host` than the engine's would route or authorize by a different name. (HTTP/2 carries
+/// `:authority` instead; HTTP/1.0 may omit it.)
+pub fn check_host(version: Version, headers: &HeaderMap) -> Result<(), ApiError> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) if version == Version::HTTP_11 => Err(ApiError::bad_request(
+            "missing_host",
+            "an HTTP/1.1 request must carry a Host header (RFC 9112 3.2); send the router's address in it",
+            None,
+        )),
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "duplicate_host",
+            "the request carries more than one Host header; send exactly one",
+            None,
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn bad_path(path: &str, what: &str) -> ApiError {
     let shown: String = path.chars().take(200).collect();
     ApiError::bad_request(
@@ -139,7 +160,7 @@ pub async fn handle(
     // Borrowed from the request until it is handed on (no copy of the path per request).
     let path = req.uri().path();
     let get_only = |m: &Method| *m == Method::GET || *m == Method::HEAD;
-    if let Err(e) = check_path(path) {
+    if let Err(e) = check_path(path).and_then(|()| check_host(req.version(), req.headers())) {
         return Ok(e.into_response());
     }
     if let Some(resp) = operational(&state, &method, path) {
@@ -161,7 +182,25 @@ pub async fn handle(
 
 #[cfg(test)]
 mod tests {
-    use super::check_path;
+    use super::{check_host, check_path};
+    use http::{HeaderMap, HeaderValue, Version};
+
+    #[test]
+    fn host_is_required_once_in_http_1_1_only() {
+        let none = HeaderMap::new();
+        let mut one = HeaderMap::new();
+        one.insert("host", HeaderValue::from_static("router"));
+        let mut two = one.clone();
+        two.append("host", HeaderValue::from_static("other"));
+        let code = |v, h| check_host(v, h).err().map(|e| e.code);
+        assert_eq!(code(Version::HTTP_11, &none), Some("missing_host"));
+        assert_eq!(code(Version::HTTP_11, &one), None);
+        assert_eq!(code(Version::HTTP_11, &two), Some("duplicate_host"));
+        // HTTP/1.0 may omit it; HTTP/2 carries :authority instead.
+        assert_eq!(code(Version::HTTP_10, &none), None);
+        assert_eq!(code(Version::HTTP_2, &none), None);
+        assert_eq!(code(Version::HTTP_2, &two), Some("duplicate_host"));
+    }
 
     #[test]
     fn paths_that_normalize_to_another_are_refused() {

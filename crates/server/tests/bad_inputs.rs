@@ -140,6 +140,8 @@ fn catalogue() -> Vec<Case> {
         case("chunked body ended by a bare LF", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\nGET /health HTTP/1.1\r\nhost: x\r\n\r\n".to_vec(), 400, None),
         case("chunk size not hex", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n".to_vec(), 400, None),
         case("CL.TE smuggling: the chunked body is what is read", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\ntransfer-encoding: chunked\r\n\r\n1\r\n{\r\n0\r\n\r\nGET /v1/../admin HTTP/1.1\r\nhost: x\r\n\r\n".to_vec(), 400, None),
+        case("HTTP/1.1 without a Host header", b"POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}".to_vec(), 400, Some("missing_host")),
+        case("two Host headers", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nhost: y\r\ncontent-length: 2\r\n\r\n{}".to_vec(), 400, Some("duplicate_host")),
         // Request lines.
         case("garbage request line", b"GARBAGE\r\n\r\n".to_vec(), 400, Some("malformed_request")),
         case("unknown HTTP version", b"GET /health HTTP/9.9\r\nhost: x\r\n\r\n".to_vec(), 400, Some("malformed_request")),
