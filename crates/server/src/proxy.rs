@@ -240,13 +240,17 @@ fn relay(
     if !sse {
         guard.unstreamed();
     }
+    // An event stream framed by a length ends a failure with an error event only if it has no
+    // length: the client reads exactly that many bytes, so the event would be cut to what
+    // was left and, filling it, make the broken answer look whole on a kept connection.
+    let error_event = sse && fields.content_length().is_none();
     let body = RelayBody::new(
         incoming,
         guard,
         settings.timeouts.idle_stream,
         settings.timeouts.first_byte,
         scan_usage,
-        sse,
+        error_event,
     );
     Response::from_parts(parts, ProxyBody::relayed(body, fields))
 }

@@ -5,8 +5,9 @@
 //! When the instance's stream fails part way (its connection broke, or it went quiet past the
 //! idle timeout), a server-sent-events answer ends with an `error` event in the OpenAI error
 //! shape and then closes cleanly: OpenAI SDKs raise it, and a client that does not check for
-//! `[DONE]` does not take a truncated answer for a complete one. Any other answer is cut, so
-//! that its framing (length or chunks) shows it incomplete.
+//! `[DONE]` does not take a truncated answer for a complete one. Any other answer, and an event
+//! stream whose length was announced (the event would not fit in it), is cut, so that its
+//! framing (length or chunks) shows it incomplete.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -66,7 +67,8 @@ pub struct RelayBody {
 impl RelayBody {
     /// Relays `inner`, holding `guard` until the end; `scan_usage` looks for the engine's
     /// usage report on the way.
-    /// `sse` says the answer is a server-sent-events stream.
+    /// `sse` says the answer is a server-sent-events stream that may end a failure with an
+    /// `error` event (not one framed by a length).
     pub fn new(
         inner: Leased,
         guard: InFlightGuard,

@@ -324,6 +324,43 @@ async fn a_group_id_sent_twice_is_refused_and_a_405_says_what_is_allowed() {
     r.shutdown().await;
 }
 
+/// An engine that answers an event stream framed by a length (200 bytes), sends 100 of them
+/// and closes.
+async fn short_sse_engine() -> String {
+    raw_engine(|mut s| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 65536];
+        let _ = s.read(&mut buf).await;
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 200\r\n\r\n";
+        let mut answer = head.as_bytes().to_vec();
+        answer.extend_from_slice(b"data: ");
+        answer.extend(std::iter::repeat_n(b'x', 94));
+        let _ = s.write_all(&answer).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_length_framed_event_stream_that_breaks_is_cut_not_ended_with_a_clipped_event() {
+    let r = router(settings(&[short_sse_engine().await])).await;
+    let body = r#"{"prompt":"x","stream":true}"#;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let (text, closed) = raw(r.local_addr(), req.as_bytes(), |_| false).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let got = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    // Short of its length, and closed: the client can tell the answer is incomplete. An error
+    // event clipped to the 100 bytes left would have made it look whole.
+    assert_eq!(got.len(), 100, "{text}");
+    assert!(!got.contains("event: error"), "{text}");
+    assert!(closed, "{text}");
+    eventually("released", || total_in_flight(&r) == 0).await;
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() {
     let (_up, r) = echo_router(|_| {}).await;
