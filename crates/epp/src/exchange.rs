@@ -429,6 +429,14 @@ impl Exchange {
             .unwrap_or(StatusCode::BAD_GATEWAY);
         a.answered = true;
         let routed = &mut a.routed;
+        // The first body byte is a sample of the time to first token only when the answer
+        // streams and Envoy passes its chunks on as they come: a JSON answer's, or a buffered
+        // one's, arrives after the whole decode (cache-aware would learn that as prefill).
+        let event_stream = wire::find(h.headers.as_ref(), "content-type")
+            .is_some_and(prefix_router_server::fields::is_event_stream);
+        if !event_stream || matches!(self.response_mode, Some(BUFFERED | BUFFERED_PARTIAL)) {
+            routed.guard.unstreamed();
+        }
         routed.guard.set_outcome(Outcome::of_status(status));
         if status.is_server_error() {
             routed.guard.upstream_error("status_5xx");
@@ -482,6 +490,8 @@ impl Exchange {
             if !a.answered || a.body_seen {
                 return;
             }
+            // The body went by unseen: this is its end, no sample of the first token's time.
+            a.routed.guard.unstreamed();
             a.routed.guard.first_byte();
         }
         self.finish();

@@ -614,3 +614,76 @@ async fn a_buffered_body_over_four_mib_is_routed() {
     assert!(header.starts_with("127.0.0.1:"), "{header}");
     p.router.shutdown().await;
 }
+
+/// The first body byte is a sample of the time to first token only for an event stream whose
+/// chunks Envoy passes on as they come: a JSON answer, a buffered one, and one whose body the
+/// picker never sees arrive (or end) after their decode, and cache-aware would learn that as
+/// prefill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_answers_streamed_to_the_picker_as_they_come_time_the_first_token() {
+    use prefix_router_core::strategies::recording::{Call, Pick, Recording};
+    use prefix_router_server::routing::Routing;
+    use std::sync::Arc;
+    let engines = engines(1).await;
+    let p = picker(settings(&engines, "cache-aware"), 0).await;
+    let recorder = Arc::new(Recording::new(Pick::First));
+    let current = p.router.state().routing.load_full();
+    p.router.state().routing.store(Arc::new(Routing {
+        config: current.config.clone(),
+        prefix_length: current.prefix_length,
+        strategy: recorder.clone(),
+    }));
+    let first_token_streamed = || {
+        recorder.take().into_iter().find_map(|c| match c {
+            Call::Feedback {
+                event: prefix_router_core::Feedback::FirstToken,
+                streamed,
+                ..
+            } => Some(streamed),
+            _ => None,
+        })
+    };
+    let mut c = client(&p).await;
+    let sse = [(":status", "200"), ("content-type", "text/event-stream")];
+
+    // An event stream, chunk by chunk: a sample.
+    let (mut s, _) = pick(&mut c, 1).await;
+    answer(&mut s, 0).await;
+    until_released(&p, "streamed").await;
+    assert_eq!(first_token_streamed(), Some(true));
+
+    // A JSON answer: whole.
+    let (mut s, _) = pick(&mut c, 2).await;
+    let json = [(":status", "200"), ("content-type", "application/json")];
+    s.send(Msg::ResponseHeaders(headers(&json, false)), None)
+        .await;
+    s.send(Msg::ResponseBody(body(b"{\"choices\":[]}", true)), None)
+        .await;
+    until_released(&p, "json").await;
+    assert_eq!(first_token_streamed(), Some(false));
+
+    // (request body mode, response body mode): BUFFERED then NONE.
+    for (modes, what) in [((2, 2), "buffered"), ((2, 0), "not sent")] {
+        let mut s = Stream::open(&mut c).await;
+        s.push(with_modes(request_head(), modes.0, modes.1)).await;
+        let a = s.next().await;
+        assert!(matches!(a.response, Some(Ans::RequestHeaders(_))), "{a:?}");
+        s.send(Msg::RequestBody(body(chat(3).as_bytes(), true)), None)
+            .await;
+        s.send(Msg::ResponseHeaders(headers(&sse, false)), None)
+            .await;
+        if modes.1 == 2 {
+            s.send(Msg::ResponseBody(body(b"data: [DONE]\n\n", true)), None)
+                .await;
+        } else {
+            // Envoy closes its side once the answer has gone by.
+            let Stream { tx, mut rx } = s;
+            drop(tx);
+            let end = tokio::time::timeout(WAIT, rx.message()).await;
+            assert!(matches!(end, Ok(Ok(None))), "{end:?}");
+        }
+        until_released(&p, what).await;
+        assert_eq!(first_token_streamed(), Some(false), "{what}");
+    }
+    p.router.shutdown().await;
+}

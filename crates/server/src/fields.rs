@@ -61,10 +61,7 @@ impl Fields {
         match name.len() {
             4 if name.eq_ignore_ascii_case(b"date") => self.date = true,
             12 if name.eq_ignore_ascii_case(b"content-type") => {
-                self.event_stream = value
-                    .trim_ascii_start()
-                    .get(..17)
-                    .is_some_and(|t| t.eq_ignore_ascii_case(b"text/event-stream"));
+                self.event_stream = is_event_stream(value);
             }
             _ => {}
         }
@@ -131,6 +128,15 @@ pub fn valid_value(value: &[u8]) -> bool {
     value
         .iter()
         .all(|&b| (b >= 0x20 && b != 0x7f) || b == b'\t')
+}
+
+/// Whether a `content-type` value names a server-sent event stream (parameters such as
+/// `; charset=utf-8` after it allowed).
+pub fn is_event_stream(content_type: &[u8]) -> bool {
+    content_type
+        .trim_ascii_start()
+        .get(..17)
+        .is_some_and(|t| t.eq_ignore_ascii_case(b"text/event-stream"))
 }
 
 #[cfg(test)]
