@@ -11,10 +11,10 @@
 //!   gets the connection closed at once (HTTP/1; an HTTP/2 connection's frames are not heads);
 //! - a connection with no request open and nothing sent either way for `timeouts.client_idle`
 //!   is shut down gracefully (HTTP/1 closes, HTTP/2 sends GOAWAY);
-//! - a client that takes nothing for `timeouts.client_write` while the router has something
-//!   to send it (a write to its socket waits, or an answer waits to be asked for its next
-//!   frame: [`answers`]) is cut: the connection is closed, or, over HTTP/2 with only some of
-//!   its streams stalled, those streams' requests are cancelled.
+//! - a client that takes nothing for `timeouts.client_write` while a write to its socket waits
+//!   is cut (the connection closed, its requests cancelled); over HTTP/2, a stream whose window
+//!   the client keeps shut that long has its request cancelled, and the connection is kept
+//!   unless the client still keeps it shut `client_write` later ([`answers`]).
 //!
 //! A stream being relayed holds its request open, so the first two rules never cut an answer.
 
@@ -111,8 +111,21 @@ impl Activity {
     }
 
     fn wrote(&self) {
-        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+        self.touched();
         self.unblocked();
+    }
+
+    /// Something happened on the connection (the idle clock starts over).
+    fn touched(&self) {
+        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// The connection speaks HTTP/2 (hyper parsed a request as such). The preface in the first
+    /// read says so too, but a first read over TLS may hold less of it.
+    pub fn speaks_h2(&self) {
+        if !self.h2.load(Ordering::Relaxed) {
+            self.h2.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Nothing waits to be written any more.
@@ -132,7 +145,7 @@ impl Activity {
     /// Drops the relays of the answers waiting since `due` (a [`Verdict::StreamsStalled`]);
     /// how many.
     pub fn cancel_waiting(&self, due: u64) -> usize {
-        self.answers.cancel_waiting(due)
+        self.answers.cancel_waiting(due, self.now_ms())
     }
 
     /// A request's head has arrived and its answer is under way; the returned guard ends it.
@@ -148,29 +161,35 @@ impl Activity {
     pub fn verdict(&self, header: Duration, idle: Duration, write: Duration) -> Verdict {
         let now = self.now_ms();
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(NONE - 1).max(1);
+        let after_write = |since: u64| since.saturating_add(ms(write));
         // A write waiting for the client: due `write` after it began.
-        let blocked = self.blocked_ms.load(Ordering::Relaxed);
-        let blocked_due = blocked.saturating_add(ms(write));
-        if blocked != NONE && now >= blocked_due {
+        let blocked_due = after_write(self.blocked_ms.load(Ordering::Relaxed));
+        if now >= blocked_due {
             return Verdict::WriteTimeout;
         }
+        // HTTP/2 streams the client keeps shut ([`answers`]): one waiting for `write` is
+        // cancelled; one cancelled `write` ago and still held by hyper closes the connection.
+        let (waiting_due, cancelled_due) = if self.h2.load(Ordering::Relaxed) {
+            let (waiting, cancelled) = self.answers.oldest();
+            (after_write(waiting), after_write(cancelled))
+        } else {
+            (NONE, NONE)
+        };
+        if now >= cancelled_due {
+            return Verdict::WriteTimeout;
+        }
+        if now >= waiting_due {
+            return Verdict::StreamsStalled(now - ms(write));
+        }
+        let write_due = blocked_due.min(waiting_due).min(cancelled_due);
         let look_again = |due: u64| {
             Verdict::Wait(Duration::from_millis(
-                (due.min(blocked_due) - now).min(ms(header)).min(ms(write)),
+                (due.min(write_due) - now).min(ms(header)).min(ms(write)),
             ))
         };
         if self.open.load(Ordering::Relaxed) > 0 {
-            let waiting = self.answers.oldest_waiting();
-            let waiting_due = waiting.saturating_add(ms(write));
-            if waiting != NONE && now >= waiting_due {
-                // Over HTTP/1 an answer waits only on the whole connection.
-                if !self.h2.load(Ordering::Relaxed) {
-                    return Verdict::WriteTimeout;
-                }
-                return Verdict::StreamsStalled(now - ms(write));
-            }
             // An answer is under way: nothing else to time until it ends.
-            return look_again(now.saturating_add(ms(idle)).min(waiting_due));
+            return look_again(now.saturating_add(ms(idle)));
         }
         let head = self.head_ms.load(Ordering::Relaxed);
         if head != NONE && !self.h2.load(Ordering::Relaxed) {
@@ -335,7 +354,14 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         ready!(this.drain(cx))?;
-        Pin::new(&mut this.inner).poll_shutdown(cx)
+        // A TLS stream's close_notify waits on the client like any write.
+        let polled = Pin::new(&mut this.inner).poll_shutdown(cx);
+        match polled {
+            Poll::Ready(Ok(())) => this.activity.unblocked(),
+            Poll::Pending => this.activity.blocked(),
+            Poll::Ready(Err(_)) => {}
+        }
+        polled
     }
 }
 

@@ -364,6 +364,9 @@ async fn serve_connection<S>(
     let svc_state = Arc::clone(&state);
     let svc_activity = Arc::clone(&activity);
     let svc = service_fn(move |req| {
+        if req.version() == http::Version::HTTP_2 {
+            svc_activity.speaks_h2();
+        }
         let open = svc_activity.request();
         let state = Arc::clone(&svc_state);
         async move {
@@ -412,8 +415,10 @@ async fn serve_connection<S>(
                 // Asked again meanwhile: look again later rather than at once.
                 timeouts.client_write.min(timeouts.client_header)
             }
-            _ if closing => timeouts.client_idle.min(timeouts.client_write),
             Verdict::Wait(d) => d,
+            // Shutting down already: waits for the connection to finish (the rules above
+            // still apply to a client that takes nothing).
+            _ if closing => timeouts.client_idle.min(timeouts.client_write),
             Verdict::HeaderTimeout => {
                 count_close(&state, "header_timeout");
                 tracing::debug!("client too slow sending a request head; connection closed");

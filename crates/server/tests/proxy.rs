@@ -415,8 +415,15 @@ async fn health_ready_ping_and_no_instance() {
     r.shutdown().await;
 }
 
-#[tokio::test]
-async fn an_http2_stream_the_client_stops_reading_is_cancelled_and_its_connection_kept() {
+/// A router in front of an engine that streams without end, with a 300 ms write limit, and an
+/// HTTP/2 connection to it whose first stream's answer is never read: the stream's window
+/// closes, so hyper stops asking the relay for more while the connection stays healthy.
+/// Returns once the router let go of the engine's answer.
+async fn stalled_h2_stream() -> (
+    prefix_router_server::RunningRouter,
+    hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    hyper::body::Incoming,
+) {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let (gone, asked) = (
@@ -446,15 +453,30 @@ async fn an_http2_stream_the_client_stops_reading_is_cancelled_and_its_connectio
         .await
         .expect("in time")
         .expect("response");
-    // Its body is never read: the stream's flow-control window closes, so hyper stops asking
-    // the relay for more while the connection itself stays healthy.
-    let mut stalled = resp.into_body();
     eventually("the engine was asked", || asked.load(Ordering::SeqCst)).await;
     eventually("the router let go of the engine's answer", || {
         gone.load(Ordering::SeqCst)
     })
     .await;
     eventually("no request left in flight", || total_in_flight(&r) == 0).await;
+    (r, sender, resp.into_body())
+}
+
+fn write_timeouts(page: &str) -> (f64, f64) {
+    let reason = [("reason", "write_timeout")];
+    (
+        metric(page, "prefix_router_client_streams_reset_total", &reason),
+        metric(
+            page,
+            "prefix_router_client_connections_closed_total",
+            &reason,
+        ),
+    )
+}
+
+#[tokio::test]
+async fn an_http2_stream_the_client_stops_reading_is_cancelled_and_its_connection_kept() {
+    let (r, mut sender, mut stalled) = stalled_h2_stream().await;
     // The connection still serves.
     let mut health = request(Method::GET, "http://router.test/health", &[], "");
     health.headers_mut().remove("host");
@@ -463,7 +485,8 @@ async fn an_http2_stream_the_client_stops_reading_is_cancelled_and_its_connectio
         .expect("in time")
         .expect("the connection was kept");
     assert_eq!(ok.status(), StatusCode::OK);
-    // The stalled stream ends in an error (a reset), never as a whole answer.
+    // Read again (the window opens): the stalled stream ends in an error (a reset), never
+    // as a whole answer.
     let rest = tokio::time::timeout(WAIT, async {
         loop {
             match stalled.frame().await {
@@ -477,24 +500,33 @@ async fn an_http2_stream_the_client_stops_reading_is_cancelled_and_its_connectio
     .expect("the stalled stream ends");
     assert!(rest, "the cut answer must not end as a whole one");
     let page = metrics_text(r.local_addr()).await;
-    assert_eq!(
-        metric(
-            &page,
-            "prefix_router_client_streams_reset_total",
-            &[("reason", "write_timeout")]
-        ),
-        1.0,
-        "{page}"
-    );
-    assert_eq!(
-        metric(
-            &page,
-            "prefix_router_client_connections_closed_total",
-            &[("reason", "write_timeout")]
-        ),
-        0.0,
-        "{page}"
-    );
+    assert_eq!(write_timeouts(&page), (1.0, 0.0), "{page}");
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_http2_client_that_never_reads_its_cancelled_stream_loses_the_connection() {
+    let (r, mut sender, stalled) = stalled_h2_stream().await;
+    // hyper can only reset the stream once the client opens its window: a client that never
+    // does would hold the stream, and the connection, for good.
+    let addr = r.local_addr();
+    let mut page = String::new();
+    let closed = tokio::time::timeout(WAIT, async {
+        loop {
+            page = metrics_text(addr).await;
+            if write_timeouts(&page).1 >= 1.0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the connection was not closed: {page}");
+    assert_eq!(write_timeouts(&page), (1.0, 1.0), "{page}");
+    let mut health = request(Method::GET, "http://router.test/health", &[], "");
+    health.headers_mut().remove("host");
+    assert!(sender.send_request(health).await.is_err());
+    drop(stalled);
     r.shutdown().await;
 }
 

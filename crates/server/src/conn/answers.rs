@@ -1,13 +1,19 @@
 //! The answers a hyper-served connection is writing (TLS, HTTP/2), as its watchdog sees them.
 //!
-//! hyper asks an answer's body for its next frame only when it has room to send it: while a
-//! client takes nothing (a full socket over HTTP/1, a closed flow-control window over HTTP/2),
-//! the body is not polled, so no timer of the relay's ever runs and the request would hold its
-//! engine slot until the connection died. Each body therefore notes when it handed hyper a
-//! frame and was not asked for the next one since; the connection's watchdog reads those notes
-//! ([`Answers::oldest_waiting`]) and, past `timeouts.client_write`, closes an HTTP/1 connection
-//! or drops the stalled HTTP/2 stream's relay ([`Answers::cancel_waiting`]): its request is
-//! cancelled and the engine's answer let go, as on plaintext HTTP/1 ([`crate::front`]).
+//! hyper asks an answer's body for its next frame only when it has room to send it: while an
+//! HTTP/2 client keeps a stream's flow-control window shut, that body is not polled, so no timer
+//! of the relay's ever runs and the request would hold its engine slot until the connection
+//! died. Each body therefore notes when it handed hyper a frame and was not asked for the next
+//! one since; the connection's watchdog reads those notes ([`Answers::oldest`]) and, past
+//! `timeouts.client_write`, drops the stalled stream's relay ([`Answers::cancel_waiting`]): its
+//! request is cancelled and the engine's answer let go, as on plaintext HTTP/1
+//! ([`crate::front`]). hyper resets the stream when it next asks the body for more, which is
+//! only once the client opens the window again: a cancelled stream hyper still holds another
+//! `client_write` later is a client that takes nothing, and the connection is closed.
+//!
+//! HTTP/1 needs none of this: hyper stops asking for more there only while it flushes what it
+//! holds to a socket the client is slow to read, which the socket's own rule times by progress
+//! (a client reading slowly but steadily is not cut).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,8 +29,11 @@ trait Waiting: Send + Sync {
     /// When it handed out its last frame without being asked for the next one since (ms of
     /// the connection's clock; [`NONE`]: it is being asked, or has handed out nothing).
     fn waiting_since(&self) -> u64;
-    /// Drops the body if it has been waiting since `due` or earlier; whether it did.
-    fn cancel_if_waiting(&self, due: u64) -> bool;
+    /// When the watchdog dropped its body ([`NONE`]: it has not).
+    fn cancelled_at(&self) -> u64;
+    /// Drops the body if it has been waiting since `due` or earlier, noting `now` as when;
+    /// whether it did.
+    fn cancel_if_waiting(&self, due: u64, now: u64) -> bool;
 }
 
 /// The answers of one connection. Dead entries (answers finished) are pruned as the list grows,
@@ -54,22 +63,29 @@ impl Answers {
         list.push(answer);
     }
 
-    /// The earliest time an open answer has been waiting since ([`NONE`]: none waits).
-    pub(super) fn oldest_waiting(&self) -> u64 {
+    /// The answers hyper still holds. Upgraded under the lock, used and dropped after it: the
+    /// last reference to an answer hyper just let go may be one of these, and dropping a relay
+    /// records its request.
+    fn held(&self) -> Vec<Arc<dyn Waiting>> {
         let mut list = self.lock();
         list.retain(|w| w.strong_count() > 0);
-        list.iter()
-            .filter_map(Weak::upgrade)
-            .map(|a| a.waiting_since())
-            .min()
-            .unwrap_or(NONE)
+        list.iter().filter_map(Weak::upgrade).collect()
     }
 
-    /// Drops the bodies of the answers waiting since `due` or earlier; how many.
-    pub(super) fn cancel_waiting(&self, due: u64) -> usize {
-        // Upgraded outside the lock, and dropped (a relay's drop records its request) after it.
-        let open: Vec<Arc<dyn Waiting>> = self.lock().iter().filter_map(Weak::upgrade).collect();
-        open.iter().filter(|a| a.cancel_if_waiting(due)).count()
+    /// The earliest time a held answer has been waiting since, and the earliest a held one was
+    /// cancelled ([`NONE`] for none).
+    pub(super) fn oldest(&self) -> (u64, u64) {
+        self.held().iter().fold((NONE, NONE), |(w, c), a| {
+            (w.min(a.waiting_since()), c.min(a.cancelled_at()))
+        })
+    }
+
+    /// Drops the bodies of the answers waiting since `due` or earlier, noting `now`; how many.
+    pub(super) fn cancel_waiting(&self, due: u64, now: u64) -> usize {
+        self.held()
+            .iter()
+            .filter(|a| a.cancel_if_waiting(due, now))
+            .count()
     }
 }
 
@@ -81,6 +97,8 @@ struct Shared<B> {
     /// See [`Waiting::waiting_since`]. Written with `body` locked, so the watchdog's check and
     /// its drop see the same poll.
     waiting_ms: AtomicU64,
+    /// See [`Waiting::cancelled_at`].
+    cancelled_ms: AtomicU64,
 }
 
 impl<B> Shared<B> {
@@ -93,14 +111,19 @@ impl<B: Send> Waiting for Shared<B> {
     fn waiting_since(&self) -> u64 {
         self.waiting_ms.load(Ordering::Relaxed)
     }
-    fn cancel_if_waiting(&self, due: u64) -> bool {
+    fn cancelled_at(&self) -> u64 {
+        self.cancelled_ms.load(Ordering::Relaxed)
+    }
+    fn cancel_if_waiting(&self, due: u64, now: u64) -> bool {
         let mut body = self.lock();
         if body.is_none() || self.waiting_ms.load(Ordering::Relaxed) > due {
             return false;
         }
         let dropped = body.take();
-        // Not waiting any more: the watchdog must not find it again.
+        // Not waiting any more: the watchdog must not cancel it again, only see whether hyper
+        // lets it go.
         self.waiting_ms.store(NONE, Ordering::Relaxed);
+        self.cancelled_ms.store(now, Ordering::Relaxed);
         drop(body);
         drop(dropped);
         true
@@ -135,6 +158,7 @@ impl<B: Send + 'static> Tracked<B> {
         let shared = Arc::new(Shared {
             body: Mutex::new(Some((inner, open))),
             waiting_ms: AtomicU64::new(NONE),
+            cancelled_ms: AtomicU64::new(NONE),
         });
         let watched: Arc<dyn Waiting> = shared.clone();
         activity.answers.add(Arc::downgrade(&watched));
@@ -190,7 +214,8 @@ pub struct OpenRequest(pub(super) Arc<Activity>);
 impl Drop for OpenRequest {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::Relaxed);
-        // The end of an answer is traffic: the idle time counts from here.
-        self.0.wrote();
+        // The end of an answer is traffic: the idle time counts from here. (Nothing was
+        // written, so a write waiting for the client still waits.)
+        self.0.touched();
     }
 }
