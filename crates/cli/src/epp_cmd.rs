@@ -60,6 +60,7 @@ pub fn run(args: EppArgs) -> Result<()> {
     };
     let options = PickerOptions {
         fallbacks: usize::from(args.fallbacks),
+        ..PickerOptions::default()
     };
     let log_format = args.router.log_format;
     let source = args.router.source(None);

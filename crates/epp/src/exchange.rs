@@ -26,12 +26,26 @@ use prefix_router_server::usage::UsageScanner;
 use crate::wire::{self, Phase};
 
 /// How the picker answers (from `prefix-router epp`'s flags).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct PickerOptions {
     /// Endpoints named after the primary, in order, for a proxy that tries them on failure
     /// (Envoy's override-host load balancing policy does; an ORIGINAL_DST cluster reads only
     /// one address, so the default is none).
     pub fallbacks: usize,
+    /// How often the picker pings a proxy's connection (HTTP/2 PING), and how long it waits
+    /// for the answer before closing it. A proxy that vanished without closing (its node
+    /// died, a partition) otherwise left every request it had open counted in flight for
+    /// good: phantom load for the strategies, and lasting 429s under an in-flight cap.
+    pub keepalive: std::time::Duration,
+}
+
+impl Default for PickerOptions {
+    fn default() -> Self {
+        Self {
+            fallbacks: 0,
+            keepalive: std::time::Duration::from_secs(20),
+        }
+    }
 }
 
 /// Where the request stands.

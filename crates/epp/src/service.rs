@@ -124,7 +124,10 @@ pub async fn serve(
     });
     let grace = state.settings.timeouts.shutdown_grace;
     let mut stopped = stop.clone();
+    let keepalive = options.keepalive;
     let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(keepalive))
+        .http2_keepalive_timeout(Some(keepalive))
         .add_service(health)
         .add_service(
             // A BUFFERED body is one message: as large as the router takes a body, not tonic's

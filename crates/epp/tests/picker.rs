@@ -687,3 +687,85 @@ async fn only_answers_streamed_to_the_picker_as_they_come_time_the_first_token()
     }
     p.router.shutdown().await;
 }
+
+/// A TCP relay to `to` for one connection: it forwards both ways until `frozen`, then holds
+/// both sockets open and moves nothing more (a proxy whose node died without closing them).
+async fn freezable_relay(
+    to: std::net::SocketAddr,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::net::SocketAddr {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let Ok((client, _)) = listener.accept().await else {
+            return;
+        };
+        let Ok(server) = tokio::net::TcpStream::connect(to).await else {
+            return;
+        };
+        let (cr, cw) = client.into_split();
+        let (sr, sw) = server.into_split();
+        let pipe = |mut r: tokio::net::tcp::OwnedReadHalf,
+                    mut w: tokio::net::tcp::OwnedWriteHalf,
+                    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>| async move {
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = match r.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if frozen.load(Ordering::SeqCst) {
+                    // Holds both halves, forwards nothing, closes nothing.
+                    let _held = (r, w);
+                    std::future::pending::<()>().await;
+                    return;
+                }
+                if w.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let up = tokio::spawn(pipe(cr, sw, std::sync::Arc::clone(&frozen)));
+        let down = tokio::spawn(pipe(sr, cw, frozen));
+        let _ = tokio::join!(up, down);
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_of_a_proxy_that_vanished_without_closing_are_released() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let engines = engines(1).await;
+    let p = support::start_picker_with(
+        settings(&engines, "cache-aware"),
+        prefix_router_epp::PickerOptions {
+            keepalive: Duration::from_millis(200),
+            ..Default::default()
+        },
+    )
+    .await;
+    let frozen = Arc::new(AtomicBool::new(false));
+    let relay = freezable_relay(p.router.local_addr(), Arc::clone(&frozen)).await;
+    let mut c = ExternalProcessorClient::connect(format!("http://{relay}"))
+        .await
+        .expect("connects");
+    let (s, _) = pick(&mut c, 5).await;
+    assert_eq!(in_flight(&p), 1);
+    // The proxy's node is gone: no FIN, no RST, nothing more either way. Only the picker's
+    // own ping, unanswered, tells it.
+    frozen.store(true, Ordering::SeqCst);
+    until_released(
+        &p,
+        "the vanished proxy's request is still counted in flight",
+    )
+    .await;
+    let m = metrics(&p).await;
+    assert_eq!(requests_with(&m, "cancelled"), 1.0, "{m}");
+    drop(s);
+    p.router.shutdown().await;
+}

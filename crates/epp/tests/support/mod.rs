@@ -125,6 +125,21 @@ pub fn requests_with(page: &str, outcome: &str) -> f64 {
 
 /// Starts a picker on ephemeral loopback ports (gRPC and operations) with `settings`.
 pub async fn start_picker(settings: Settings, fallbacks: usize) -> RunningPicker {
+    start_picker_with(
+        settings,
+        prefix_router_epp::PickerOptions {
+            fallbacks,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// [`start_picker`] with its options.
+pub async fn start_picker_with(
+    settings: Settings,
+    options: prefix_router_epp::PickerOptions,
+) -> RunningPicker {
     prefix_router_epp::start(
         settings,
         None,
@@ -132,7 +147,7 @@ pub async fn start_picker(settings: Settings, fallbacks: usize) -> RunningPicker
             grpc: "127.0.0.1:0".parse().expect("addr"),
             ops: Some("127.0.0.1:0".parse().expect("addr")),
         },
-        prefix_router_epp::PickerOptions { fallbacks },
+        options,
     )
     .await
     .expect("picker starts")
