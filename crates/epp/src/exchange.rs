@@ -398,7 +398,11 @@ impl Exchange {
         };
         let view = candidates(state, &snapshot, &[], prepared.model.as_deref())?;
         let fleet = view.as_ref().unwrap_or(&snapshot);
-        let routed = prepared.route(state, fleet)?;
+        let mut routed = prepared.route(state, fleet)?;
+        if state.access_log.is_some() {
+            let line = prepared.log_entry(&routed, 0);
+            routed.guard.log_as(line);
+        }
         let mut endpoints = vec![(endpoint_of(&routed.instance), Arc::clone(&routed.instance))];
         if self.options.fallbacks > 0 {
             for i in prepared.fallbacks(state, fleet, &routed.instance, self.options.fallbacks) {
@@ -424,9 +428,13 @@ impl Exchange {
         if let Some(served) = served {
             if served != a.endpoints[0].0 {
                 if let Some((_, inst)) = a.endpoints.iter().find(|(e, _)| *e == served) {
-                    let moved =
+                    let mut moved =
                         a.prepared
                             .moved_to(&self.state, &a.routed.instance, Arc::clone(inst));
+                    if self.state.access_log.is_some() {
+                        let line = a.prepared.log_entry(&moved, 1);
+                        moved.guard.log_as(line);
+                    }
                     let mut old = std::mem::replace(&mut a.routed, moved);
                     old.guard.fail(Outcome::Retried);
                     // The proxy could not get an answer from it: as serve counts a connection
@@ -452,6 +460,7 @@ impl Exchange {
             routed.guard.unstreamed();
         }
         routed.guard.set_outcome(Outcome::of_status(status));
+        routed.guard.set_status(status.as_u16());
         if status.is_server_error() {
             routed.guard.upstream_error("status_5xx");
             health::passive_failure(&self.state, &routed.instance, routed.guard.stats());
@@ -515,6 +524,9 @@ impl Exchange {
     fn finish(&mut self) {
         if let Stage::Routed(mut a) = std::mem::replace(&mut self.stage, Stage::Over) {
             let usage = a.usage.as_mut().and_then(UsageScanner::finish);
+            if let Some(n) = a.usage.as_ref().and_then(UsageScanner::completion_tokens) {
+                a.routed.guard.output_tokens(n);
+            }
             a.routed.guard.complete(usage);
         }
     }

@@ -769,3 +769,61 @@ async fn requests_of_a_proxy_that_vanished_without_closing_are_released() {
     drop(s);
     p.router.shutdown().await;
 }
+
+/// The access log has a line per request through the picker, as through `serve`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_has_a_line_per_request_through_the_picker() {
+    let engines = engines(1).await;
+    let d = std::env::temp_dir().join(format!("pr-epp-access-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("dir");
+    let path = d.join("access.jsonl");
+    let mut s = settings(&engines, "cache-aware");
+    s.access_log.path = Some(path.clone());
+    let p = picker(s, 0).await;
+    let mut c = client(&p).await;
+    let (mut s, _) = pick(&mut c, 6).await;
+    answer(&mut s, 896).await;
+    until_released(&p, "answered").await;
+    p.router.shutdown().await;
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    let l = &lines[0];
+    assert_eq!(
+        l["instance"],
+        format!("http://{}", engines[0].local_addr()),
+        "{text}"
+    );
+    assert_eq!(
+        (&l["status"], &l["outcome"], &l["attempt"]),
+        (
+            &serde_json::Value::from(200),
+            &serde_json::Value::from("ok"),
+            &serde_json::Value::from(0)
+        ),
+        "{text}"
+    );
+    assert_eq!(
+        (
+            &l["prompt_tokens"],
+            &l["cached_tokens"],
+            &l["output_tokens"]
+        ),
+        (
+            &serde_json::Value::from(900),
+            &serde_json::Value::from(896),
+            &serde_json::Value::from(4)
+        ),
+        "{text}"
+    );
+    assert!(l["ttft_s"].as_f64().is_some(), "{text}");
+    assert!(
+        l["chain"].as_array().is_some_and(|c| !c.is_empty()),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

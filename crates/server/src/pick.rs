@@ -245,6 +245,32 @@ impl Routed {
     }
 }
 
+impl Prepared {
+    /// The access log's line for attempt `attempt` of this request, sent as `routed` says;
+    /// status, outcome, times and usage are filled in as the answer goes by.
+    pub fn log_entry(&self, routed: &Routed, attempt: u32) -> crate::access_log::Entry {
+        crate::access_log::Entry {
+            t: crate::access_log::unix_now() - self.received.elapsed().as_secs_f64(),
+            api: self.api.label(),
+            model: self.model.as_deref().map(Into::into),
+            group: self.chain.group,
+            prompt_units: self.chain.units,
+            block_units: self.chain_spec.map_or(0, |c| c.block_units),
+            chain: self.chain.blocks.as_slice().into(),
+            instance: Arc::clone(&routed.instance.id().0),
+            reason: routed.reason,
+            attempt,
+            status: 0,
+            outcome: "",
+            ttft_s: None,
+            duration_s: 0.0,
+            prompt_tokens: None,
+            cached_tokens: None,
+            output_tokens: None,
+        }
+    }
+}
+
 /// What routing reads from one request, read once and routed on for every attempt.
 #[derive(Debug)]
 pub struct Prepared {

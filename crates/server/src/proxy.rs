@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode, Version};
 use prefix_router_core::Instance;
 
-use crate::access_log::{unix_now, Entry};
+use crate::access_log::Entry;
 use crate::body::{ProxyBody, RequestBody};
 use crate::error::ApiError;
 use crate::health;
@@ -113,7 +113,6 @@ async fn forward(
     }
     let logging = state.access_log.is_some();
     let model = prepared.model.as_deref();
-    let chain = &prepared.chain;
     let strategy = &prepared.strategy;
 
     let snapshot = state.fleet.snapshot();
@@ -138,25 +137,8 @@ async fn forward(
             }
         };
         if logging {
-            routed.guard.log_as(Entry {
-                t: unix_now() - received.elapsed().as_secs_f64(),
-                api: api.label(),
-                model: model.map(Into::into),
-                group: chain.group,
-                prompt_units: chain.units,
-                block_units: prepared.chain_spec.map_or(0, |c| c.block_units),
-                chain: chain.blocks.as_slice().into(),
-                instance: Arc::clone(&routed.instance.id().0),
-                reason: routed.reason,
-                attempt: attempt_no,
-                status: 0,
-                outcome: "",
-                ttft_s: None,
-                duration_s: 0.0,
-                prompt_tokens: None,
-                cached_tokens: None,
-                output_tokens: None,
-            });
+            let line = prepared.log_entry(&routed, attempt_no);
+            routed.guard.log_as(line);
         }
         // Another attempt is possible when retries remain and another instance could take it
         // (only computed on a failure: the common path allocates nothing for it).
