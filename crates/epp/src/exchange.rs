@@ -502,8 +502,9 @@ impl Exchange {
         wire::answer(Phase::ResponseBody, wire::common(Vec::new()), None)
     }
 
-    /// Envoy closed the stream. After the response's head (the body not sent to the picker),
-    /// the request is finished; before it, the guard's drop counts it cancelled.
+    /// Envoy closed the stream, or it ended otherwise (the exchange is dropped). After the
+    /// response's head (the body not sent to the picker), the request is finished; before it,
+    /// the guard's drop counts it cancelled.
     pub fn closed(&mut self) {
         // Where the body is sent to the picker, a stream closed before its end is a client gone.
         if self.response_mode.is_some_and(|m| m != NONE) {
@@ -529,5 +530,15 @@ impl Exchange {
             }
             a.routed.guard.complete(usage);
         }
+    }
+}
+
+impl Drop for Exchange {
+    /// Envoy ends a stream whose last answer it has (`response_body_mode: NONE` after the
+    /// response's head) by closing its side and resetting the stream at once: the reset may
+    /// come before the close is read, and the stream is then dropped, not closed. It is the
+    /// same end.
+    fn drop(&mut self) {
+        self.closed();
     }
 }

@@ -827,3 +827,36 @@ async fn the_access_log_has_a_line_per_request_through_the_picker() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// With `response_body_mode: NONE`, Envoy ends the stream after the response's head by closing
+/// and resetting it at once: a reset stream after the head is the request's end, not a
+/// cancellation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_reset_after_the_head_of_an_answer_not_sent_to_the_picker_is_finished() {
+    let engines = engines(1).await;
+    let p = picker(settings(&engines, "cache-aware"), 0).await;
+    let mut c = client(&p).await;
+    let mut s = Stream::open(&mut c).await;
+    s.push(with_modes(request_head(), 2, 0)).await;
+    let a = s.next().await;
+    assert!(matches!(a.response, Some(Ans::RequestHeaders(_))), "{a:?}");
+    s.send(Msg::RequestBody(body(chat(9).as_bytes(), true)), None)
+        .await;
+    let a = s
+        .send(
+            Msg::ResponseHeaders(headers(&[(":status", "200")], false)),
+            None,
+        )
+        .await;
+    assert!(matches!(a.response, Some(Ans::ResponseHeaders(_))), "{a:?}");
+    // Both halves dropped at once: the client resets the stream.
+    drop(s);
+    until_released(&p, "the slot was not released").await;
+    let m = metrics(&p).await;
+    assert_eq!(
+        (requests_with(&m, "ok"), requests_with(&m, "cancelled")),
+        (1.0, 0.0),
+        "{m}"
+    );
+    p.router.shutdown().await;
+}
