@@ -860,3 +860,37 @@ async fn a_stream_reset_after_the_head_of_an_answer_not_sent_to_the_picker_is_fi
     );
     p.router.shutdown().await;
 }
+
+/// A model the fleet serves only outside the proxy's subset is an outage of the subset (503,
+/// which SDKs retry), not a model nobody serves (404); one nobody serves stays a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_served_only_outside_the_subset_is_a_503() {
+    let engines = engines(2).await;
+    let addrs: Vec<String> = engines.iter().map(|e| e.local_addr().to_string()).collect();
+    let mut s = settings(&engines, "prefix-aware");
+    s.instances[0].models = vec!["m1".into()];
+    s.instances[1].models = vec!["m2".into()];
+    let p = picker(s, 0).await;
+    let mut c = client(&p).await;
+    for (model, want) in [("m2", 503), ("m9", 404), ("m1", 0)] {
+        let mut s = Stream::open(&mut c).await;
+        s.send(request_head(), Some(subset_meta(&[&addrs[0]])))
+            .await;
+        let body_text = serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": "hello"}],
+        })
+        .to_string();
+        let a = s
+            .send(Msg::RequestBody(body(body_text.as_bytes(), true)), None)
+            .await;
+        if want == 0 {
+            let (header, _) = destination(&a);
+            assert_eq!(header, addrs[0], "{model}");
+        } else {
+            let (status, text) = immediate_status(&a);
+            assert_eq!(status, want, "{model}: {text}");
+        }
+    }
+    p.router.shutdown().await;
+}
