@@ -442,13 +442,23 @@ impl Exchange {
             return wire::answer(Phase::ResponseHeaders, wire::common(Vec::new()), None);
         };
         // The proxy went to a fallback: the primary failed this request, and the slot and
-        // the strategy's feedback move to the endpoint that answered.
+        // the strategy's feedback move to the endpoint that answered. That is one the picker
+        // named, or, once the proxy's own fallback policy took over past the list (Envoy's
+        // override-host `fallback_policy`), any member of the fleet.
         if let Some(served) = served {
             if served != a.endpoints[0].0 {
-                if let Some((_, inst)) = a.endpoints.iter().find(|(e, _)| *e == served) {
-                    let mut moved =
-                        a.prepared
-                            .moved_to(&self.state, &a.routed.instance, Arc::clone(inst));
+                let inst = a
+                    .endpoints
+                    .iter()
+                    .find(|(e, _)| *e == served)
+                    .map(|(_, i)| Arc::clone(i))
+                    .or_else(|| {
+                        let fleet = self.state.fleet.snapshot();
+                        let found = fleet.instances().iter().find(|i| endpoint_of(i) == served);
+                        found.cloned()
+                    });
+                if let Some(inst) = inst {
+                    let mut moved = a.prepared.moved_to(&self.state, &a.routed.instance, inst);
                     if self.state.access_log.is_some() {
                         let line = a.prepared.log_entry(&moved, 1);
                         moved.guard.log_as(line);

@@ -894,3 +894,57 @@ async fn a_model_served_only_outside_the_subset_is_a_503() {
     }
     p.router.shutdown().await;
 }
+
+/// Envoy's override-host policy past the picker's list serves from any host of the cluster
+/// (its `fallback_policy`): the slot and the feedback go to the instance that served, found in
+/// the fleet, not left on the one that failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_served_past_the_list_takes_the_slot() {
+    let engines = engines(2).await;
+    let p = picker(settings(&engines, "prefix-aware"), 0).await;
+    let mut c = client(&p).await;
+    let (mut s, chosen) = pick(&mut c, 3).await;
+    let other = engines
+        .iter()
+        .map(|e| e.local_addr().to_string())
+        .find(|a| *a != chosen)
+        .expect("another engine");
+    let mut meta = Metadata::default();
+    meta.filter_metadata.insert(
+        wire::LB_NAMESPACE.into(),
+        Struct {
+            fields: [(wire::SERVED.to_string(), wire::list(&[&other]))]
+                .into_iter()
+                .collect(),
+        },
+    );
+    s.send(
+        Msg::ResponseHeaders(headers(
+            &[(":status", "200"), ("content-type", "text/event-stream")],
+            false,
+        )),
+        Some(meta),
+    )
+    .await;
+    let held = |addr: &str| {
+        p.router
+            .state()
+            .fleet
+            .snapshot()
+            .instances()
+            .iter()
+            .find(|i| i.spec().url == format!("http://{addr}"))
+            .map_or(u32::MAX, |i| i.in_flight())
+    };
+    assert_eq!((held(&chosen), held(&other)), (0, 1));
+    s.send(Msg::ResponseBody(body(b"data: [DONE]\n\n", true)), None)
+        .await;
+    until_released(&p, "answered").await;
+    let m = metrics(&p).await;
+    assert_eq!(
+        (requests_with(&m, "ok"), requests_with(&m, "retried")),
+        (1.0, 1.0),
+        "{m}"
+    );
+    p.router.shutdown().await;
+}
