@@ -12,7 +12,7 @@
 //! A watch that fails keeps the fleet as it was: the API server being away is no reason to
 //! stop routing to engines that still answer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures_util::StreamExt;
@@ -20,7 +20,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
-use prefix_router_core::{InstanceSpec, InstanceState};
+use prefix_router_core::{Instance, InstanceSpec, InstanceState};
 use tokio::sync::watch;
 
 use crate::membership;
@@ -150,11 +150,16 @@ fn conditions(ep: &Endpoint) -> (bool, bool) {
 }
 
 /// Installs what the slices list: the Kubernetes members replace the previous ones, and the
-/// terminating ones are set to drain.
+/// terminating ones are set to drain. `drained` holds the ids this watch drained: one listed
+/// ready again (a new pod at the address of one that terminated, as with `hostNetwork` pods,
+/// where no list without the address came between) must pass a check as a new instance,
+/// not stay draining until someone un-drains it by hand. A drain the admin API set is left
+/// alone.
 async fn apply(
     state: &AppState,
     target: &KubernetesTarget,
     slices: &BTreeMap<String, EndpointSlice>,
+    drained: &mut BTreeSet<String>,
 ) {
     let found = members(target, slices.values());
     let specs: Vec<InstanceSpec> = found.iter().map(|f| f.spec.clone()).collect();
@@ -167,18 +172,48 @@ async fn apply(
     })
     .await;
     let snapshot = state.fleet.snapshot();
-    for f in found.iter().filter(|f| f.terminating) {
-        if let Some((_, inst)) = snapshot.get(&f.spec.id) {
+    drained.retain(|id| found.iter().any(|f| f.spec.id == *id));
+    for f in &found {
+        let Some((_, inst)) = snapshot.get(&f.spec.id) else {
+            continue;
+        };
+        if f.terminating {
             if membership::transition(state, inst, &membership::DRAINABLE, InstanceState::Draining)
             {
+                drained.insert(f.spec.id.clone());
                 tracing::info!(instance = %f.spec.id, "endpoint terminating: draining");
             }
+        } else if drained.remove(&f.spec.id) && rejoin(state, inst) {
+            tracing::info!(instance = %f.spec.id, "endpoint ready again after terminating: a new instance");
         }
     }
     if changed {
         let urls: Vec<&str> = found.iter().map(|f| f.spec.url.as_str()).collect();
         tracing::info!(service = %target.service, instances = ?urls, "Kubernetes discovery changed the fleet");
     }
+}
+
+/// A drained instance whose address came back ready: a new pod, so the strategy forgets the old
+/// one's cache (an ejection), and it takes requests once a check passes (at once without
+/// active checks).
+fn rejoin(state: &AppState, inst: &Instance) -> bool {
+    if !membership::transition(
+        state,
+        inst,
+        &[InstanceState::Draining],
+        InstanceState::Unknown,
+    ) {
+        return false;
+    }
+    if !state.settings.health.active {
+        membership::transition(
+            state,
+            inst,
+            &[InstanceState::Unknown],
+            InstanceState::Healthy,
+        );
+    }
+    true
 }
 
 fn name(s: &EndpointSlice) -> String {
@@ -199,6 +234,7 @@ pub async fn run(
     let events = watcher::watcher(api, config).default_backoff();
     futures_util::pin_mut!(events);
     let mut slices: BTreeMap<String, EndpointSlice> = BTreeMap::new();
+    let mut drained = BTreeSet::new();
     let mut listing: Option<BTreeMap<String, EndpointSlice>> = None;
     while let Some(event) = events.next().await {
         match event {
@@ -212,16 +248,16 @@ pub async fn run(
                 if let Some(l) = listing.take() {
                     slices = l;
                 }
-                apply(&state, &target, &slices).await;
+                apply(&state, &target, &slices, &mut drained).await;
                 synced.send_replace(true);
             }
             Ok(Event::Apply(s)) => {
                 slices.insert(name(&s), s);
-                apply(&state, &target, &slices).await;
+                apply(&state, &target, &slices, &mut drained).await;
             }
             Ok(Event::Delete(s)) => {
                 slices.remove(&name(&s));
-                apply(&state, &target, &slices).await;
+                apply(&state, &target, &slices, &mut drained).await;
             }
             Err(e) => {
                 tracing::warn!(service = %target.service, %namespace, error = %e,

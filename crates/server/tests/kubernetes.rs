@@ -164,3 +164,51 @@ async fn an_unreachable_api_server_does_not_stop_the_router() {
     assert_eq!(served_by(&r, 0).await, "a");
     r.shutdown().await;
 }
+
+/// A new pod at the address of one that terminated (`hostNetwork` pods share their node's IP),
+/// with no list between in which the address was gone: it takes requests again, as a new
+/// instance. A drain set through the admin API is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_ready_again_after_terminating_is_not_left_draining() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let (pa, pb) = (a.addr.port(), b.addr.port());
+    let api = FakeApi::start().await;
+    api.put(slice("llm-a", pa, true, false));
+    api.put(slice("llm-b", pb, true, false));
+    let mut s = settings(&[]);
+    s.health.wait_for_first_check = false;
+    let mut t = target(api.url());
+    t.first_list_timeout = std::time::Duration::from_secs(10);
+    s.discovery.kubernetes = Some(t);
+    let r = router(s).await;
+    use InstanceState::*;
+    let mut both = vec![(pa, Healthy), (pb, Healthy)];
+    both.sort_by_key(|x| x.0);
+    assert_eq!(members(&r), both);
+    // b is drained by hand (the admin API's drain).
+    let snapshot = r.state().fleet.snapshot();
+    let b_inst = snapshot
+        .instances()
+        .iter()
+        .find(|i| i.url_port() == pb)
+        .expect("b");
+    assert!(prefix_router_server::membership::transition(
+        r.state(),
+        b_inst,
+        &prefix_router_server::membership::DRAINABLE,
+        Draining
+    ));
+    // a's pod terminates; its replacement comes up at the same address.
+    api.put(slice("llm-a", pa, false, true));
+    eventually("a drains", || members(&r).contains(&(pa, Draining))).await;
+    api.put(slice("llm-a", pa, true, false));
+    eventually("a takes requests again", || {
+        members(&r).contains(&(pa, Healthy))
+    })
+    .await;
+    assert_eq!(served_by(&r, 0).await, "a");
+    // b's drain was not the watch's: it stays.
+    assert!(members(&r).contains(&(pb, Draining)), "{:?}", members(&r));
+    r.shutdown().await;
+}
