@@ -36,14 +36,21 @@ pub fn announce(state: &AppState, id: &InstanceId, change: MembershipChange) {
 /// ([`Instance::transition`]): the health checker and the request path can both eject the same
 /// instance, and the strategy must hear of one ejection, not two (cache-aware forgets an
 /// instance's blocks on each one); nor may an ejection overwrite a drain the admin API set
-/// meanwhile.
+/// meanwhile. An instance that is no longer a member (removed while a probe or a request on
+/// it was under way) changes nothing: the strategy has forgotten it, and hearing of it again
+/// would make it track it anew (cache-aware took back a removed instance's slot for reuse, and
+/// a late "healthy" took it out again, for good).
 pub fn transition(
     state: &AppState,
     inst: &Instance,
     from: &[InstanceState],
     to: InstanceState,
 ) -> bool {
-    if !inst.transition(from, to) {
+    let snapshot = state.fleet.snapshot();
+    let member = snapshot
+        .get(inst.id().as_str())
+        .is_some_and(|(_, m)| std::ptr::eq(m.as_ref(), inst));
+    if !member || !inst.transition(from, to) {
         return false;
     }
     let change = match to {
@@ -140,6 +147,11 @@ mod tests {
         let specs = |ids: &[&str]| ids.iter().map(|u| InstanceSpec::from_url(*u)).collect();
         crate::reload::set_members(&state, specs(&[b, c])).await;
         crate::reload::set_members(&state, specs(&[b, c])).await;
+        // A probe of a's that ends after a left: nothing to tell.
+        assert!(
+            !transition(&state, &ia, &[Ejected], Healthy),
+            "a removed instance"
+        );
         let told: Vec<String> = recorder
             .take()
             .into_iter()
