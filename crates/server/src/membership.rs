@@ -172,6 +172,30 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn what_a_member_that_left_listed_goes_with_it() {
+        let (a, b) = ("http://127.0.0.1:1", "http://127.0.0.1:2");
+        let mut settings =
+            crate::settings::Settings::with_instances([a, b]).unwrap_or_else(|e| panic!("{e}"));
+        settings.health.active = false;
+        let state = AppState::new(settings, None).unwrap_or_else(|e| panic!("{e}"));
+        crate::reload::edit_members(&state, |m| {
+            m.discovered_models.insert(b.into(), vec!["lora-x".into()]);
+        })
+        .await;
+        let models = |id: &str| {
+            let snapshot = state.fleet.snapshot();
+            snapshot.get(id).map(|(_, i)| i.spec().models.clone())
+        };
+        assert_eq!(models(b), Some(vec!["lora-x".to_string()]));
+        let specs = |ids: &[&str]| ids.iter().map(|u| InstanceSpec::from_url(*u)).collect();
+        crate::reload::set_members(&state, specs(&[a])).await;
+        assert!(state.membership.lock().await.discovered_models.is_empty());
+        // Back at the same address (a new pod): it serves what it lists, not what the old one did.
+        crate::reload::set_members(&state, specs(&[a, b])).await;
+        assert_eq!(models(b), Some(Vec::new()));
+    }
+
     fn spec(url: &str, models: &[&str]) -> InstanceSpec {
         InstanceSpec {
             id: url.into(),

@@ -27,13 +27,19 @@ pub struct ReloadSummary {
 pub async fn edit_members<R>(state: &AppState, edit: impl FnOnce(&mut Membership) -> R) -> R {
     let mut membership = state.membership.lock().await;
     let result = edit(&mut membership);
+    let specs = membership.specs();
+    // What a member that left had listed goes with it: kept, it grew with every pod that ever
+    // came and went, and a pod that reused the address would have served its models.
+    membership
+        .discovered_models
+        .retain(|id, _| specs.iter().any(|s| s.id == *id));
     let before = state.fleet.snapshot();
     // A member that will be prewarmed joins warming: nothing is routed to it before.
     match state.prewarm.as_ref().filter(|p| p.has_traffic()) {
         Some(_) => state
             .fleet
-            .set_members_joining(membership.specs(), InstanceState::Warming),
-        None => state.fleet.set_members(membership.specs()),
+            .set_members_joining(specs, InstanceState::Warming),
+        None => state.fleet.set_members(specs),
     }
     let after = state.fleet.snapshot();
     // Still under the membership lock: announcements go out in the order the edits happened.
