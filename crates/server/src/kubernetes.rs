@@ -117,7 +117,10 @@ pub fn members<'a>(
             if !ready && !terminating {
                 continue;
             }
-            for addr in &ep.addresses {
+            // An endpoint's addresses are one pod's, interchangeable (the API lets clients use
+            // the first only): each as an instance would double the pod's share of traffic and
+            // split its cache.
+            for addr in ep.addresses.iter().take(1) {
                 let host = if v6 {
                     format!("[{addr}]")
                 } else {
@@ -351,6 +354,15 @@ mod tests {
                 },
             ]),
         }
+    }
+
+    #[test]
+    fn an_endpoint_with_several_addresses_is_one_instance() {
+        let mut two = ep("10.0.0.1", Some(true), None);
+        two.addresses.push("10.0.0.2".into());
+        let found = members(&target(), [&slice("a", "IPv4", 8000, vec![two])]);
+        let urls: Vec<&str> = found.iter().map(|f| f.spec.url.as_str()).collect();
+        assert_eq!(urls, ["http://10.0.0.1:8000"]);
     }
 
     #[test]
