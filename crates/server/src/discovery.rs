@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use hickory_resolver::config::{NameServerConfig, ResolverConfig};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::rdata::SRV;
 use hickory_resolver::proto::rr::{Name, RData};
 use hickory_resolver::{Resolver, TokioResolver};
 
@@ -141,9 +142,12 @@ fn one_family(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
     }
 }
 
-/// Every SRV record's target at its port: its addresses from the answer's additional section
-/// when the server sent them there (Kubernetes and Consul do), else looked up. A target that
-/// does not resolve is left out (the others still count); none resolving is an error.
+/// The SRV records' targets at their ports: their addresses from the answer's additional
+/// section when the server sent them there (Kubernetes and Consul do), else looked up. Only
+/// the records of the lowest priority value with a target that resolves count (RFC 2782: a
+/// higher value is a backup, such as another site, used only when none of those answers). A
+/// target that does not resolve is left out (the others still count); none resolving is an
+/// error. Weights are not read: each instance takes the target's `weight`.
 async fn srv_addrs(c: &TokioResolver, name: &str) -> Result<Vec<SocketAddr>, DiscoveryError> {
     let lookup = c.srv_lookup(name).await?;
     let mut glue: HashMap<Name, Vec<IpAddr>> = HashMap::new();
@@ -154,21 +158,36 @@ async fn srv_addrs(c: &TokioResolver, name: &str) -> Result<Vec<SocketAddr>, Dis
             _ => {}
         }
     }
+    let records: Vec<&SRV> = lookup
+        .answers()
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::SRV(srv) => Some(srv),
+            _ => None,
+        })
+        .collect();
+    let mut priorities: Vec<u16> = records.iter().map(|s| s.priority).collect();
+    priorities.sort_unstable();
+    priorities.dedup();
     let mut out = Vec::new();
     let mut last_err = None;
-    for r in lookup.answers() {
-        let RData::SRV(srv) = &r.data else { continue };
-        let ips = match glue.get(&srv.target) {
-            Some(ips) => ips.clone(),
-            None => match c.lookup_ip(srv.target.clone()).await {
-                Ok(found) => found.iter().collect(),
-                Err(e) => {
-                    last_err = Some(e);
-                    continue;
-                }
-            },
-        };
-        out.extend(ips.into_iter().map(|ip| SocketAddr::new(ip, srv.port)));
+    for priority in priorities {
+        for srv in records.iter().filter(|s| s.priority == priority) {
+            let ips = match glue.get(&srv.target) {
+                Some(ips) => ips.clone(),
+                None => match c.lookup_ip(srv.target.clone()).await {
+                    Ok(found) => found.iter().collect(),
+                    Err(e) => {
+                        last_err = Some(e);
+                        continue;
+                    }
+                },
+            };
+            out.extend(ips.into_iter().map(|ip| SocketAddr::new(ip, srv.port)));
+        }
+        if !out.is_empty() {
+            break;
+        }
     }
     match (out.is_empty(), last_err) {
         (true, Some(e)) => Err(e.into()),

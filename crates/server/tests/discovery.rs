@@ -253,3 +253,26 @@ async fn models_are_learnt_from_the_instances() {
     assert_eq!(seen.len(), 2, "both serve the base model");
     r.shutdown().await;
 }
+
+/// An SRV record of a higher priority value is a backup (another site): it takes requests only
+/// when none of the first choice's records answers.
+#[tokio::test]
+async fn srv_backups_take_over_only_when_the_first_choice_is_gone() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let first = Entry::local("a.fleet.test.", a.addr.port());
+    let backup = Entry {
+        priority: 10,
+        ..Entry::local("b.fleet.test.", b.addr.port())
+    };
+    let dns = DnsServer::start("_http._tcp.fleet.test.", &[first.clone(), backup.clone()]);
+    let mut s = settings(&[]);
+    s.discovery.dns = vec![target(dns.srv_name(), 0, DnsRecord::Srv, &dns)];
+    let r = router(s).await;
+    assert_eq!(urls(&r), vec![a.url()], "the backup is not a member");
+    dns.set(std::slice::from_ref(&backup));
+    eventually("the backup takes over", || urls(&r) == vec![b.url()]).await;
+    dns.set(&[first, backup]);
+    eventually("the first choice is back", || urls(&r) == vec![a.url()]).await;
+    r.shutdown().await;
+}

@@ -24,6 +24,8 @@ pub struct Entry {
     pub ip: Ipv4Addr,
     /// Its port (SRV).
     pub port: u16,
+    /// Its SRV priority (0, the first choice, unless a test sets a backup).
+    pub priority: u16,
 }
 
 impl Entry {
@@ -33,6 +35,7 @@ impl Entry {
             host: host.to_string(),
             ip: Ipv4Addr::LOCALHOST,
             port,
+            priority: 0,
         }
     }
 }
@@ -178,7 +181,7 @@ fn answer(query: &Message, srv_name: &Name, zone: &Zone) -> Message {
                     m.add_answer(Record::from_rdata(
                         asked.clone(),
                         0,
-                        RData::SRV(SRV::new(0, 1, e.port, target.clone())),
+                        RData::SRV(SRV::new(e.priority, 1, e.port, target.clone())),
                     ));
                     m.add_additional(Record::from_rdata(target, 0, RData::A(A(e.ip))));
                 }
