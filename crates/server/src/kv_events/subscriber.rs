@@ -109,11 +109,17 @@ fn kind(s: &Subscriber<'_>, kind: &'static str) -> ResultLabels {
 }
 
 impl Subscriber<'_> {
+    /// Connected or not. A connection after an earlier one (the socket reconnected, or a new
+    /// session) leaves the view untrusted until the first batch says which publisher this is
+    /// ([`Self::confirm`]): the same one, resumed from the last batch applied (what was missed
+    /// meanwhile is replayed), or a new one (its number went back: the view is cleared). An
+    /// engine restarted in place publishes nothing until it has traffic, and its old view,
+    /// trusted meanwhile, sent hot prefixes to a cold engine.
     fn set_connected(&self, on: bool) {
         {
             let mut f = lock(&self.feed);
             f.connected = on;
-            f.recovering = false;
+            f.recovering = on && self.seq.next().is_some();
         }
         self.feeds
             .metrics
@@ -129,7 +135,6 @@ impl Subscriber<'_> {
         let mut events = sub.monitor();
         sub.connect(&self.endpoints.publisher).await?;
         sub.subscribe(&self.feeds.settings.topic).await?;
-        self.seq.reset();
         self.dealer = None;
         self.set_connected(true);
         loop {
@@ -138,10 +143,13 @@ impl Subscriber<'_> {
                 e = events.next() => {
                     match e {
                         Some(SocketEvent::Disconnected(_)) => self.set_connected(false),
-                        // Whatever it was sent while away is unknown: start over from the
-                        // next message (which replays what the publisher still buffers).
+                        // What it was sent while away is replayed from the last batch applied,
+                        // once the next one shows the gap; a publisher started again shows
+                        // itself by counting from a number already passed. Resetting here
+                        // cleared the view and asked for a replay from 0, which an engine up
+                        // for longer than its replay buffer no longer holds: the view stayed
+                        // partial, and kv-aware off, for good after any reconnect.
                         Some(SocketEvent::Connected(..)) => {
-                            self.seq.reset();
                             self.dealer = None;
                             self.set_connected(true);
                         }
@@ -173,6 +181,12 @@ impl Subscriber<'_> {
                     })
                 }
             };
+            // The first batch since a reconnect said which publisher this is (a new one's
+            // view was cleared above; a gap is replayed below, still untrusted): the view is
+            // trusted again.
+            if missing.is_none() {
+                lock(&self.feed).recovering = false;
+            }
             if let Some(from) = missing {
                 self.feeds.metrics.gaps.get_or_create(&self.labels).inc();
                 let started = std::time::Instant::now();
