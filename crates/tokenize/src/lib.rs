@@ -2,11 +2,12 @@
 //! engine's blocks: a Hugging Face `tokenizer.json` (read from a local file with the
 //! `tokenizers` crate; never downloaded) and the model's chat template (Jinja, rendered with
 //! minijinja as vLLM renders it through transformers: `messages`, `add_generation_prompt`,
-//! `bos_token`, `eos_token`, `raise_exception`). A chat request is rendered, then encoded
+//! `bos_token`, `eos_token`, `raise_exception`, `strftime_now`). A chat request is rendered, then encoded
 //! without adding special tokens (the template writes them); a completion prompt is encoded
 //! with them.
 
 mod body;
+mod strftime;
 pub mod words;
 
 use std::path::Path;
@@ -281,6 +282,8 @@ fn environment(template: String) -> Result<minijinja::Environment<'static>, Toke
             ))
         },
     );
+    // transformers defines it for templates, and vLLM renders through transformers.
+    env.add_function("strftime_now", |format: String| strftime::now(&format));
     env.add_template_owned("chat", template)
         .map_err(|e| TokenizeError::Template(e.to_string()))?;
     Ok(env)
@@ -293,6 +296,22 @@ mod tests {
     fn ours() -> ChatTokenizer {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tokenizers/byte-bpe");
         ChatTokenizer::from_dir_files(&dir.join("tokenizer.json"), None).expect("loads")
+    }
+
+    #[test]
+    fn strftime_now_is_defined_as_transformers_defines_it() {
+        // Llama 3.2's header: today's date where transformers (and so vLLM) renders it.
+        let env = environment(
+            r#"{%- if strftime_now is defined %}{{ strftime_now("%d %b %Y") }}{%- else %}26 Jul 2024{%- endif %}"#
+                .into(),
+        )
+        .expect("template");
+        let out = env
+            .get_template("chat")
+            .and_then(|t| t.render(minijinja::context! {}))
+            .expect("renders");
+        assert_eq!(out, strftime::now("%d %b %Y"));
+        assert_ne!(out, "26 Jul 2024");
     }
 
     #[test]
