@@ -415,6 +415,19 @@ async fn health_ready_ping_and_no_instance() {
     r.shutdown().await;
 }
 
+/// An HTTP/2 (prior knowledge) connection to `addr`.
+async fn h2_client(
+    addr: std::net::SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(executor(), hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    sender
+}
+
 /// A router in front of an engine that streams without end, with a 300 ms write limit, and an
 /// HTTP/2 connection to it whose first stream's answer is never read: the stream's window
 /// closes, so hyper stops asking the relay for more while the connection stays healthy.
@@ -434,14 +447,7 @@ async fn stalled_h2_stream() -> (
     let mut s = settings(&[url]);
     s.timeouts.client_write = Duration::from_millis(300);
     let r = router(s).await;
-    let stream = tokio::net::TcpStream::connect(r.local_addr())
-        .await
-        .expect("connect");
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(executor(), hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(conn);
+    let mut sender = h2_client(r.local_addr()).await;
     let mut req = request(
         Method::POST,
         "http://router.test/v1/chat/completions",
@@ -534,14 +540,7 @@ async fn an_http2_client_that_never_reads_its_cancelled_stream_loses_the_connect
 async fn http2_clients_are_served() {
     let up = Upstream::start("u", Mode::Echo, &[]).await;
     let r = router(settings(&[up.url()])).await;
-    let stream = tokio::net::TcpStream::connect(r.local_addr())
-        .await
-        .expect("connect");
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(executor(), hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(conn);
+    let mut sender = h2_client(r.local_addr()).await;
     let mut req = request(
         Method::POST,
         "http://router.test/v1/completions",
@@ -726,14 +725,7 @@ async fn unpaired_surrogates_are_refused_naming_the_field() {
 async fn http2_streams_are_relayed_incrementally() {
     let up = Upstream::start("s", Mode::Echo, &[]).await;
     let r = router(settings(&[up.url()])).await;
-    let stream = tokio::net::TcpStream::connect(r.local_addr())
-        .await
-        .expect("connect");
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(executor(), hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(conn);
+    let mut sender = h2_client(r.local_addr()).await;
     let mut req = request(
         Method::POST,
         "http://router.test/v1/chat/completions",
