@@ -10,7 +10,8 @@
 # kernel's share of its syscalls is not (valgrind sees user space only).
 #
 # The mix (each line of the table): generated workloads at fixed seeds, every request streamed
-# as `bench` sends them. Repeated runs agree within about 0.2%.
+# as `bench` sends them. Repeated runs agreed within about 0.2% when this was written; on
+# 2026-12-07 they spread 1-2% (BENCHMARKS.md, "run-to-run spread"), inside the 10% margin.
 #
 # Usage: bench/instructions.sh            print instructions per request for each case
 #        bench/instructions.sh --check    also fail when a case exceeds bench/instructions.expected
