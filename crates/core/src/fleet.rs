@@ -116,6 +116,13 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// Whether `other` is this member, whatever its spec since: a changed spec rebuilds the
+    /// `Instance` around the same counters ([`Fleet::set_members`]), while an id that left and
+    /// came back is a new member with counters of its own.
+    pub fn same_member(&self, other: &Instance) -> bool {
+        Arc::ptr_eq(&self.state, &other.state)
+    }
+
     /// Builds a healthy instance with nothing in flight.
     pub fn new(spec: InstanceSpec) -> Self {
         Self::in_state(spec, InstanceState::Healthy)

@@ -37,7 +37,7 @@ pub fn announce(state: &AppState, id: &InstanceId, change: MembershipChange) {
 /// instance, and the strategy must hear of one ejection, not two (cache-aware forgets an
 /// instance's blocks on each one); nor may an ejection overwrite a drain the admin API set
 /// meanwhile. An instance that is no longer a member (removed while a probe or a request on
-/// it was under way) changes nothing: the strategy has forgotten it, and hearing of it again
+/// it was under way) changes nothing (one whose spec changed meanwhile still is): the strategy has forgotten it, and hearing of it again
 /// would make it track it anew (cache-aware took back a removed instance's slot for reuse, and
 /// a late "healthy" took it out again, for good).
 pub fn transition(
@@ -49,7 +49,7 @@ pub fn transition(
     let snapshot = state.fleet.snapshot();
     let member = snapshot
         .get(inst.id().as_str())
-        .is_some_and(|(_, m)| std::ptr::eq(m.as_ref(), inst));
+        .is_some_and(|(_, m)| m.same_member(inst));
     if !member || !inst.transition(from, to) {
         return false;
     }
@@ -145,6 +145,13 @@ mod tests {
         );
         assert!(transition(&state, &ib, &[Draining], Healthy));
         let specs = |ids: &[&str]| ids.iter().map(|u| InstanceSpec::from_url(*u)).collect();
+        // b's spec changes (its models, as discovery finds them) while a check of it is under
+        // way: the check's result still applies to it.
+        let mut b_models = InstanceSpec::from_url(b);
+        b_models.models = vec!["lora-x".into()];
+        crate::reload::set_members(&state, vec![InstanceSpec::from_url(a), b_models]).await;
+        assert!(transition(&state, &ib, &[Healthy], Ejected), "b's new spec");
+        assert!(transition(&state, &ib, &[Ejected], Healthy));
         crate::reload::set_members(&state, specs(&[b, c])).await;
         crate::reload::set_members(&state, specs(&[b, c])).await;
         // A probe of a's that ends after a left: nothing to tell.
@@ -165,6 +172,8 @@ mod tests {
             [
                 format!("{a} Ejected"),
                 format!("{b} Draining"),
+                format!("{b} Healthy"),
+                format!("{b} Ejected"),
                 format!("{b} Healthy"),
                 format!("{c} Added"),
                 format!("{a} Removed"),
