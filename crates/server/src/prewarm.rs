@@ -84,10 +84,11 @@ impl Prewarm {
     }
 
     /// `inst` just joined (warming, as [`crate::reload::edit_members`] adds it): it is warmed
-    /// before it takes anything.
-    pub fn joined(&self, state: &AppState, inst: &Instance) {
+    /// before it takes anything, if `warm` (some other member takes requests meanwhile).
+    pub fn joined(&self, state: &AppState, inst: &Instance, warm: bool) {
         let warming = inst.state() == InstanceState::Warming
-            || (self.has_traffic()
+            || (warm
+                && self.has_traffic()
                 && membership::transition(
                     state,
                     inst,

@@ -34,8 +34,12 @@ pub async fn edit_members<R>(state: &AppState, edit: impl FnOnce(&mut Membership
         .discovered_models
         .retain(|id, _| specs.iter().any(|s| s.id == *id));
     let before = state.fleet.snapshot();
-    // A member that will be prewarmed joins warming: nothing is routed to it before.
-    match state.prewarm.as_ref().filter(|p| p.has_traffic()) {
+    // A member that will be prewarmed joins warming: nothing is routed to it before. Only
+    // while some member takes requests: when none does (a Recreate rollout, a scale-up from
+    // zero, a list of endpoints briefly empty), warming every newcomer kept the whole fleet
+    // unroutable, 503 for every request, for up to the warm-up budget.
+    let warm = before.eligible(None).next().is_some();
+    match state.prewarm.as_ref().filter(|p| warm && p.has_traffic()) {
         Some(_) => state
             .fleet
             .set_members_joining(specs, InstanceState::Warming),
@@ -47,7 +51,7 @@ pub async fn edit_members<R>(state: &AppState, edit: impl FnOnce(&mut Membership
         if before.get(inst.id().as_str()).is_none() {
             membership::announce(state, inst.id(), MembershipChange::Added);
             if let Some(p) = &state.prewarm {
-                p.joined(state, inst);
+                p.joined(state, inst, warm);
             }
         }
     }

@@ -201,3 +201,45 @@ async fn replays_answered_with_an_error_are_no_first_tokens() {
     assert!(told.iter().all(|e| *e == Feedback::Failed), "{told:?}");
     r.shutdown().await;
 }
+
+/// When no member takes requests (a Recreate rollout replaces every engine at once, a scale-up
+/// from zero), newcomers are not held back to warm: that kept the whole fleet unroutable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_replaced_at_once_is_not_held_back_to_warm() {
+    let old = Upstream::start("old", Mode::Echo, &[]).await;
+    let new = Upstream::start("new", Mode::Echo, &[]).await;
+    let mut s = settings(&[old.url()]);
+    s.prewarm.enabled = true;
+    let r = router(s).await;
+    for doc in 0..4 {
+        let ans = post(
+            r.local_addr(),
+            "/v1/chat/completions",
+            &[],
+            chat_about(doc, 1),
+        )
+        .await;
+        assert_eq!(ans.status, StatusCode::OK);
+    }
+    // Every engine goes; then the new one comes.
+    prefix_router_server::reload::set_members(r.state(), Vec::new()).await;
+    prefix_router_server::reload::set_members(r.state(), vec![InstanceSpec::from_url(new.url())])
+        .await;
+    let state = r
+        .state()
+        .fleet
+        .snapshot()
+        .get(&new.url())
+        .map(|(_, i)| i.state());
+    assert_ne!(state, Some(InstanceState::Warming));
+    let ans = post(
+        r.local_addr(),
+        "/v1/chat/completions",
+        &[],
+        chat_about(0, 2),
+    )
+    .await;
+    assert_eq!(ans.status, StatusCode::OK);
+    assert_eq!(ans.upstream(), "new");
+    r.shutdown().await;
+}
