@@ -201,6 +201,9 @@ async fn replay(
     ok
 }
 
+/// How often a warm-up looks whether its instance is still warming.
+const WATCH: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Plans and replays for instance `id`, then lets it take its share.
 async fn warm(state: &Arc<AppState>, id: &InstanceId) {
     let Some(p) = state.prewarm.as_ref() else {
@@ -256,31 +259,50 @@ async fn warm(state: &Arc<AppState>, id: &InstanceId) {
         .collect()
     });
     let planned = picked.len();
-    let mut slots: Vec<Option<(Prepared, Bytes)>> = prepared
+    // Rewritten for one token: the picked ones only (each is a parse and a serialisation).
+    let mut slots: Vec<Option<(Prepared, &Example)>> = prepared
         .into_iter()
-        .map(|(_, pr, e)| one_token(&e.body).map(|b| (pr, b)))
+        .map(|(_, pr, e)| Some((pr, e)))
         .collect();
     let mut queue: VecDeque<(Prepared, Bytes)> = picked
         .into_iter()
         .filter_map(|i| slots.get_mut(i).and_then(Option::take))
+        .filter_map(|(pr, e)| one_token(&e.body).map(|b| (pr, b)))
         .collect();
     let deadline =
         tokio::time::Instant::now() + std::time::Duration::from_secs_f64(p.config.budget_s);
     let mut tasks = tokio::task::JoinSet::new();
     let (mut ok, mut done) = (0u64, 0u64);
+    // Still warming, and still this member: a drain, a removal or an ejection meanwhile ends
+    // the warm-up (a terminating pod got every replay left, and its drain took that long).
+    let warming = || {
+        inst.state() == InstanceState::Warming
+            && state
+                .fleet
+                .snapshot()
+                .get(id.as_str())
+                .is_some_and(|(_, m)| m.same_member(&inst))
+    };
     loop {
+        if !warming() {
+            tasks.abort_all();
+            break;
+        }
         while tasks.len() < p.config.concurrency.max(1) {
             let Some((pr, body)) = queue.pop_front() else {
                 break;
             };
             tasks.spawn(replay(Arc::clone(state), Arc::clone(&inst), pr, body));
         }
-        match tokio::time::timeout_at(deadline, tasks.join_next()).await {
+        // Looked at again every so often, so that a drain does not wait for a replay to end.
+        let look = (tokio::time::Instant::now() + WATCH).min(deadline);
+        match tokio::time::timeout_at(look, tasks.join_next()).await {
             Ok(Some(r)) => {
                 done += 1;
                 ok += u64::from(r.unwrap_or(false));
             }
             Ok(None) => break,
+            Err(_) if tokio::time::Instant::now() < deadline => {}
             Err(_) => {
                 // Out of time: it takes its share now; replays in flight are given up.
                 tasks.abort_all();

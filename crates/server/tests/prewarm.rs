@@ -243,3 +243,77 @@ async fn a_fleet_replaced_at_once_is_not_held_back_to_warm() {
     assert_eq!(ans.upstream(), "new");
     r.shutdown().await;
 }
+
+/// An instance drained while it warms gets no more replays, and those under way are let go
+/// (a terminating pod took every replay left, and its drain as long).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_while_warming_ends_the_warm_up() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::AsyncReadExt;
+    let old = Upstream::start("old", Mode::Echo, &[]).await;
+    // An engine that takes each request and never answers; it counts requests and closes.
+    let (asked, gone) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let new = raw_engine({
+        let (asked, gone) = (Arc::clone(&asked), Arc::clone(&gone));
+        move |mut s| {
+            let (asked, gone) = (Arc::clone(&asked), Arc::clone(&gone));
+            async move {
+                let mut buf = [0u8; 65536];
+                let mut counted = false;
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) if !counted => {
+                            counted = true;
+                            asked.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok(_) => {}
+                    }
+                }
+                if counted {
+                    gone.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    })
+    .await;
+    let mut s = settings(&[old.url()]);
+    s.prewarm.enabled = true;
+    s.prewarm.concurrency = 2;
+    let r = router(s).await;
+    for doc in 0..DOCS {
+        let ans = post(
+            r.local_addr(),
+            "/v1/chat/completions",
+            &[],
+            chat_about(doc, 1),
+        )
+        .await;
+        assert_eq!(ans.status, StatusCode::OK);
+    }
+    let specs = vec![
+        InstanceSpec::from_url(old.url()),
+        InstanceSpec::from_url(new.clone()),
+    ];
+    prefix_router_server::reload::set_members(r.state(), specs).await;
+    eventually("replays under way", || asked.load(Ordering::SeqCst) == 2).await;
+    let snapshot = r.state().fleet.snapshot();
+    let inst = snapshot
+        .get(&new)
+        .map(|(_, i)| Arc::clone(i))
+        .expect("member");
+    assert!(prefix_router_server::membership::transition(
+        r.state(),
+        &inst,
+        &[InstanceState::Warming],
+        InstanceState::Draining
+    ));
+    eventually("the replays under way let go", || {
+        gone.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(asked.load(Ordering::SeqCst), 2, "no replay after the drain");
+    r.shutdown().await;
+}
