@@ -1,5 +1,8 @@
-//! Running until a signal: SIGHUP reloads the configuration, SIGTERM and SIGINT shut down
-//! gracefully (stop accepting, let in-flight requests finish up to the grace period).
+//! Running until a signal: SIGHUP reloads the configuration (and reopens the access log),
+//! SIGUSR1 only reopens the access log (for logrotate: a reload also puts the file's instance
+//! list and strategy back over admin API edits, which a nightly rotation should not do), and
+//! SIGTERM and SIGINT shut down gracefully (stop accepting, let in-flight requests finish up to
+//! the grace period).
 
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -33,6 +36,7 @@ pub async fn run_front_until_signal(
 ) -> Result<(), ServerError> {
     let settings = source.load()?;
     let mut hangup = install(SignalKind::hangup(), "SIGHUP")?;
+    let mut rotate = install(SignalKind::user_defined1(), "SIGUSR1")?;
     let mut terminate = install(SignalKind::terminate(), "SIGTERM")?;
     let mut interrupt = install(SignalKind::interrupt(), "SIGINT")?;
     let router = match front {
@@ -44,6 +48,12 @@ pub async fn run_front_until_signal(
             _ = hangup.recv() => {
                 if let Err(e) = reload(router.state()).await {
                     tracing::error!(error = %e, "reload failed; keeping the current configuration");
+                }
+            }
+            _ = rotate.recv() => {
+                if let Some(log) = &router.state().access_log {
+                    log.reopen();
+                    tracing::info!("SIGUSR1: access log reopened");
                 }
             }
             _ = terminate.recv() => break,

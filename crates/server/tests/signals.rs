@@ -1,5 +1,6 @@
 //! Real signals to this test process (its own binary, so no other test sees them): SIGHUP
-//! reloads the configuration file, SIGTERM stops accepting and lets in-flight requests finish.
+//! reloads the configuration file, SIGUSR1 only reopens the access log, SIGTERM stops accepting
+//! and lets in-flight requests finish.
 
 mod support;
 
@@ -31,9 +32,11 @@ async fn sighup_reloads_and_sigterm_drains() {
     let dir = std::env::temp_dir().join(format!("pr-signals-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let path = dir.join("router.toml");
+    let log = dir.join("access.jsonl");
     let write = |url: &str| {
         let text = format!(
-            "listen = \"{addr}\"\n[health]\nactive = false\n[timeouts]\nshutdown_grace_ms = 5000\n[[instances]]\nurl = \"{url}\"\n"
+            "listen = \"{addr}\"\n[health]\nactive = false\n[timeouts]\nshutdown_grace_ms = 5000\n[access_log]\npath = {:?}\n[[instances]]\nurl = \"{url}\"\n",
+            log.display().to_string()
         );
         std::fs::write(&path, text).expect("write config");
     };
@@ -73,6 +76,36 @@ async fn sighup_reloads_and_sigterm_drains() {
     })
     .await;
     assert!(moved.is_ok(), "SIGHUP applied the new instance list");
+
+    // logrotate: the file moved, then SIGUSR1. The log is reopened; the configuration is not
+    // read again (the file now names a, and b stays).
+    let lines = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    eventually("lines written", || lines(&log) > 0).await;
+    write(&a.url());
+    let rotated = dir.join("access.jsonl.1");
+    std::fs::rename(&log, &rotated).expect("rotate");
+    signal_self("USR1");
+    let reopened = tokio::time::timeout(WAIT, async {
+        loop {
+            let served = post(addr, "/v1/completions", &[], r#"{"prompt":"3"}"#).await;
+            assert_eq!(
+                served.upstream(),
+                "b",
+                "SIGUSR1 read the configuration again"
+            );
+            if lines(&log) > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(reopened.is_ok(), "SIGUSR1 reopened the access log");
 
     let held = tokio::spawn(async move {
         post(
