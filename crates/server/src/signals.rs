@@ -60,7 +60,14 @@ pub async fn run_front_until_signal(
             _ = interrupt.recv() => break,
         }
     }
-    tracing::info!("shutting down: no new connections, waiting for in-flight requests");
-    router.shutdown().await;
+    tracing::info!("shutting down: no new connections, waiting for in-flight requests (a second signal stops at once)");
+    let shutdown = router.shutdown();
+    tokio::pin!(shutdown);
+    // An operator who does not want to wait out the grace period signals again.
+    tokio::select! {
+        _ = &mut shutdown => {}
+        _ = terminate.recv() => tracing::warn!("second signal: stopping without waiting for in-flight requests"),
+        _ = interrupt.recv() => tracing::warn!("second signal: stopping without waiting for in-flight requests"),
+    }
     Ok(())
 }

@@ -132,5 +132,46 @@ async fn sighup_reloads_and_sigterm_drains() {
         .await
         .expect("router stopped in time");
     assert!(matches!(ended, Ok(Ok(()))));
+
+    // Again (the file names a now), and a second SIGTERM while a request is held: the router
+    // stops at once instead of waiting out the grace period.
+    let source = ConfigSource {
+        path: Some(path.clone()),
+        overrides: Overrides::default(),
+    };
+    let router = tokio::spawn(run_until_signal(source));
+    let up = tokio::time::timeout(WAIT, async {
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(up.is_ok(), "router listening again");
+    let held = tokio::spawn(async move {
+        post(
+            addr,
+            "/v1/completions",
+            &[("x-test-hold", "1")],
+            r#"{"prompt":"h2"}"#,
+        )
+        .await
+    });
+    a.wait_held(1).await;
+    signal_self("TERM");
+    let refused = tokio::time::timeout(WAIT, async {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(refused.is_ok(), "stopped accepting");
+    assert!(!router.is_finished(), "waits for the in-flight request");
+    signal_self("TERM");
+    let ended = tokio::time::timeout(Duration::from_secs(2), router)
+        .await
+        .expect("a second SIGTERM stops it at once (the grace is 5 s)");
+    assert!(matches!(ended, Ok(Ok(()))));
+    a.release(1);
+    drop(held);
     let _ = std::fs::remove_dir_all(dir);
 }
