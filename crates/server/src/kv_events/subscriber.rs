@@ -324,9 +324,12 @@ impl Subscriber<'_> {
 
     fn apply(&self, seq: u64, payload: &[u8]) {
         let m = &self.feeds.metrics;
+        // Decoded before the feed is locked: a routing decision reads the feed (under the
+        // strategy's own lock), and a large batch's decoding need not hold it up.
+        let decoded = decode_batch(payload);
         let mut f = lock(&self.feed);
         f.last_seq = Some(seq);
-        let batch = match decode_batch(payload) {
+        let batch = match decoded {
             Ok(b) => b,
             Err(e) => {
                 tracing::debug!(instance = %self.labels.instance, error = %e, "KV events: bad payload");
