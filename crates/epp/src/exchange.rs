@@ -445,30 +445,36 @@ impl Exchange {
         // the strategy's feedback move to the endpoint that answered. That is one the picker
         // named, or, once the proxy's own fallback policy took over past the list (Envoy's
         // override-host `fallback_policy`), any member of the fleet.
+        // Past the list, the primary may never have been tried (Envoy falls back too while
+        // it does not know the host yet, as during a scale-up): no failure is charged to it.
         if let Some(served) = served {
             if served != a.endpoints[0].0 {
-                let inst = a
-                    .endpoints
-                    .iter()
-                    .find(|(e, _)| *e == served)
-                    .map(|(_, i)| Arc::clone(i))
-                    .or_else(|| {
+                let named = a.endpoints.iter().position(|(e, _)| *e == served);
+                let inst = match named {
+                    Some(i) => Some(Arc::clone(&a.endpoints[i].1)),
+                    None => {
                         let fleet = self.state.fleet.snapshot();
                         let found = fleet.instances().iter().find(|i| endpoint_of(i) == served);
                         found.cloned()
-                    });
+                    }
+                };
                 if let Some(inst) = inst {
                     let mut moved = a.prepared.moved_to(&self.state, &a.routed.instance, inst);
                     if self.state.access_log.is_some() {
-                        let line = a.prepared.log_entry(&moved, 1);
+                        let attempt = named.unwrap_or(a.endpoints.len());
+                        let line = a.prepared.log_entry(&moved, attempt as u32);
                         moved.guard.log_as(line);
                     }
                     let mut old = std::mem::replace(&mut a.routed, moved);
+                    // One line per request, the served attempt's (as serve writes it).
+                    let _ = old.guard.take_log();
                     old.guard.fail(Outcome::Retried);
-                    // The proxy could not get an answer from it: as serve counts a connection
-                    // it could not make.
-                    old.guard.upstream_error("fallback_used");
-                    health::passive_failure(&self.state, &old.instance, old.guard.stats());
+                    if named.is_some() {
+                        // The proxy could not get an answer from it: as serve counts a
+                        // connection it could not make.
+                        old.guard.upstream_error("fallback_used");
+                        health::passive_failure(&self.state, &old.instance, old.guard.stats());
+                    }
                 }
             }
         }
@@ -567,6 +573,10 @@ impl Drop for Exchange {
     /// come before the close is read, and the stream is then dropped, not closed. It is the
     /// same end.
     fn drop(&mut self) {
-        self.closed();
+        // Only where Envoy said it sends no body: without its protocol_config (an older
+        // Envoy), a stream reset after the head may be a client gone from a streamed answer.
+        if self.response_mode == Some(NONE) {
+            self.closed();
+        }
     }
 }
