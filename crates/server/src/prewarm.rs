@@ -283,8 +283,18 @@ async fn warm(state: &Arc<AppState>, id: &InstanceId) {
                 .get(id.as_str())
                 .is_some_and(|(_, m)| m.same_member(&inst))
     };
+    // Another member takes requests: else the prompts have no old home to stay on (the others
+    // drained or left meanwhile, as in a one-replica rolling update), and this one takes them
+    // now rather than the fleet answering 503 until the budget runs out.
+    let others = || {
+        state
+            .fleet
+            .snapshot()
+            .eligible(None)
+            .any(|(_, m)| !m.same_member(&inst))
+    };
     loop {
-        if !warming() {
+        if !warming() || !others() {
             tasks.abort_all();
             break;
         }

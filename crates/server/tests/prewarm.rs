@@ -6,11 +6,15 @@
 
 mod support;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use http::StatusCode;
 use prefix_router_core::{InstanceSpec, InstanceState, StrategyConfig, StrategyKind};
 use prefix_router_mock_engine::DEFAULT_MODEL;
 use prefix_router_server::RunningRouter;
 use support::*;
+use tokio::io::AsyncReadExt;
 
 const DOCS: usize = 24;
 
@@ -221,8 +225,7 @@ async fn a_fleet_replaced_at_once_is_not_held_back_to_warm() {
         .await;
         assert_eq!(ans.status, StatusCode::OK);
     }
-    // Every engine goes; then the new one comes.
-    prefix_router_server::reload::set_members(r.state(), Vec::new()).await;
+    // Every engine is replaced in one edit (a reload, a DNS round that swaps every address).
     prefix_router_server::reload::set_members(r.state(), vec![InstanceSpec::from_url(new.url())])
         .await;
     let state = r
@@ -248,13 +251,63 @@ async fn a_fleet_replaced_at_once_is_not_held_back_to_warm() {
 /// (a terminating pod took every replay left, and its drain as long).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_while_warming_ends_the_warm_up() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use tokio::io::AsyncReadExt;
     let old = Upstream::start("old", Mode::Echo, &[]).await;
-    // An engine that takes each request and never answers; it counts requests and closes.
+    let (new, asked, gone) = silent_engine().await;
+    let r = warming_beside(&old, &new).await;
+    eventually("replays under way", || asked.load(Ordering::SeqCst) == 2).await;
+    let snapshot = r.state().fleet.snapshot();
+    let inst = snapshot
+        .get(&new)
+        .map(|(_, i)| Arc::clone(i))
+        .expect("member");
+    assert!(prefix_router_server::membership::transition(
+        r.state(),
+        &inst,
+        &[InstanceState::Warming],
+        InstanceState::Draining
+    ));
+    eventually("the replays under way let go", || {
+        gone.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(asked.load(Ordering::SeqCst), 2, "no replay after the drain");
+    r.shutdown().await;
+}
+
+/// A one-replica rolling update: the new pod joins and warms while the old one serves, then the
+/// old one drains. Its prompts have no home left to stay on: the warm-up ends, and the new pod
+/// takes requests instead of the fleet answering 503 until the budget runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_up_ends_when_no_other_member_takes_requests() {
+    let old = Upstream::start("old", Mode::Echo, &[]).await;
+    let (new, asked, _) = silent_engine().await;
+    let r = warming_beside(&old, &new).await;
+    eventually("replays under way", || asked.load(Ordering::SeqCst) == 2).await;
+    let snapshot = r.state().fleet.snapshot();
+    let old_inst = snapshot
+        .get(&old.url())
+        .map(|(_, i)| Arc::clone(i))
+        .expect("member");
+    assert!(prefix_router_server::membership::transition(
+        r.state(),
+        &old_inst,
+        &[InstanceState::Healthy],
+        InstanceState::Draining
+    ));
+    let state_of = |r: &RunningRouter| r.state().fleet.snapshot().get(&new).map(|(_, i)| i.state());
+    eventually("the new member takes requests", || {
+        state_of(&r) == Some(InstanceState::Healthy)
+    })
+    .await;
+    r.shutdown().await;
+}
+
+/// An engine that takes each request and never answers: its URL, the requests it was sent, and
+/// how many of their connections were closed.
+async fn silent_engine() -> (String, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let (asked, gone) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let new = raw_engine({
+    let url = raw_engine({
         let (asked, gone) = (Arc::clone(&asked), Arc::clone(&gone));
         move |mut s| {
             let (asked, gone) = (Arc::clone(&asked), Arc::clone(&gone));
@@ -278,6 +331,12 @@ async fn a_drain_while_warming_ends_the_warm_up() {
         }
     })
     .await;
+    (url, asked, gone)
+}
+
+/// A router with prewarming (two replays at a time) over `old`, which serves a round of
+/// documents; then `new` joins and starts warming.
+async fn warming_beside(old: &Upstream, new: &str) -> RunningRouter {
     let mut s = settings(&[old.url()]);
     s.prewarm.enabled = true;
     s.prewarm.concurrency = 2;
@@ -294,26 +353,8 @@ async fn a_drain_while_warming_ends_the_warm_up() {
     }
     let specs = vec![
         InstanceSpec::from_url(old.url()),
-        InstanceSpec::from_url(new.clone()),
+        InstanceSpec::from_url(new.to_string()),
     ];
     prefix_router_server::reload::set_members(r.state(), specs).await;
-    eventually("replays under way", || asked.load(Ordering::SeqCst) == 2).await;
-    let snapshot = r.state().fleet.snapshot();
-    let inst = snapshot
-        .get(&new)
-        .map(|(_, i)| Arc::clone(i))
-        .expect("member");
-    assert!(prefix_router_server::membership::transition(
-        r.state(),
-        &inst,
-        &[InstanceState::Warming],
-        InstanceState::Draining
-    ));
-    eventually("the replays under way let go", || {
-        gone.load(Ordering::SeqCst) == 2
-    })
-    .await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert_eq!(asked.load(Ordering::SeqCst), 2, "no replay after the drain");
-    r.shutdown().await;
+    r
 }
