@@ -255,17 +255,7 @@ async fn a_drain_while_warming_ends_the_warm_up() {
     let (new, asked, gone) = silent_engine().await;
     let r = warming_beside(&old, &new).await;
     eventually("replays under way", || asked.load(Ordering::SeqCst) == 2).await;
-    let snapshot = r.state().fleet.snapshot();
-    let inst = snapshot
-        .get(&new)
-        .map(|(_, i)| Arc::clone(i))
-        .expect("member");
-    assert!(prefix_router_server::membership::transition(
-        r.state(),
-        &inst,
-        &[InstanceState::Warming],
-        InstanceState::Draining
-    ));
+    drain(&r, &new, InstanceState::Warming);
     eventually("the replays under way let go", || {
         gone.load(Ordering::SeqCst) == 2
     })
@@ -284,23 +274,28 @@ async fn a_warm_up_ends_when_no_other_member_takes_requests() {
     let (new, asked, _) = silent_engine().await;
     let r = warming_beside(&old, &new).await;
     eventually("replays under way", || asked.load(Ordering::SeqCst) == 2).await;
-    let snapshot = r.state().fleet.snapshot();
-    let old_inst = snapshot
-        .get(&old.url())
-        .map(|(_, i)| Arc::clone(i))
-        .expect("member");
-    assert!(prefix_router_server::membership::transition(
-        r.state(),
-        &old_inst,
-        &[InstanceState::Healthy],
-        InstanceState::Draining
-    ));
+    drain(&r, &old.url(), InstanceState::Healthy);
     let state_of = |r: &RunningRouter| r.state().fleet.snapshot().get(&new).map(|(_, i)| i.state());
     eventually("the new member takes requests", || {
         state_of(&r) == Some(InstanceState::Healthy)
     })
     .await;
     r.shutdown().await;
+}
+
+/// Drains the member `url`, which is in state `from` (as the admin API's drain does).
+fn drain(r: &RunningRouter, url: &str, from: InstanceState) {
+    let snapshot = r.state().fleet.snapshot();
+    let inst = snapshot
+        .get(url)
+        .map(|(_, i)| Arc::clone(i))
+        .expect("member");
+    assert!(prefix_router_server::membership::transition(
+        r.state(),
+        &inst,
+        &[from],
+        InstanceState::Draining
+    ));
 }
 
 /// An engine that takes each request and never answers: its URL, the requests it was sent, and

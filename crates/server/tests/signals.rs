@@ -20,6 +20,38 @@ fn signal_self(name: &str) {
     assert!(status.success(), "kill -{name}");
 }
 
+/// Runs the router from the file at `path` until it listens on `addr`.
+async fn start(
+    path: &std::path::Path,
+    addr: std::net::SocketAddr,
+) -> tokio::task::JoinHandle<Result<(), prefix_router_server::error::ServerError>> {
+    let source = ConfigSource {
+        path: Some(path.to_path_buf()),
+        overrides: Overrides::default(),
+    };
+    let router = tokio::spawn(run_until_signal(source));
+    let up = tokio::time::timeout(WAIT, async {
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(up.is_ok(), "router listening");
+    router
+}
+
+/// SIGTERM, then waits until `addr` refuses connections.
+async fn terminate_and_wait_refused(addr: std::net::SocketAddr) {
+    signal_self("TERM");
+    let refused = tokio::time::timeout(WAIT, async {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(refused.is_ok(), "stopped accepting");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_and_sigterm_drains() {
     let a = Upstream::start("a", Mode::Echo, &[]).await;
@@ -41,18 +73,7 @@ async fn sighup_reloads_and_sigterm_drains() {
         std::fs::write(&path, text).expect("write config");
     };
     write(&a.url());
-    let source = ConfigSource {
-        path: Some(path.clone()),
-        overrides: Overrides::default(),
-    };
-    let router = tokio::spawn(run_until_signal(source));
-    let up = tokio::time::timeout(WAIT, async {
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(up.is_ok(), "router listening");
+    let router = start(&path, addr).await;
     assert_eq!(
         post(addr, "/v1/completions", &[], r#"{"prompt":"1"}"#)
             .await
@@ -117,14 +138,7 @@ async fn sighup_reloads_and_sigterm_drains() {
         .await
     });
     b.wait_held(1).await;
-    signal_self("TERM");
-    let refused = tokio::time::timeout(WAIT, async {
-        while tokio::net::TcpStream::connect(addr).await.is_ok() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(refused.is_ok(), "stopped accepting");
+    terminate_and_wait_refused(addr).await;
     assert!(!router.is_finished(), "waits for the in-flight request");
     b.release(1);
     assert_eq!(held.await.expect("held").status, StatusCode::OK);
@@ -135,18 +149,7 @@ async fn sighup_reloads_and_sigterm_drains() {
 
     // Again (the file names a now), and a second SIGTERM while a request is held: the router
     // stops at once instead of waiting out the grace period.
-    let source = ConfigSource {
-        path: Some(path.clone()),
-        overrides: Overrides::default(),
-    };
-    let router = tokio::spawn(run_until_signal(source));
-    let up = tokio::time::timeout(WAIT, async {
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(up.is_ok(), "router listening again");
+    let router = start(&path, addr).await;
     let held = tokio::spawn(async move {
         post(
             addr,
@@ -157,14 +160,7 @@ async fn sighup_reloads_and_sigterm_drains() {
         .await
     });
     a.wait_held(1).await;
-    signal_self("TERM");
-    let refused = tokio::time::timeout(WAIT, async {
-        while tokio::net::TcpStream::connect(addr).await.is_ok() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(refused.is_ok(), "stopped accepting");
+    terminate_and_wait_refused(addr).await;
     assert!(!router.is_finished(), "waits for the in-flight request");
     signal_self("TERM");
     let ended = tokio::time::timeout(Duration::from_secs(2), router)
