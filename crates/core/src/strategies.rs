@@ -10,6 +10,7 @@ pub mod recording;
 pub mod round_robin;
 
 pub use cache_aware::CacheAware;
+pub use common::no_instance;
 pub use kv_aware::KvAware;
 pub use least_outstanding::LeastOutstanding;
 pub use prefix_aware::PrefixAware;

@@ -14,7 +14,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     ProcessingResponse,
 };
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use prefix_router_core::{FleetSnapshot, Instance, RouteError};
+use prefix_router_core::strategies::no_instance;
+use prefix_router_core::{FleetSnapshot, Instance};
 use prefix_router_server::error::ApiError;
 use prefix_router_server::health;
 use prefix_router_server::outcome::Outcome;
@@ -399,21 +400,12 @@ impl Exchange {
         let view = candidates(state, &snapshot, &[], prepared.model.as_deref())?;
         let fleet = view.as_ref().unwrap_or(&snapshot);
         let mut routed = match prepared.route(state, fleet) {
-            // Served by the fleet outside the proxy's subset: the subset has an outage (503,
-            // which SDKs retry), not a model nobody serves (404).
+            // Whether the model is served at all is the fleet's to say, not the subset's:
+            // served outside it, the subset has an outage (503, which SDKs retry), not a model
+            // nobody serves (404).
             Err(e) if subset.is_some() && e.code == "model_not_found" => {
-                let served = prepared.model.as_deref().filter(|m| {
-                    state
-                        .fleet
-                        .snapshot()
-                        .instances()
-                        .iter()
-                        .any(|i| i.serves(Some(m)))
-                });
-                return Err(match served {
-                    Some(m) => RouteError::ModelUnavailable(m.to_string()).into(),
-                    None => e,
-                });
+                let fleet = state.fleet.snapshot();
+                return Err(no_instance(&fleet, prepared.model.as_deref()).into());
             }
             r => r?,
         };

@@ -650,7 +650,7 @@ async fn a_buffered_body_over_four_mib_is_routed() {
 /// prefill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_answers_streamed_to_the_picker_as_they_come_time_the_first_token() {
-    use prefix_router_core::strategies::recording::{Call, Pick, Recording};
+    use prefix_router_core::strategies::recording::{Pick, Recording};
     use prefix_router_server::routing::Routing;
     use std::sync::Arc;
     let engines = engines(1).await;
@@ -662,16 +662,7 @@ async fn only_answers_streamed_to_the_picker_as_they_come_time_the_first_token()
         prefix_length: current.prefix_length,
         strategy: recorder.clone(),
     }));
-    let first_token_streamed = || {
-        recorder.take().into_iter().find_map(|c| match c {
-            Call::Feedback {
-                event: prefix_router_core::Feedback::FirstToken,
-                streamed,
-                ..
-            } => Some(streamed),
-            _ => None,
-        })
-    };
+    let first_token_streamed = || recorder.first_token_streamed();
     let mut c = client(&p).await;
     let sse = [(":status", "200"), ("content-type", "text/event-stream")];
 

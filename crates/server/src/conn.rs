@@ -142,6 +142,16 @@ impl Activity {
         }
     }
 
+    /// Notes what a write, flush or shutdown of the socket came to: one that waits is the
+    /// client taking nothing; one done ends such a wait.
+    fn noted<T>(&self, polled: &Poll<std::io::Result<T>>) {
+        match polled {
+            Poll::Pending => self.blocked(),
+            Poll::Ready(Ok(_)) => self.unblocked(),
+            Poll::Ready(Err(_)) => {}
+        }
+    }
+
     /// Drops the relays of the answers waiting since `due` (a [`Verdict::StreamsStalled`]);
     /// how many.
     pub fn cancel_waiting(&self, due: u64) -> usize {
@@ -252,10 +262,9 @@ impl<T: AsyncWrite + Unpin> TrackedIo<T> {
             return Poll::Ready(Ok(data.len()));
         }
         let polled = write(Pin::new(&mut self.inner), cx);
-        match polled {
-            Poll::Ready(Ok(n)) if n > 0 => self.activity.wrote(),
-            Poll::Pending => self.activity.blocked(),
-            _ => {}
+        self.activity.noted(&polled);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touched();
         }
         polled
     }
@@ -264,9 +273,7 @@ impl<T: AsyncWrite + Unpin> TrackedIo<T> {
     fn drain(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         while self.written < self.pending.len() {
             let polled = Pin::new(&mut self.inner).poll_write(cx, &self.pending[self.written..]);
-            if polled.is_pending() {
-                self.activity.blocked();
-            }
+            self.activity.noted(&polled);
             let n = ready!(polled)?;
             if n == 0 {
                 return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
@@ -341,13 +348,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
         let this = self.get_mut();
         ready!(this.drain(cx))?;
         // A TLS stream's flush writes out what it buffered: waiting there is the client too.
+        // (Not traffic for the idle clock: a flush may have had nothing to write.)
         let polled = Pin::new(&mut this.inner).poll_flush(cx);
-        match polled {
-            // Not traffic for the idle clock: a flush may have had nothing to write.
-            Poll::Ready(Ok(())) => this.activity.unblocked(),
-            Poll::Pending => this.activity.blocked(),
-            Poll::Ready(Err(_)) => {}
-        }
+        this.activity.noted(&polled);
         polled
     }
 
@@ -356,11 +359,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TrackedIo<T> {
         ready!(this.drain(cx))?;
         // A TLS stream's close_notify waits on the client like any write.
         let polled = Pin::new(&mut this.inner).poll_shutdown(cx);
-        match polled {
-            Poll::Ready(Ok(())) => this.activity.unblocked(),
-            Poll::Pending => this.activity.blocked(),
-            Poll::Ready(Err(_)) => {}
-        }
+        this.activity.noted(&polled);
         polled
     }
 }

@@ -36,21 +36,17 @@ pub fn announce(state: &AppState, id: &InstanceId, change: MembershipChange) {
 /// ([`Instance::transition`]): the health checker and the request path can both eject the same
 /// instance, and the strategy must hear of one ejection, not two (cache-aware forgets an
 /// instance's blocks on each one); nor may an ejection overwrite a drain the admin API set
-/// meanwhile. An instance that is no longer a member (removed while a probe or a request on
-/// it was under way) changes nothing (one whose spec changed meanwhile still is): the strategy has forgotten it, and hearing of it again
-/// would make it track it anew (cache-aware took back a removed instance's slot for reuse, and
-/// a late "healthy" took it out again, for good).
+/// meanwhile. An instance that is no longer a member ([`is_member`]; removed while a probe or
+/// a request on it was under way) changes nothing: the strategy has forgotten it, and hearing
+/// of it again would make it track it anew (cache-aware took back a removed instance's slot
+/// for reuse, and a late "healthy" took it out again, for good).
 pub fn transition(
     state: &AppState,
     inst: &Instance,
     from: &[InstanceState],
     to: InstanceState,
 ) -> bool {
-    let snapshot = state.fleet.snapshot();
-    let member = snapshot
-        .get(inst.id().as_str())
-        .is_some_and(|(_, m)| m.same_member(inst));
-    if !member || !inst.transition(from, to) {
+    if !is_member(state, inst) || !inst.transition(from, to) {
         return false;
     }
     let change = match to {
@@ -64,6 +60,16 @@ pub fn transition(
     };
     announce(state, inst.id(), change);
     true
+}
+
+/// Whether `inst` is still a member of the fleet: its id is, and is the same member (one whose
+/// spec changed meanwhile still is; one removed and added again is not).
+pub fn is_member(state: &AppState, inst: &Instance) -> bool {
+    state
+        .fleet
+        .snapshot()
+        .get(inst.id().as_str())
+        .is_some_and(|(_, m)| m.same_member(inst))
 }
 
 /// The sources of the member list.

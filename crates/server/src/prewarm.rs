@@ -275,14 +275,7 @@ async fn warm(state: &Arc<AppState>, id: &InstanceId) {
     let (mut ok, mut done) = (0u64, 0u64);
     // Still warming, and still this member: a drain, a removal or an ejection meanwhile ends
     // the warm-up (a terminating pod got every replay left, and its drain took that long).
-    let warming = || {
-        inst.state() == InstanceState::Warming
-            && state
-                .fleet
-                .snapshot()
-                .get(id.as_str())
-                .is_some_and(|(_, m)| m.same_member(&inst))
-    };
+    let warming = || inst.state() == InstanceState::Warming && membership::is_member(state, &inst);
     // Another member takes requests: else the prompts have no old home to stay on (the others
     // drained or left meanwhile, as in a one-replica rolling update), and this one takes them
     // now rather than the fleet answering 503 until the budget runs out.

@@ -35,9 +35,9 @@ pub async fn edit_members<R>(state: &AppState, edit: impl FnOnce(&mut Membership
         .retain(|id, _| specs.iter().any(|s| s.id == *id));
     let before = state.fleet.snapshot();
     // A member that will be prewarmed joins warming: nothing is routed to it before. Only
-    // while some member that stays takes requests: when none does (a Recreate rollout, a scale-up from
-    // zero, a list of endpoints briefly empty), warming every newcomer kept the whole fleet
-    // unroutable, 503 for every request, for up to the warm-up budget.
+    // while some member that stays takes requests: when none does (a Recreate rollout, a
+    // scale-up from zero, a list of endpoints briefly empty), warming every newcomer kept the
+    // whole fleet unroutable, 503 for every request, for up to the warm-up budget.
     let warm = before
         .eligible(None)
         .any(|(_, i)| specs.iter().any(|s| s.id == i.id().as_str()));

@@ -140,16 +140,7 @@ async fn whole_answers_and_error_answers_are_no_ttft_samples() {
     let r = router(settings(&[up.url()])).await;
     let addr = r.local_addr();
     let recorder = install(&r);
-    let first_token_streamed = |recorder: &Recording| {
-        recorder.take().into_iter().find_map(|c| match c {
-            Call::Feedback {
-                event: prefix_router_core::Feedback::FirstToken,
-                streamed,
-                ..
-            } => Some(streamed),
-            _ => None,
-        })
-    };
+    let first_token_streamed = |recorder: &Recording| recorder.first_token_streamed();
     let a = post(addr, "/v1/completions", &[], r#"{"prompt":"whole"}"#).await;
     assert_eq!(a.status, StatusCode::OK);
     eventually("told", || in_flight(&r, &up.url()) == 0).await;

@@ -42,6 +42,16 @@ fn target(api_server: String) -> KubernetesTarget {
     }
 }
 
+/// A router whose instances are `api`'s Service, started once its first list is in.
+async fn watching(api: &FakeApi) -> RunningRouter {
+    let mut s = settings(&[]);
+    s.health.wait_for_first_check = false;
+    let mut t = target(api.url());
+    t.first_list_timeout = std::time::Duration::from_secs(10);
+    s.discovery.kubernetes = Some(t);
+    router(s).await
+}
+
 async fn served_by(r: &RunningRouter, i: usize) -> String {
     let ans = post(
         r.local_addr(),
@@ -64,12 +74,7 @@ async fn endpoint_slices_drive_the_fleet_through_watch_breaks_and_410s() {
     api.put(slice("llm-a", pa, true, false));
     api.put(slice("llm-b", pb, false, false));
 
-    let mut s = settings(&[]);
-    s.health.wait_for_first_check = false;
-    let mut t = target(api.url());
-    t.first_list_timeout = std::time::Duration::from_secs(10);
-    s.discovery.kubernetes = Some(t);
-    let r = router(s).await;
+    let r = watching(&api).await;
     use InstanceState::*;
     // The first list is in before the router serves: only the ready endpoint.
     let first = members(&r);
@@ -176,12 +181,7 @@ async fn an_address_ready_again_after_terminating_is_not_left_draining() {
     let api = FakeApi::start().await;
     api.put(slice("llm-a", pa, true, false));
     api.put(slice("llm-b", pb, true, false));
-    let mut s = settings(&[]);
-    s.health.wait_for_first_check = false;
-    let mut t = target(api.url());
-    t.first_list_timeout = std::time::Duration::from_secs(10);
-    s.discovery.kubernetes = Some(t);
-    let r = router(s).await;
+    let r = watching(&api).await;
     use InstanceState::*;
     let mut both = vec![(pa, Healthy), (pb, Healthy)];
     both.sort_by_key(|x| x.0);

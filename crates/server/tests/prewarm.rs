@@ -29,6 +29,20 @@ fn chat_about(doc: usize, round: usize) -> String {
     .to_string()
 }
 
+/// Sends documents `0..n` once each (traffic for the hot set).
+async fn documents(r: &RunningRouter, n: usize) {
+    for doc in 0..n {
+        let ans = post(
+            r.local_addr(),
+            "/v1/chat/completions",
+            &[],
+            chat_about(doc, 1),
+        )
+        .await;
+        assert_eq!(ans.status, StatusCode::OK);
+    }
+}
+
 /// Engine-reported cached over prompt tokens of one round, and the instance of each document.
 async fn round(r: &RunningRouter, n: usize) -> (f64, Vec<String>) {
     let (mut cached, mut prompt) = (0u64, 0u64);
@@ -150,16 +164,7 @@ async fn replays_answered_with_an_error_are_no_first_tokens() {
     let mut s = settings(&[a.url()]);
     s.prewarm.enabled = true;
     let r = router(s).await;
-    for doc in 0..4 {
-        let ans = post(
-            r.local_addr(),
-            "/v1/chat/completions",
-            &[],
-            chat_about(doc, 1),
-        )
-        .await;
-        assert_eq!(ans.status, StatusCode::OK);
-    }
+    documents(&r, 4).await;
     // From here every request (and the plan) goes to the last instance: the joining one.
     let recorder = std::sync::Arc::new(Recording::new(Pick::Last));
     let current = r.state().routing.load_full();
@@ -215,16 +220,7 @@ async fn a_fleet_replaced_at_once_is_not_held_back_to_warm() {
     let mut s = settings(&[old.url()]);
     s.prewarm.enabled = true;
     let r = router(s).await;
-    for doc in 0..4 {
-        let ans = post(
-            r.local_addr(),
-            "/v1/chat/completions",
-            &[],
-            chat_about(doc, 1),
-        )
-        .await;
-        assert_eq!(ans.status, StatusCode::OK);
-    }
+    documents(&r, 4).await;
     // Every engine is replaced in one edit (a reload, a DNS round that swaps every address).
     prefix_router_server::reload::set_members(r.state(), vec![InstanceSpec::from_url(new.url())])
         .await;
@@ -336,16 +332,7 @@ async fn warming_beside(old: &Upstream, new: &str) -> RunningRouter {
     s.prewarm.enabled = true;
     s.prewarm.concurrency = 2;
     let r = router(s).await;
-    for doc in 0..DOCS {
-        let ans = post(
-            r.local_addr(),
-            "/v1/chat/completions",
-            &[],
-            chat_about(doc, 1),
-        )
-        .await;
-        assert_eq!(ans.status, StatusCode::OK);
-    }
+    documents(&r, DOCS).await;
     let specs = vec![
         InstanceSpec::from_url(old.url()),
         InstanceSpec::from_url(new.to_string()),

@@ -2,9 +2,9 @@
 //! engine's blocks: a Hugging Face `tokenizer.json` (read from a local file with the
 //! `tokenizers` crate; never downloaded) and the model's chat template (Jinja, rendered with
 //! minijinja as vLLM renders it through transformers: `messages`, `add_generation_prompt`,
-//! `bos_token`, `eos_token`, `raise_exception`, `strftime_now`). A chat request is rendered, then encoded
-//! without adding special tokens (the template writes them); a completion prompt is encoded
-//! with them.
+//! `bos_token`, `eos_token`, `raise_exception`, `strftime_now`). A chat request is rendered,
+//! then encoded without adding special tokens (the template writes them); a completion prompt
+//! is encoded with them.
 
 mod body;
 mod strftime;

@@ -7,7 +7,7 @@ use rand::Rng;
 /// The error to return when no eligible healthy instance exists for `model`: a model that some
 /// member serves (in whatever state) is unavailable, one that none serves is not served. An
 /// empty fleet is an outage whatever the request names.
-pub(crate) fn no_instance(fleet: &FleetSnapshot, model: Option<&str>) -> RouteError {
+pub fn no_instance(fleet: &FleetSnapshot, model: Option<&str>) -> RouteError {
     match model {
         _ if fleet.is_empty() => RouteError::NoHealthyInstance,
         Some(m) if fleet.instances().iter().any(|i| i.serves(Some(m))) => {

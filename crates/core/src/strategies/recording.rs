@@ -71,6 +71,19 @@ impl Recording {
         std::mem::take(&mut *calls)
     }
 
+    /// Takes the calls so far ([`Recording::take`]) and says whether the first first token among
+    /// them was streamed ([`TicketInfo::streamed`]); `None` when none was told.
+    pub fn first_token_streamed(&self) -> Option<bool> {
+        self.take().into_iter().find_map(|c| match c {
+            Call::Feedback {
+                event: Feedback::FirstToken,
+                streamed,
+                ..
+            } => Some(streamed),
+            _ => None,
+        })
+    }
+
     fn push(&self, call: Call) {
         self.calls
             .lock()

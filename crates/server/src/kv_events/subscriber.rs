@@ -111,7 +111,7 @@ fn kind(s: &Subscriber<'_>, kind: &'static str) -> ResultLabels {
 impl Subscriber<'_> {
     /// Connected or not. A connection after an earlier one (the socket reconnected, or a new
     /// session) leaves the view untrusted until the first batch says which publisher this is
-    /// ([`Self::confirm`]): the same one, resumed from the last batch applied (what was missed
+    /// (in [`Self::session`]): the same one, resumed from the last batch applied (what was missed
     /// meanwhile is replayed), or a new one (its number went back: the view is cleared). An
     /// engine restarted in place publishes nothing until it has traffic, and its old view,
     /// trusted meanwhile, sent hot prefixes to a cold engine.
