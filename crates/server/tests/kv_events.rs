@@ -154,16 +154,20 @@ async fn converge(r: &RunningRouter, e: &MockEngine) -> (Completeness, usize) {
             e.url()
         );
         if Instant::now() >= nudge_at {
-            // Natively, without `model`: whatever model the engine serves.
-            let mut body: serde_json::Value =
-                serde_json::from_str(&chat(fresh_doc(), 0)).expect("json");
-            body.as_object_mut().map(|o| o.remove("model"));
-            let a = post(e.local_addr(), "/invocations", &[], body.to_string()).await;
-            assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
+            nudge(e).await;
             nudge_at = Instant::now() + Duration::from_millis(500);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// One request with a new document straight to the engine, so that it publishes a batch.
+async fn nudge(e: &MockEngine) {
+    // Natively, without `model`: whatever model the engine serves.
+    let mut body: serde_json::Value = serde_json::from_str(&chat(fresh_doc(), 0)).expect("json");
+    body.as_object_mut().map(|o| o.remove("model"));
+    let a = post(e.local_addr(), "/invocations", &[], body.to_string()).await;
+    assert_eq!(a.status, http::StatusCode::OK, "{:?}", a.body);
 }
 
 async fn router_metrics(r: &RunningRouter) -> String {
@@ -801,6 +805,22 @@ async fn a_reconnect_resumes_from_the_last_batch_and_the_view_stays_exact() {
         }
         assert!(Instant::now() < deadline, "reconnected and trusted at once");
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The subscription reaches the publisher a moment after the connection: what is published
+    // meanwhile is dropped, and more than the replay buffer holds would be lost for good. One
+    // request at a time until a batch arrives (the view trusted again), then the traffic.
+    loop {
+        nudge(&a).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let trusted = {
+            let feed = feeds.feed(&a.url()).expect("a feed");
+            let f = feed.lock().expect("lock");
+            f.connected && !f.recovering
+        };
+        if trusted {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no batch since the reconnect");
     }
     traffic(r.local_addr(), 6).await;
     let (complete, _) = converge(&r, &a).await;
