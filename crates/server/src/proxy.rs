@@ -158,6 +158,8 @@ async fn forward(
             }
             Ok(resp) => match retryable_status(resp.status()) {
                 Some(r) if can_retry(&tried, &routed.instance) => {
+                    // The line says what the instance answered, should no next attempt start.
+                    routed.guard.set_status(resp.status().as_u16());
                     routed.guard.fail(Outcome::Retried);
                     // Nothing of this answer reached the client. Dropping it closes that
                     // connection rather than waiting for a body that may never end.

@@ -182,9 +182,14 @@ async fn a_retried_request_that_finds_no_instance_still_writes_its_line() {
         .iter()
         .find(|l| l["instance"] == other.url())
         .unwrap_or_else(|| panic!("no line for the refused request: {got:?}"));
+    // The status is what that instance answered (it was retried, so nobody saw it).
     assert_eq!(
-        (line["outcome"].as_str(), line["attempt"].as_u64()),
-        (Some("retried"), Some(0)),
+        (
+            line["outcome"].as_str(),
+            line["attempt"].as_u64(),
+            line["status"].as_u64()
+        ),
+        (Some("retried"), Some(0), Some(503)),
         "{line}"
     );
 }

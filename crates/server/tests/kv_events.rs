@@ -838,3 +838,79 @@ async fn a_reconnect_resumes_from_the_last_batch_and_the_view_stays_exact() {
     );
     r.shutdown().await;
 }
+
+/// Events of a type the router does not know (an engine newer than the router) are skipped
+/// and counted, per instance, and the rest of their batch still applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_of_an_unknown_type_are_skipped_and_counted() {
+    use zeromq::{Socket, SocketSend, ZmqMessage};
+    let a = engine(Encoding::Map, 0.0, 10).await;
+    let mut publisher = zeromq::PubSocket::new();
+    let bound = publisher
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .expect("binds on loopback");
+    let mut s = settings(&[a.url()]);
+    s.kv_events.subscribe = true;
+    s.kv_events.endpoints = vec![KvEventsEndpoint {
+        instance: a.url(),
+        publisher: bound.to_string(),
+        replay: None,
+    }];
+    let r = router(s.validate().expect("valid")).await;
+    // MessagePack of [ts, [["FutureEvent", 1], ["BlockStored", [7], nil, [1, 2], 2], ["Other"]]]:
+    // two events of no known type around one stored block.
+    let mut payload = vec![0x92, 0xcb];
+    payload.extend_from_slice(&1.0f64.to_be_bytes());
+    payload.push(0x93);
+    payload.push(0x92);
+    payload.push(0xa0 | 11);
+    payload.extend_from_slice(b"FutureEvent");
+    payload.push(0x01);
+    payload.extend_from_slice(&[0x95, 0xa0 | 11]);
+    payload.extend_from_slice(b"BlockStored");
+    payload.extend_from_slice(&[0x91, 0x07, 0xc0, 0x92, 0x01, 0x02, 0x02]);
+    payload.extend_from_slice(&[0x91, 0xa0 | 5]);
+    payload.extend_from_slice(b"Other");
+    let url = a.url();
+    let i = [("instance", url.as_str())];
+    // A published message is dropped until the subscription reaches the socket: one every
+    // 50 ms, each numbered on, until the first is applied.
+    let deadline = Instant::now() + SETTLE;
+    let mut seq = 0u64;
+    let page = loop {
+        let frames: Vec<bytes::Bytes> = vec![
+            bytes::Bytes::new(),
+            bytes::Bytes::copy_from_slice(&seq.to_be_bytes()),
+            bytes::Bytes::from(payload.clone()),
+        ];
+        publisher
+            .send(ZmqMessage::try_from(frames).expect("frames"))
+            .await
+            .expect("sends");
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let page = router_metrics(&r).await;
+        if metric(&page, "prefix_router_kv_event_batches_total", &i) > 0.0 {
+            break page;
+        }
+        assert!(Instant::now() < deadline, "no batch applied: {page}");
+    };
+    let batches = metric(&page, "prefix_router_kv_event_batches_total", &i);
+    assert_eq!(
+        metric(&page, "prefix_router_kv_event_unknown_events_total", &i),
+        2.0 * batches,
+        "{page}"
+    );
+    assert_eq!(
+        metric(&page, "prefix_router_kv_event_malformed_total", &i),
+        0.0
+    );
+    let stored = [("instance", url.as_str()), ("kind", "stored")];
+    assert_eq!(
+        metric(&page, "prefix_router_kv_event_blocks_total", &stored),
+        batches,
+        "{page}"
+    );
+    r.shutdown().await;
+}

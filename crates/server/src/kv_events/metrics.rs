@@ -28,6 +28,7 @@ pub struct KvEventMetrics {
     pub(super) gaps: Family<InstanceLabels, Counter>,
     pub(super) replays: Family<ResultLabels, Counter>,
     pub(super) malformed: Family<InstanceLabels, Counter>,
+    pub(super) unknown: Family<InstanceLabels, Counter>,
     pub(super) lag: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
     pub(super) view_blocks: Family<ResultLabels, Gauge>,
     pub(super) view_partial: Family<InstanceLabels, Gauge>,
@@ -48,6 +49,7 @@ impl Default for KvEventMetrics {
             gaps: Family::default(),
             replays: Family::default(),
             malformed: Family::default(),
+            unknown: Family::default(),
             lag: Family::default(),
             view_blocks: Family::default(),
             view_partial: Family::default(),
@@ -87,6 +89,11 @@ impl KvEventMetrics {
             self.malformed.clone(),
         );
         r.register(
+            "kv_event_unknown_events",
+            "KV events of a type the router does not know, skipped (an engine newer than the router: the view may miss what they did)",
+            self.unknown.clone(),
+        );
+        r.register(
             "kv_event_lag_seconds",
             "Now minus the engine's timestamp of the last applied batch",
             self.lag.clone(),
@@ -121,7 +128,7 @@ impl KvEventMetrics {
             instance: instance.to_string(),
             kind,
         };
-        for f in [&self.batches, &self.gaps, &self.malformed] {
+        for f in [&self.batches, &self.gaps, &self.malformed, &self.unknown] {
             f.remove(&i);
         }
         self.lag.remove(&i);

@@ -74,7 +74,7 @@ async fn subscribe(state: Arc<AppState>, id: String, endpoints: Endpoints, feed:
     // Every series from the start, at 0: a counter that appears only once it moves hides
     // whether a gap has ever happened.
     let m = &feeds.metrics;
-    for f in [&m.batches, &m.gaps, &m.malformed] {
+    for f in [&m.batches, &m.gaps, &m.malformed, &m.unknown] {
         let _ = f.get_or_create(&sub.labels);
     }
     for k in ["recovered", "lost"] {
@@ -359,6 +359,11 @@ impl Subscriber<'_> {
         let lag = (now - batch.ts).max(0.0);
         f.lag_s = Some(lag);
         m.batches.get_or_create(&self.labels).inc();
+        if batch.unknown_events > 0 {
+            m.unknown
+                .get_or_create(&self.labels)
+                .inc_by(u64::from(batch.unknown_events));
+        }
         m.blocks.get_or_create(&kind(self, "stored")).inc_by(stored);
         m.blocks
             .get_or_create(&kind(self, "removed"))
