@@ -161,7 +161,7 @@ impl Exchange {
     }
 
     /// The answers to one message from Envoy, in order (none for a message answered later).
-    pub fn on(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
+    pub async fn on(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
         if let Some(pc) = &msg.protocol_config {
             self.request_mode = Some(pc.request_body_mode);
             self.response_mode = Some(pc.response_body_mode);
@@ -172,13 +172,13 @@ impl Exchange {
             return Vec::new();
         };
         match request {
-            Message::RequestHeaders(h) => self.request_headers(h, meta.as_ref()),
-            Message::RequestBody(b) => self.request_body(b),
+            Message::RequestHeaders(h) => self.request_headers(h, meta.as_ref()).await,
+            Message::RequestBody(b) => self.request_body(b).await,
             Message::RequestTrailers(_)
                 if self.duplex() && matches!(self.stage, Stage::Head { .. }) =>
             {
                 // The body ended with trailers: the whole request is in.
-                self.decide_duplex(true)
+                self.decide_duplex(true).await
             }
             Message::RequestTrailers(_) => vec![wire::answer(
                 Phase::RequestTrailers,
@@ -210,7 +210,7 @@ impl Exchange {
         }
     }
 
-    fn request_headers(
+    async fn request_headers(
         &mut self,
         h: HttpHeaders,
         meta: Option<&Metadata>,
@@ -245,7 +245,7 @@ impl Exchange {
             body: BytesMut::new(),
         };
         if h.end_of_stream {
-            return vec![self.decide(Phase::RequestHeaders)];
+            return vec![self.decide(Phase::RequestHeaders).await];
         }
         // Under STREAMED the headers go upstream once answered, before the body: a destination
         // set with the body's answer would come after the proxy chose the host, and change
@@ -268,7 +268,7 @@ impl Exchange {
         )]
     }
 
-    fn request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+    async fn request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let limit = self.state.settings.limits.max_body_bytes;
         let Stage::Head { body, .. } = &mut self.stage else {
             return vec![wire::answer(
@@ -287,7 +287,7 @@ impl Exchange {
                 // More chunks (or trailers) follow: collected, answered at the end.
                 return Vec::new();
             }
-            return self.decide_duplex(false);
+            return self.decide_duplex(false).await;
         }
         // BUFFERED sends the whole body in one message, with `end_of_stream` false when
         // trailers end the request. Without the mode (an older Envoy), a body that does not end
@@ -297,14 +297,14 @@ impl Exchange {
             self.stage = Stage::Over;
             return vec![error_answer(&ApiError::internal(NEEDS_WHOLE_BODY))];
         }
-        vec![self.decide(Phase::RequestBody)]
+        vec![self.decide(Phase::RequestBody).await]
     }
 
     /// FULL_DUPLEX_STREAMED: the whole request is in. Routes it and answers, in order, the
     /// headers (with the destination), the body handed back in chunks of at most 64 KiB (the
     /// picker holds it in this mode), and the trailers when they ended it.
-    fn decide_duplex(&mut self, trailers: bool) -> Vec<ProcessingResponse> {
-        let (head, body) = self.decide_on_body(Phase::RequestHeaders);
+    async fn decide_duplex(&mut self, trailers: bool) -> Vec<ProcessingResponse> {
+        let (head, body) = self.decide_on_body(Phase::RequestHeaders).await;
         if !matches!(self.stage, Stage::Routed(_)) {
             return vec![head]; // an immediate answer: nothing goes upstream
         }
@@ -333,13 +333,13 @@ impl Exchange {
     /// Routes the request (its whole body is in): the destination header and metadata, or
     /// an immediate error (400 for a bad body, 503 when no endpoint is eligible, 429 when
     /// admission control sheds).
-    fn decide(&mut self, phase: Phase) -> ProcessingResponse {
-        self.decide_on_body(phase).0
+    async fn decide(&mut self, phase: Phase) -> ProcessingResponse {
+        self.decide_on_body(phase).await.0
     }
 
     /// As [`Exchange::decide`], also giving back the body it routed on (full duplex hands it
     /// back to Envoy).
-    fn decide_on_body(&mut self, phase: Phase) -> (ProcessingResponse, bytes::Bytes) {
+    async fn decide_on_body(&mut self, phase: Phase) -> (ProcessingResponse, bytes::Bytes) {
         let Stage::Head {
             api,
             headers,
@@ -351,7 +351,7 @@ impl Exchange {
             return (nothing, bytes::Bytes::new());
         };
         let body = body.freeze();
-        match self.route(api, &headers, subset.as_deref(), &body) {
+        match self.route(api, &headers, subset.as_deref(), &body).await {
             Ok(answering) => {
                 let value = answering
                     .endpoints
@@ -372,7 +372,7 @@ impl Exchange {
         }
     }
 
-    fn route(
+    async fn route(
         &self,
         api: Api,
         headers: &HeaderMap,
@@ -380,7 +380,7 @@ impl Exchange {
         body: &bytes::Bytes,
     ) -> Result<Answering, ApiError> {
         let state = &self.state;
-        let prepared = Prepared::new(state, api, headers, body, self.received)?;
+        let prepared = Prepared::prepare(state, api, headers, body, self.received).await?;
         if let Some(p) = &state.prewarm {
             p.record(api, prepared.key, state.now_s(), body);
         }

@@ -62,7 +62,7 @@ impl ExternalProcessor for Picker {
                         return Some((Ok(answer), (inbound, exchange, ready)));
                     }
                     match inbound.message().await {
-                        Ok(Some(msg)) => ready.extend(exchange.on(msg)),
+                        Ok(Some(msg)) => ready.extend(exchange.on(msg).await),
                         Ok(None) => {
                             exchange.closed();
                             return None;

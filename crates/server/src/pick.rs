@@ -271,6 +271,28 @@ impl Prepared {
     }
 }
 
+/// kv-aware: `body`'s token blocks, computed on the blocking pool once one of the feeds'
+/// tokenizing slots is free (`None` where nothing tokenizes it: the strategy then infers).
+async fn tokenize_aside(state: &Arc<AppState>, body: &bytes::Bytes) -> Option<Tokenized> {
+    let feeds = state.kv_events.as_ref().filter(|f| f.has_tokenizer())?;
+    // Held until the tokenization ends, not until this future does: a request given up
+    // while its prompt is being tokenized frees nothing the work still uses.
+    let slot = feeds.tokenizing_slot().await?;
+    let (s, b) = (Arc::clone(state), body.clone());
+    let done = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        s.kv_events.as_ref().and_then(|f| f.tokenize(&b))
+    })
+    .await;
+    match done {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "tokenizing a request failed: routed without its token blocks");
+            None
+        }
+    }
+}
+
 /// What routing reads from one request, read once and routed on for every attempt.
 #[derive(Debug)]
 pub struct Prepared {
@@ -293,9 +315,44 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Reads key, chain, model (and token blocks for a strategy that reads them) from `body`.
+    /// Reads key, chain, model (and token blocks for a strategy that reads them) from `body`,
+    /// tokenizing on the calling thread: for work off the request path (planning a warm-up).
     /// Errors are the client's (4xx).
     pub fn new(
+        state: &AppState,
+        api: Api,
+        headers: &HeaderMap,
+        body: &[u8],
+        received: Instant,
+    ) -> Result<Self, ApiError> {
+        let mut p = Self::extracted(state, api, headers, body, received)?;
+        if p.strategy.reads_tokens() {
+            p.tokenized = state.kv_events.as_ref().and_then(|f| f.tokenize(body));
+        }
+        Ok(p)
+    }
+
+    /// As [`Prepared::new`], for a request: the token blocks are computed on the blocking
+    /// pool, at most one tokenization per core at a time. A tokenizer takes milliseconds on
+    /// a long prompt (about 7 ms for 16 KiB and 100 ms for 256 KiB with the byte-level BPE in
+    /// `data/tokenizers`, release build), and on a runtime worker it held up every other
+    /// connection that worker serves, streams included.
+    pub async fn prepare(
+        state: &Arc<AppState>,
+        api: Api,
+        headers: &HeaderMap,
+        body: &bytes::Bytes,
+        received: Instant,
+    ) -> Result<Self, ApiError> {
+        let mut p = Self::extracted(state, api, headers, body, received)?;
+        if p.strategy.reads_tokens() {
+            p.tokenized = tokenize_aside(state, body).await;
+        }
+        Ok(p)
+    }
+
+    /// Key, chain and model, without token blocks.
+    fn extracted(
         state: &AppState,
         api: Api,
         headers: &HeaderMap,
@@ -316,12 +373,6 @@ impl Prepared {
                 .or_else(|| logging.then(ChainSpec::default)),
         };
         let Extracted { key, chain, model } = extract(api, headers, body, &opts)?;
-        // kv-aware: the request's token blocks, matched against what the engines report.
-        let tokenized = state
-            .kv_events
-            .as_ref()
-            .filter(|_| strategy.reads_tokens())
-            .and_then(|f| f.tokenize(body));
         Ok(Self {
             api,
             strategy,
@@ -329,7 +380,7 @@ impl Prepared {
             key,
             chain,
             model,
-            tokenized,
+            tokenized: None,
             received,
         })
     }

@@ -107,7 +107,7 @@ async fn forward(
             settings.timeouts.client_body,
         )
         .await?;
-    let prepared = Prepared::new(state, api, &parts.headers, &body, received)?;
+    let prepared = Prepared::prepare(state, api, &parts.headers, &body, received).await?;
     if let Some(p) = &state.prewarm {
         p.record(api, prepared.key, state.now_s(), &body);
     }

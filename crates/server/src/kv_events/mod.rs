@@ -79,6 +79,9 @@ pub struct KvFeeds {
     /// naming one of them is matched against that adapter's blocks, any other `model` against
     /// the base model's.
     adapters: std::sync::RwLock<HashSet<u64>>,
+    /// Tokenizations that may run at once, off the runtime: one per core. More would only
+    /// share the cores, each taking longer, and hold a blocking thread apiece.
+    tokenizing: Arc<tokio::sync::Semaphore>,
 }
 
 /// vLLM's default KV block size, until an engine reports its own.
@@ -205,7 +208,16 @@ impl KvFeeds {
             tokenizers,
             reported_block: std::sync::atomic::AtomicU32::new(0),
             adapters: Default::default(),
+            tokenizing: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            )),
         })
+    }
+
+    /// A slot to tokenize one request in, once one is free (`None` only if the semaphore was
+    /// closed, which nothing does).
+    pub(crate) async fn tokenizing_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        Arc::clone(&self.tokenizing).acquire_owned().await.ok()
     }
 
     /// Whether any request can be tokenized: a default tokenizer or a model's own.

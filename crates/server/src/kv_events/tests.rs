@@ -176,3 +176,47 @@ fn engines_with_another_block_size_are_not_asked() {
     assert!(asked("b") && asked("c"));
     assert!(!asked("a"));
 }
+
+/// kv-aware tokenizes a request's prompt on the blocking pool: on a runtime with one thread,
+/// another task keeps running while a long prompt is tokenized (tokenized inline, it could not
+/// run at all until the tokenization ended).
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_is_tokenized_off_the_runtime() {
+    use crate::pick::{Api, Prepared};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut settings = crate::settings::Settings::with_instances(["http://127.0.0.1:1"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    settings.health.active = false;
+    settings.routing.strategy = prefix_router_core::StrategyConfig::new(
+        prefix_router_core::StrategyKind::named("kv-aware").expect("registered"),
+    );
+    settings.kv_events.subscribe = true;
+    settings.kv_events.tokenizer = Some(byte_bpe());
+    let state = Arc::new(AppState::new(settings, None).unwrap_or_else(|e| panic!("{e}")));
+    // About 64 KiB of prompt: tens of milliseconds to tokenize, more in a debug build.
+    let text: String = (0..4000).map(|w| format!("lease{w} clause ")).collect();
+    let body = serde_json::json!({"messages": [{"role": "user", "content": text}]}).to_string();
+    let body = bytes::Bytes::from(body);
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let ticker = tokio::spawn({
+        let ticks = Arc::clone(&ticks);
+        async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                ticks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    let started = std::time::Instant::now();
+    let p = Prepared::prepare(&state, Api::Chat, &http::HeaderMap::new(), &body, started)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let took = started.elapsed();
+    let during = ticks.load(Ordering::Relaxed);
+    ticker.abort();
+    assert!(p.request(&state, 0.0).tokens.is_some(), "tokenized");
+    assert!(
+        during >= 5,
+        "the other task ran {during} times during a tokenization of {took:?}"
+    );
+}
