@@ -28,6 +28,9 @@ pub struct PrewarmConfig {
     pub tracked: usize,
     /// Half-life of a prefix's request count, seconds: what "recent" means.
     pub half_life_s: f64,
+    /// Bytes of examples kept, at most (the server keeps request bodies): past it the colder
+    /// half is dropped, and an example larger than all of it is not kept.
+    pub max_bytes: usize,
 }
 
 impl Default for PrewarmConfig {
@@ -38,6 +41,7 @@ impl Default for PrewarmConfig {
             budget_s: 30.0,
             tracked: 1024,
             half_life_s: 120.0,
+            max_bytes: 64 << 20,
         }
     }
 }
@@ -52,25 +56,32 @@ struct Hot<T> {
     score: f64,
     at: f64,
     example: T,
+    /// The example's size, counted against the byte budget.
+    size: usize,
 }
 
 /// Recent prefixes (by routing key), each with a decayed request count and its latest request
-/// as the example to replay. Bounded: when full, the colder half is dropped in one pass, so a
-/// request costs O(1) amortized.
+/// as the example to replay. Bounded in prefixes and in the examples' bytes: when either is
+/// full, the colder half is dropped in one pass, so a request costs O(1) amortized.
 #[derive(Debug, Clone)]
 pub struct HotPrefixes<T> {
     capacity: usize,
     half_life_s: f64,
     entries: HashMap<u64, Hot<T>>,
+    max_bytes: usize,
+    bytes: usize,
 }
 
 impl<T> HotPrefixes<T> {
-    /// Tracks up to `capacity` prefixes (at least 2) whose counts halve every `half_life_s`.
-    pub fn new(capacity: usize, half_life_s: f64) -> Self {
+    /// Tracks up to `capacity` prefixes (at least 2) whose counts halve every `half_life_s`,
+    /// their examples' sizes adding up to at most `max_bytes`.
+    pub fn new(capacity: usize, half_life_s: f64, max_bytes: usize) -> Self {
         Self {
             capacity: capacity.max(2),
             half_life_s: if half_life_s > 0.0 { half_life_s } else { 1.0 },
             entries: HashMap::new(),
+            max_bytes,
+            bytes: 0,
         }
     }
 
@@ -78,27 +89,53 @@ impl<T> HotPrefixes<T> {
         decay(h.score, h.at, now, self.half_life_s)
     }
 
-    /// Counts a request with routing `key` at `now`; `example` becomes the prefix's example.
-    pub fn record(&mut self, key: KeyHash, now: f64, example: T) {
+    /// Counts a request with routing `key` at `now`; `example` (of `size` bytes) becomes the
+    /// prefix's example. One larger than the whole byte budget is counted and not kept (a
+    /// prefix already tracked keeps its older example).
+    pub fn record(&mut self, key: KeyHash, now: f64, example: T, size: usize) {
         let k = key.0;
         let half_life = self.half_life_s;
+        let fits = size <= self.max_bytes;
         if let Some(h) = self.entries.get_mut(&k) {
             h.score = decay(h.score, h.at, now, half_life) + 1.0;
             h.at = now;
-            h.example = example;
-            return;
+            if fits {
+                self.bytes = self.bytes - h.size + size;
+                h.example = example;
+                h.size = size;
+            }
+        } else {
+            if !fits {
+                return;
+            }
+            if self.entries.len() >= self.capacity {
+                self.drop_colder_half(now);
+            }
+            self.bytes += size;
+            self.entries.insert(
+                k,
+                Hot {
+                    score: 1.0,
+                    at: now,
+                    example,
+                    size,
+                },
+            );
         }
-        if self.entries.len() >= self.capacity {
+        // Each pass halves the entries; one left fits (only examples within the budget are kept).
+        while self.bytes > self.max_bytes {
+            if self.entries.len() <= 1 {
+                self.entries.clear();
+                self.bytes = 0;
+                break;
+            }
             self.drop_colder_half(now);
         }
-        self.entries.insert(
-            k,
-            Hot {
-                score: 1.0,
-                at: now,
-                example,
-            },
-        );
+    }
+
+    /// Bytes of examples kept.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     fn drop_colder_half(&mut self, now: f64) {
@@ -112,15 +149,19 @@ impl<T> HotPrefixes<T> {
         let cut = scores[mid];
         let mut kept = 0usize;
         let keep_at_most = self.capacity - self.capacity / 2;
+        let keep_at_most = keep_at_most.min(self.entries.len() - self.entries.len() / 2);
         let half_life = self.half_life_s;
+        let mut bytes = 0;
         self.entries.retain(|_, h| {
             let s = decay(h.score, h.at, now, half_life);
             // Ties with the median are kept while there is room: with all scores equal (prompts
             // seen once, at once), a strict cut would empty the table.
             let keep = s >= cut && kept < keep_at_most;
             kept += usize::from(keep);
+            bytes += if keep { h.size } else { 0 };
             keep
         });
+        self.bytes = bytes;
     }
 
     /// Prefixes tracked.
@@ -226,22 +267,53 @@ mod tests {
 
     #[test]
     fn the_hottest_are_kept_and_counts_decay() {
-        let mut hot: HotPrefixes<u32> = HotPrefixes::new(8, 10.0);
+        let mut hot: HotPrefixes<u32> = HotPrefixes::new(8, 10.0, usize::MAX);
         for i in 0..8u64 {
             for _ in 0..=i {
-                hot.record(KeyHash(i), 0.0, i as u32);
+                hot.record(KeyHash(i), 0.0, i as u32, 1);
             }
         }
         // Full: a new key drops the colder half first.
-        hot.record(KeyHash(100), 0.0, 100);
+        hot.record(KeyHash(100), 0.0, 100, 1);
         let order: Vec<u32> = hot.hottest(0.0).iter().map(|(_, e)| **e).collect();
         assert_eq!(order, [7, 6, 5, 4, 100], "the colder half went");
         // Twenty seconds later (two half-lives): key 7's 8 are worth 2, key 100's 1 + 1 + 0.25.
-        hot.record(KeyHash(100), 20.0, 101);
-        hot.record(KeyHash(100), 20.0, 102);
+        hot.record(KeyHash(100), 20.0, 101, 1);
+        hot.record(KeyHash(100), 20.0, 102, 1);
         let (score, top) = hot.hottest(20.0)[0];
         assert_eq!(*top, 102, "the latest request is the example");
         assert!((score - 2.25).abs() < 1e-9, "{score}");
+    }
+
+    #[test]
+    fn the_examples_stay_within_the_byte_budget() {
+        // 100 bytes: ten examples of 10, at most.
+        let mut hot: HotPrefixes<u32> = HotPrefixes::new(1024, 10.0, 100);
+        for i in 0..10u64 {
+            for _ in 0..=i {
+                hot.record(KeyHash(i), 0.0, i as u32, 10);
+            }
+        }
+        assert_eq!((hot.len(), hot.bytes()), (10, 100));
+        // One more byte drops the colder half (those below the median of 11), the newcomer
+        // (the coldest) among them.
+        hot.record(KeyHash(50), 0.0, 50, 1);
+        let order: Vec<u32> = hot.hottest(0.0).iter().map(|(_, e)| **e).collect();
+        assert_eq!(order, [9, 8, 7, 6, 5, 4], "the colder half went");
+        assert_eq!(hot.bytes(), 60);
+        // A larger example replaces a smaller one within the budget; passing it, the colder
+        // ones go until it fits.
+        hot.record(KeyHash(9), 0.0, 90, 80);
+        assert!(hot.bytes() <= 100, "{}", hot.bytes());
+        assert_eq!(hot.hottest(0.0)[0].1, &90);
+        // Larger than the whole budget: counted, not kept; a tracked prefix keeps its example.
+        hot.record(KeyHash(9), 0.0, 91, 101);
+        assert_eq!(hot.hottest(0.0)[0].1, &90);
+        hot.record(KeyHash(77), 0.0, 77, 101);
+        assert!(hot.hottest(0.0).iter().all(|(_, e)| **e != 77));
+        assert!(hot.bytes() <= 100);
+        let sum: usize = hot.entries.values().map(|h| h.size).sum();
+        assert_eq!(sum, hot.bytes(), "the count matches the entries");
     }
 
     #[test]
@@ -260,12 +332,13 @@ mod tests {
             StrategyConfig::new(StrategyKind::named("prefix-aware").expect("registered"))
                 .build()
                 .expect("builds");
-        let mut hot: HotPrefixes<KeyHash> = HotPrefixes::new(1024, 60.0);
+        let mut hot: HotPrefixes<KeyHash> = HotPrefixes::new(1024, 60.0, usize::MAX);
         for k in 0..500u64 {
             hot.record(
                 KeyHash(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
                 0.0,
                 KeyHash(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                0,
             );
         }
         let mut rng = RouteRng::seed_from_u64(1);
@@ -367,9 +440,9 @@ mod ties {
 
     #[test]
     fn equal_scores_keep_half_the_table() {
-        let mut hot: HotPrefixes<u64> = HotPrefixes::new(64, 10.0);
+        let mut hot: HotPrefixes<u64> = HotPrefixes::new(64, 10.0, usize::MAX);
         for k in 0..65u64 {
-            hot.record(KeyHash(k), 0.0, k);
+            hot.record(KeyHash(k), 0.0, k, 0);
         }
         assert_eq!(hot.len(), 33, "32 kept of the first 64, then the new one");
     }

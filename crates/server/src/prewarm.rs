@@ -52,7 +52,11 @@ impl Prewarm {
         let (joins, rx) = mpsc::unbounded_channel();
         Self {
             config,
-            hot: Mutex::new(HotPrefixes::new(config.tracked, config.half_life_s)),
+            hot: Mutex::new(HotPrefixes::new(
+                config.tracked,
+                config.half_life_s,
+                config.max_bytes,
+            )),
             joins,
             queue: Mutex::new(Some(rx)),
         }
@@ -70,7 +74,7 @@ impl Prewarm {
         self.hot
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .record(key, now, example);
+            .record(key, now, example, body.len());
     }
 
     /// Whether any prompt was seen: before that (the instances found at start) there is
@@ -343,5 +347,23 @@ mod tests {
         assert!(v.get("min_tokens").is_none() && v.get("n").is_none());
         assert_eq!(v["messages"][0]["content"], "hi");
         assert!(super::one_token(b"not json").is_none());
+    }
+
+    /// The proxy's bodies count against `max_bytes` by their length.
+    #[test]
+    fn the_kept_bodies_stay_within_max_bytes() {
+        use prefix_router_core::KeyHash;
+        let config = prefix_router_core::prewarm::PrewarmConfig {
+            max_bytes: 1000,
+            ..Default::default()
+        };
+        let p = super::Prewarm::new(config);
+        let body = bytes::Bytes::from(vec![b'x'; 400]);
+        for k in 0..5u64 {
+            p.record(super::Api::Chat, Some(KeyHash(k)), 0.0, &body);
+        }
+        let hot = p.hot.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(hot.bytes() <= 1000 && hot.bytes() > 0, "{}", hot.bytes());
+        assert_eq!(hot.bytes(), 400 * hot.len());
     }
 }

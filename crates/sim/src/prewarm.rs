@@ -63,7 +63,7 @@ impl Warmer {
     pub fn new(config: PrewarmConfig) -> Self {
         Self {
             config,
-            hot: HotPrefixes::new(config.tracked, config.half_life_s),
+            hot: HotPrefixes::new(config.tracked, config.half_life_s, config.max_bytes),
             warming: HashMap::new(),
             replays: HashMap::new(),
             next_id: REPLAY_IDS,
@@ -78,7 +78,8 @@ impl Warmer {
 
     /// Counts request `request` (routing `key`, `chain` when the strategy reads one).
     pub fn record(&mut self, key: KeyHash, now: f64, request: usize, chain: &Chain) {
-        self.hot.record(key, now, (request, chain.clone()));
+        // No body is kept here: nothing counts against the byte budget.
+        self.hot.record(key, now, (request, chain.clone()), 0);
     }
 
     /// Whether `instance` is warming.

@@ -452,7 +452,8 @@ pub struct KvEventsEndpoint {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrewarmSettings {
-    /// Off by default: it keeps recent prompt bodies in memory (`tracked` of them).
+    /// Off by default: it keeps recent prompt bodies in memory (`tracked` of them, within
+    /// `max_bytes`).
     pub enabled: bool,
     /// Prompts replayed to one joining instance, at most.
     #[serde(deserialize_with = "de::within::<1, 4096, _, _>")]
@@ -469,6 +470,9 @@ pub struct PrewarmSettings {
     /// Half-life of a prompt's request count: what "recent" means.
     #[serde(rename = "half_life_ms", deserialize_with = "de::millis")]
     pub half_life: Duration,
+    /// Bytes of prompt bodies kept, at most: past it the colder half is let go, and a body
+    /// larger than all of it is not kept.
+    pub max_bytes: usize,
 }
 
 impl Default for PrewarmSettings {
@@ -481,6 +485,7 @@ impl Default for PrewarmSettings {
             budget: Duration::from_secs_f64(d.budget_s),
             tracked: d.tracked,
             half_life: Duration::from_secs_f64(d.half_life_s),
+            max_bytes: d.max_bytes,
         }
     }
 }
@@ -494,6 +499,7 @@ impl PrewarmSettings {
             budget_s: self.budget.as_secs_f64(),
             tracked: self.tracked,
             half_life_s: self.half_life.as_secs_f64(),
+            max_bytes: self.max_bytes,
         }
     }
 }

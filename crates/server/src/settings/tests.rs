@@ -29,6 +29,7 @@ fn example_file_is_valid_and_shows_the_defaults() {
     assert_eq!(s.retries.max_retries, d.retries.max_retries);
     assert_eq!(s.kv_events, d.kv_events);
     assert_eq!(s.engine_metrics, d.engine_metrics);
+    assert_eq!(s.prewarm, d.prewarm);
     assert_eq!(s.instances.len(), 2);
 }
 
