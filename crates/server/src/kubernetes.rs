@@ -7,13 +7,17 @@
 //! - ready (and not terminating): a member that takes requests (health checks still apply);
 //! - terminating: a member that drains, finishing what it holds and taking nothing new, until
 //!   it leaves the slice;
-//! - neither: left out until it is ready (a pod starting, or failing its readiness probe).
+//! - neither: a pod starting is left out until it is ready; a member that stops being ready (its
+//!   readiness probe failing under load, its engine restarting) drains for up to
+//!   `unready_keep_ms`, keeping its requests in flight and what the strategy knows of its
+//!   cache, and takes requests again as soon as it is ready; past that it leaves.
 //!
 //! A watch that fails keeps the fleet as it was: the API server being away is no reason to
 //! stop routing to engines that still answer.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
@@ -52,6 +56,8 @@ pub struct Found {
     pub spec: InstanceSpec,
     /// It is shutting down: drain it.
     pub terminating: bool,
+    /// Neither ready nor terminating: a member keeps draining a while, a newcomer waits.
+    pub unready: bool,
 }
 
 /// The client for `target`: its `api_server` (no credentials: `kubectl proxy`, tests), or the
@@ -73,8 +79,7 @@ pub async fn client(target: &KubernetesTarget) -> Result<(Client, String), Kuber
     Ok((Client::try_from(config)?, namespace))
 }
 
-/// The members the slices list: an instance per address of each endpoint that is ready or
-/// terminating, on the slice's port named `target.port` (`""`: a Service's only port, which
+/// The endpoints the slices list, ready or not: an instance per endpoint, on the slice's port named `target.port` (`""`: a Service's only port, which
 /// Kubernetes leaves unnamed). Addresses in several slices (an endpoint moving between slices)
 /// count once, terminating if any slice says so. A dual-stack Service lists every pod in an
 /// IPv4 slice and again in an IPv6 one: only one family is taken (IPv4 where it has any), or
@@ -114,9 +119,7 @@ pub fn members<'a>(
         let v6 = slice.address_type == "IPv6";
         for ep in &slice.endpoints {
             let (ready, terminating) = conditions(ep);
-            if !ready && !terminating {
-                continue;
-            }
+            let unready = !ready && !terminating;
             // An endpoint's addresses are one pod's, interchangeable (the API lets clients use
             // the first only): each as an instance would double the pod's share of traffic and
             // split its cache.
@@ -135,8 +138,11 @@ pub fn members<'a>(
                         models: model.iter().cloned().collect(),
                     },
                     terminating,
+                    unready,
                 });
                 entry.terminating |= terminating;
+                // Ready in any slice: ready.
+                entry.unready &= unready;
             }
         }
     }
@@ -152,19 +158,60 @@ fn conditions(ep: &Endpoint) -> (bool, bool) {
     (ready && !terminating, terminating)
 }
 
-/// Installs what the slices list: the Kubernetes members replace the previous ones, and the
-/// terminating ones are set to drain. `drained` holds the ids this watch drained: one listed
-/// ready again (a new pod at the address of one that terminated, as with `hostNetwork` pods,
-/// where no list without the address came between) must pass a check as a new instance,
-/// not stay draining until someone un-drains it by hand. A drain the admin API set is left
-/// alone.
+/// What the watch did to its members, remembered between lists.
+#[derive(Debug, Default)]
+struct Held {
+    /// Ids this watch drained because they were terminating. One listed ready again (a new
+    /// pod at the address of one that terminated, as with `hostNetwork` pods, where no list
+    /// without the address came between) must pass a check as a new instance, not stay
+    /// draining until someone un-drains it by hand.
+    drained: BTreeSet<String>,
+    /// Members that stopped being ready: since when, and whether this watch drained them (a
+    /// drain the admin API set is left alone).
+    unready: BTreeMap<String, (Instant, bool)>,
+}
+
+impl Held {
+    /// When the next unready member's time runs out.
+    fn next_expiry(&self, keep: Duration) -> Option<Instant> {
+        self.unready.values().map(|(since, _)| *since + keep).min()
+    }
+}
+
+/// Installs what the slices list: the Kubernetes members replace the previous ones, the
+/// terminating ones are set to drain, and members that stopped being ready drain while
+/// `unready_keep` lasts (a readiness flap must not cost the strategy what it knows of the
+/// engine's cache, nor reset its count of requests in flight).
 async fn apply(
     state: &AppState,
     target: &KubernetesTarget,
     slices: &BTreeMap<String, EndpointSlice>,
-    drained: &mut BTreeSet<String>,
+    held: &mut Held,
 ) {
-    let found = members(target, slices.values());
+    let now = Instant::now();
+    let before = state.fleet.snapshot();
+    let keep = target.unready_keep;
+    let mut found = members(target, slices.values());
+    found.retain(|f| {
+        if !f.unready {
+            return true;
+        }
+        let id = &f.spec.id;
+        match held.unready.get(id) {
+            Some((since, _)) => now.duration_since(*since) < keep,
+            None => {
+                let member = before.get(id).is_some();
+                let kept = !keep.is_zero() && member && !held.drained.contains(id);
+                if kept {
+                    held.unready.insert(id.clone(), (now, false));
+                }
+                kept
+            }
+        }
+    });
+    // Gone from the slices, or out of time (ready again: settled below).
+    held.unready
+        .retain(|id, _| found.iter().any(|f| f.spec.id == *id));
     let specs: Vec<InstanceSpec> = found.iter().map(|f| f.spec.clone()).collect();
     let changed = edit_members(state, |m| {
         if m.kubernetes == specs {
@@ -175,19 +222,47 @@ async fn apply(
     })
     .await;
     let snapshot = state.fleet.snapshot();
-    drained.retain(|id| found.iter().any(|f| f.spec.id == *id));
+    held.drained
+        .retain(|id| found.iter().any(|f| f.spec.id == *id));
     for f in &found {
-        let Some((_, inst)) = snapshot.get(&f.spec.id) else {
+        let id = &f.spec.id;
+        let Some((_, inst)) = snapshot.get(id) else {
             continue;
         };
         if f.terminating {
+            // Drained already as unready, by this watch: now it is terminating.
+            let ours = held.unready.remove(id).is_some_and(|(_, ours)| ours);
+            let drained = membership::transition(
+                state,
+                inst,
+                &membership::DRAINABLE,
+                InstanceState::Draining,
+            );
+            if drained || ours {
+                held.drained.insert(id.clone());
+                tracing::info!(instance = %id, "endpoint terminating: draining");
+            }
+        } else if f.unready {
             if membership::transition(state, inst, &membership::DRAINABLE, InstanceState::Draining)
             {
-                drained.insert(f.spec.id.clone());
-                tracing::info!(instance = %f.spec.id, "endpoint terminating: draining");
+                if let Some(u) = held.unready.get_mut(id) {
+                    u.1 = true;
+                }
+                tracing::info!(instance = %id, ?keep, "endpoint not ready: draining, kept while it may come back");
             }
-        } else if drained.remove(&f.spec.id) && rejoin(state, inst) {
-            tracing::info!(instance = %f.spec.id, "endpoint ready again after terminating: a new instance");
+        } else if let Some((since, ours)) = held.unready.remove(id) {
+            if ours
+                && membership::transition(
+                    state,
+                    inst,
+                    &[InstanceState::Draining],
+                    InstanceState::Healthy,
+                )
+            {
+                tracing::info!(instance = %id, after = ?since.elapsed(), "endpoint ready again: taking requests");
+            }
+        } else if held.drained.remove(id) && rejoin(state, inst) {
+            tracing::info!(instance = %id, "endpoint ready again after terminating: a new instance");
         }
     }
     if changed {
@@ -237,9 +312,26 @@ pub async fn run(
     let events = watcher::watcher(api, config).default_backoff();
     futures_util::pin_mut!(events);
     let mut slices: BTreeMap<String, EndpointSlice> = BTreeMap::new();
-    let mut drained = BTreeSet::new();
+    let mut held = Held::default();
     let mut listing: Option<BTreeMap<String, EndpointSlice>> = None;
-    while let Some(event) = events.next().await {
+    loop {
+        // An unready member whose time runs out leaves without an event saying so.
+        let expiry = held.next_expiry(target.unready_keep);
+        let event = tokio::select! {
+            e = events.next() => e,
+            () = async {
+                match expiry {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                apply(&state, &target, &slices, &mut held).await;
+                continue;
+            }
+        };
+        let Some(event) = event else {
+            break;
+        };
         match event {
             Ok(Event::Init) => listing = Some(BTreeMap::new()),
             Ok(Event::InitApply(s)) => {
@@ -251,16 +343,16 @@ pub async fn run(
                 if let Some(l) = listing.take() {
                     slices = l;
                 }
-                apply(&state, &target, &slices, &mut drained).await;
+                apply(&state, &target, &slices, &mut held).await;
                 synced.send_replace(true);
             }
             Ok(Event::Apply(s)) => {
                 slices.insert(name(&s), s);
-                apply(&state, &target, &slices, &mut drained).await;
+                apply(&state, &target, &slices, &mut held).await;
             }
             Ok(Event::Delete(s)) => {
                 slices.remove(&name(&s));
-                apply(&state, &target, &slices, &mut drained).await;
+                apply(&state, &target, &slices, &mut held).await;
             }
             Err(e) => {
                 tracing::warn!(service = %target.service, %namespace, error = %e,
@@ -313,6 +405,7 @@ mod tests {
             api_server: None,
             weight: 1,
             first_list_timeout: Duration::from_secs(1),
+            unready_keep: Duration::from_secs(60),
         }
     }
 
@@ -384,25 +477,26 @@ mod tests {
             8001,
             vec![ep("fd00::5", Some(true), Some(false))],
         );
-        let urls = |found: &[Found]| -> Vec<(String, bool)> {
+        let urls = |found: &[Found]| -> Vec<(String, bool, bool)> {
             found
                 .iter()
-                .map(|f| (f.spec.url.clone(), f.terminating))
+                .map(|f| (f.spec.url.clone(), f.terminating, f.unready))
                 .collect()
         };
         let found = members(&target(), [&a]);
         assert_eq!(
             urls(&found),
             vec![
-                ("http://10.0.0.1:8000".to_string(), false),
-                ("http://10.0.0.3:8000".to_string(), true),
-                ("http://10.0.0.4:8000".to_string(), false),
+                ("http://10.0.0.1:8000".to_string(), false, false),
+                ("http://10.0.0.2:8000".to_string(), false, true),
+                ("http://10.0.0.3:8000".to_string(), true, false),
+                ("http://10.0.0.4:8000".to_string(), false, false),
             ]
         );
         // An IPv6 Service: bracketed addresses.
         assert_eq!(
             urls(&members(&target(), [&b])),
-            vec![("http://[fd00::5]:8001".to_string(), false)]
+            vec![("http://[fd00::5]:8001".to_string(), false, false)]
         );
         // Dual-stack: the same pods in both families are taken once, as IPv4.
         assert_eq!(urls(&members(&target(), [&a, &b])), urls(&found));
@@ -423,7 +517,7 @@ mod tests {
         other.port = String::new();
         assert_eq!(
             urls(&members(&other, [&lone])),
-            vec![("http://10.0.0.9:8000".to_string(), false)]
+            vec![("http://10.0.0.9:8000".to_string(), false, false)]
         );
         assert!(members(&target(), [&lone]).is_empty());
     }

@@ -1,5 +1,6 @@
 //! Kubernetes discovery against a fake API server over real HTTP on 127.0.0.1
-//! (`support/kube_api.rs`): endpoints joining, ready and not-ready flips, terminating endpoints
+//! (`support/kube_api.rs`): endpoints joining, ready and not-ready flips (a member not ready
+//! drains a while and comes back with what the router knew of it), terminating endpoints
 //! draining, a watch that breaks and resumes from its resourceVersion, a 410 Gone that forces a
 //! new list, a deleted slice.
 
@@ -39,6 +40,7 @@ fn target(api_server: String) -> KubernetesTarget {
         api_server: Some(api_server),
         weight: 1,
         first_list_timeout: std::time::Duration::from_millis(300),
+        unready_keep: std::time::Duration::from_secs(60),
     }
 }
 
@@ -142,10 +144,11 @@ async fn endpoint_slices_drive_the_fleet_through_watch_breaks_and_410s() {
     both.sort_unstable();
     eventually("b and c after the new list", || ports(&r) == both).await;
 
-    // b turns not-ready: it leaves. Its slice deleted changes nothing more.
+    // b turns not-ready: it drains (kept a while, in case it comes back). Its slice deleted,
+    // it leaves.
     api.put(slice("llm-b", pb, false, false));
-    eventually("b leaves when not ready", || {
-        members(&r).iter().all(|&(p, _)| p != pb)
+    eventually("b drains when not ready", || {
+        members(&r).contains(&(pb, Draining))
     })
     .await;
     api.delete("llm-b");
@@ -210,5 +213,101 @@ async fn an_address_ready_again_after_terminating_is_not_left_draining() {
     assert_eq!(served_by(&r, 0).await, "a");
     // b's drain was not the watch's: it stays.
     assert!(members(&r).contains(&(pb, Draining)), "{:?}", members(&r));
+    r.shutdown().await;
+}
+
+/// A prompt `i` long enough to be blocks of the cache-aware index (2 KiB).
+fn long_prompt(i: usize) -> String {
+    let text: String = (0..200).map(|w| format!("doc{i} w{w} ")).collect();
+    format!(r#"{{"model":"mock-llama","prompt":"{text}"}}"#)
+}
+
+async fn sent(r: &RunningRouter, body: &str) -> (String, String) {
+    let ans = post(r.local_addr(), "/v1/completions", &[], body.to_string()).await;
+    assert_eq!(ans.status, StatusCode::OK);
+    (ans.upstream(), ans.header("x-prefix-router-decision"))
+}
+
+/// A member whose readiness probe fails for a while (an engine busy, not gone) drains and comes
+/// back as the same instance: what cache-aware knew of its cache stands (its prompt is still a
+/// `cache_hit` there), and a request it held meanwhile still counts on it. Not ready past
+/// `unready_keep_ms`, it leaves, and comes back as a new instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readiness_flap_keeps_the_member_and_what_the_router_knew_of_it() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let (pa, pb) = (a.addr.port(), b.addr.port());
+    let api = FakeApi::start().await;
+    api.put(slice("llm-a", pa, true, false));
+    api.put(slice("llm-b", pb, true, false));
+    let mut s = settings(&[]);
+    s.health.wait_for_first_check = false;
+    let mut t = target(api.url());
+    t.first_list_timeout = std::time::Duration::from_secs(10);
+    t.unready_keep = std::time::Duration::from_millis(1500);
+    s.discovery.kubernetes = Some(t);
+    let r = router(s).await;
+    use InstanceState::*;
+    eventually("both members", || members(&r).len() == 2).await;
+    let prompt = long_prompt(1);
+    let (home, _) = sent(&r, &prompt).await;
+    assert_eq!(sent(&r, &prompt).await, (home.clone(), "cache_hit".into()));
+    let (slice_name, port, up) = if home == "a" {
+        ("llm-a", pa, &a)
+    } else {
+        ("llm-b", pb, &b)
+    };
+    // A request held on the home while it flaps (the same prompt: it goes home).
+    let held = {
+        let (addr, body) = (r.local_addr(), prompt.clone());
+        tokio::spawn(
+            async move { post(addr, "/v1/completions", &[("x-test-hold", "1")], body).await },
+        )
+    };
+    eventually("a request held on the home", || up.held() == 1).await;
+    let in_flight = |r: &RunningRouter| {
+        r.state()
+            .fleet
+            .snapshot()
+            .instances()
+            .iter()
+            .find(|i| i.url_port() == port)
+            .map(|i| i.in_flight())
+    };
+    assert_eq!(in_flight(&r), Some(1));
+    api.put(slice(slice_name, port, false, false));
+    eventually("the home drains while not ready", || {
+        members(&r).contains(&(port, Draining))
+    })
+    .await;
+    assert_eq!(in_flight(&r), Some(1), "its request still counts on it");
+    api.put(slice(slice_name, port, true, false));
+    eventually("the home takes requests again", || {
+        members(&r).contains(&(port, Healthy))
+    })
+    .await;
+    assert_eq!(
+        in_flight(&r),
+        Some(1),
+        "the same member, its request still counted"
+    );
+    assert_eq!(
+        sent(&r, &prompt).await,
+        (home.clone(), "cache_hit".into()),
+        "what the router knew of its cache stands"
+    );
+    up.release(1);
+    assert_eq!(held.await.expect("held").status, StatusCode::OK);
+    // Not ready past unready_keep_ms: it leaves without another event.
+    api.put(slice(slice_name, port, false, false));
+    eventually("the home leaves once its time is out", || {
+        members(&r).iter().all(|&(p, _)| p != port)
+    })
+    .await;
+    api.put(slice(slice_name, port, true, false));
+    eventually("it comes back", || members(&r).len() == 2).await;
+    // A new instance: the prompt is not known to be cached there.
+    let (_, decision) = sent(&r, &prompt).await;
+    assert_ne!(decision, "cache_hit".to_string());
     r.shutdown().await;
 }

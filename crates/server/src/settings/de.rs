@@ -24,6 +24,11 @@ pub fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     }
 }
 
+/// Milliseconds, 0 included (0: at once), as a duration.
+pub fn millis_or_zero<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    u64::deserialize(d).map(Duration::from_millis)
+}
+
 /// A count within `LO..=HI`.
 pub fn within<'de, const LO: u64, const HI: u64, T, D>(d: D) -> Result<T, D::Error>
 where

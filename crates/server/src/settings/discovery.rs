@@ -121,10 +121,24 @@ pub struct KubernetesTarget {
         deserialize_with = "de::millis"
     )]
     pub first_list_timeout: Duration,
+    /// How long an endpoint that stops being ready (and is not terminating: a readiness probe
+    /// failing, an engine restarting in place) stays a member, draining, with what the router
+    /// knows of its cache and its requests in flight; ready again within it, it takes requests
+    /// at once. Past it, it leaves (0: at once), and comes back as a new instance.
+    #[serde(
+        rename = "unready_keep_ms",
+        default = "unready_keep",
+        deserialize_with = "de::millis_or_zero"
+    )]
+    pub unready_keep: Duration,
 }
 
 fn first_list_timeout() -> Duration {
     Duration::from_millis(10_000)
+}
+
+fn unready_keep() -> Duration {
+    Duration::from_millis(60_000)
 }
 
 fn http_scheme() -> String {

@@ -136,9 +136,17 @@ fn errors_name_the_field() {
         (
             k.scheme.as_str(),
             k.namespace,
-            k.first_list_timeout.as_millis()
+            k.first_list_timeout.as_millis(),
+            k.unready_keep.as_millis()
         ),
-        ("http", None, 500)
+        ("http", None, 500, 60_000)
+    );
+    let k =
+        parse("[discovery.kubernetes]\nservice = \"vllm\"\nport = \"http\"\nunready_keep_ms = 0")
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        k.discovery.kubernetes.map(|k| k.unready_keep.as_millis()),
+        Some(0)
     );
     let dup =
         "[[instances]]\nurl = \"http://127.0.0.1:1\"\n[[instances]]\nurl = \"http://127.0.0.1:1/\"";
