@@ -79,9 +79,10 @@ impl ExternalProcessor for Picker {
     }
 }
 
-/// Whether the picker can route: at least one instance takes requests.
+/// Whether the picker can route: at least one instance takes requests, and it is not shutting
+/// down.
 fn ready(state: &AppState) -> ServingStatus {
-    if state.fleet.snapshot().eligible(None).next().is_some() {
+    if !state.is_shutting_down() && state.fleet.snapshot().eligible(None).next().is_some() {
         ServingStatus::Serving
     } else {
         ServingStatus::NotServing
@@ -161,4 +162,24 @@ fn grpc_message_limit(state: &AppState) -> usize {
     usize::try_from(state.settings.limits.max_body_bytes)
         .unwrap_or(usize::MAX)
         .saturating_add(1 << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Readiness follows the fleet, and turns NOT_SERVING once a shutdown is under way (while
+    /// the picker still answers, for `timeouts.shutdown_delay_ms`).
+    #[test]
+    fn readiness_is_lost_while_shutting_down() {
+        let mut settings =
+            prefix_router_server::settings::Settings::with_instances(["http://127.0.0.1:1"])
+                .unwrap_or_else(|e| panic!("{e}"));
+        // No probes: the member starts healthy.
+        settings.health.active = false;
+        let state = AppState::new(settings, None).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ready(&state), ServingStatus::Serving);
+        state.begin_shutdown();
+        assert_eq!(ready(&state), ServingStatus::NotServing);
+    }
 }

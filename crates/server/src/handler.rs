@@ -23,19 +23,36 @@ fn json_response(status: StatusCode, value: serde_json::Value) -> Response<Proxy
     resp
 }
 
-/// `/ready` and `/ping`: 200 while at least one instance takes requests, else 503.
+/// `/ready` and `/ping`: 200 while at least one instance takes requests, else 503; 503 while
+/// shutting down.
 fn ready(state: &AppState) -> Response<ProxyBody> {
     let snapshot = state.fleet.snapshot();
     let healthy = snapshot.eligible(None).count();
-    let status = if healthy > 0 {
+    let ready = healthy > 0 && !state.is_shutting_down();
+    let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    json_response(
-        status,
-        json!({"ready": healthy > 0, "healthy_instances": healthy, "instances": snapshot.len()}),
-    )
+    let mut body =
+        json!({"ready": ready, "healthy_instances": healthy, "instances": snapshot.len()});
+    if state.is_shutting_down() {
+        body["shutting_down"] = true.into();
+    }
+    json_response(status, body)
+}
+
+/// `/health`: 200 while the router serves; 503 once it is shutting down (it still serves
+/// for `timeouts.shutdown_delay_ms`, so that what checks it stops sending here first).
+fn health(state: &AppState) -> Response<ProxyBody> {
+    if state.is_shutting_down() {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "shutting_down"}),
+        )
+    } else {
+        json_response(StatusCode::OK, json!({"status": "ok"}))
+    }
 }
 
 /// 405 with the `Allow` header RFC 9110 requires.
@@ -132,7 +149,7 @@ pub fn operational(state: &AppState, method: &Method, path: &str) -> Option<Resp
         "/health" | "/ready" | "/ping" | "/metrics" if !get => {
             not_allowed(method, path, "GET, HEAD")
         }
-        "/health" => json_response(StatusCode::OK, json!({"status": "ok"})),
+        "/health" => health(state),
         "/ready" | "/ping" => ready(state),
         "/metrics" => {
             let strategy = Arc::clone(&state.routing.load().strategy);

@@ -1,8 +1,9 @@
 //! Running until a signal: SIGHUP reloads the configuration (and reopens the access log),
 //! SIGUSR1 only reopens the access log (for logrotate: a reload also puts the file's instance
 //! list and strategy back over admin API edits, which a nightly rotation should not do), and
-//! SIGTERM and SIGINT shut down gracefully (stop accepting, let in-flight requests finish up to
-//! the grace period).
+//! SIGTERM and SIGINT shut down gracefully (after `timeouts.shutdown_delay_ms` of serving on
+//! with health answering 503, stop accepting, let in-flight requests finish up to the grace
+//! period).
 
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -58,6 +59,16 @@ pub async fn run_front_until_signal(
             }
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
+        }
+    }
+    let delay = router.state().settings.timeouts.shutdown_delay;
+    if !delay.is_zero() {
+        router.state().begin_shutdown();
+        tracing::info!(?delay, "shutting down: serving on meanwhile, with /health and /ready answering 503 (a second signal cuts it short)");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
         }
     }
     tracing::info!("shutting down: no new connections, waiting for in-flight requests (a second signal stops at once)");

@@ -53,6 +53,10 @@ pub struct AppState {
     pub dashboard: crate::dashboard::History,
     /// The origin of [`AppState::now_s`].
     started: Instant,
+    /// A shutdown is under way and the router still serves (`timeouts.shutdown_delay_ms`):
+    /// `/health`, `/ready` and the picker's gRPC health say so, for the load balancers in front
+    /// to stop sending here before the listener closes.
+    shutting_down: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
@@ -123,7 +127,20 @@ impl AppState {
             prewarm,
             dashboard: crate::dashboard::History::default(),
             started: Instant::now(),
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
         }))
+    }
+
+    /// Marks a shutdown under way (see [`AppState::is_shutting_down`]).
+    pub fn begin_shutdown(&self) {
+        self.shutting_down
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a shutdown is under way: health answers 503 while the router still serves.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Seconds since the router started, on a monotonic clock: the `now` every strategy call

@@ -1,6 +1,6 @@
 //! Real signals to this test process (its own binary, so no other test sees them): SIGHUP
 //! reloads the configuration file, SIGUSR1 only reopens the access log, SIGTERM stops accepting
-//! and lets in-flight requests finish.
+//! and lets in-flight requests finish (after serving on with health at 503, when delayed).
 
 mod support;
 
@@ -169,5 +169,58 @@ async fn sighup_reloads_and_sigterm_drains() {
     assert!(matches!(ended, Ok(Ok(()))));
     a.release(1);
     drop(held);
+
+    // With a shutdown delay: on SIGTERM the router serves on, health answering 503, then
+    // closes its listener.
+    let text = format!(
+        "listen = \"{addr}\"\n[health]\nactive = false\n[timeouts]\nshutdown_grace_ms = 5000\nshutdown_delay_ms = 1500\n[[instances]]\nurl = \"{}\"\n",
+        a.url()
+    );
+    std::fs::write(&path, text).expect("write config");
+    let router = start(&path, addr).await;
+    let get = |p: &'static str| send(addr, request(http::Method::GET, p, &[], ""));
+    assert_eq!(get("/health").await.status, StatusCode::OK);
+    signal_self("TERM");
+    eventually_async("health turns 503", || async {
+        get("/health").await.status == StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    let ready = get("/ready").await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(String::from_utf8_lossy(&ready.body).contains("\"shutting_down\":true"));
+    // New connections are still taken and served meanwhile.
+    assert_eq!(
+        post(addr, "/v1/completions", &[], r#"{"prompt":"4"}"#)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert!(!router.is_finished());
+    let refused = tokio::time::timeout(WAIT, async {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(refused.is_ok(), "closed its listener after the delay");
+    let ended = tokio::time::timeout(WAIT, router)
+        .await
+        .expect("router stopped in time");
+    assert!(matches!(ended, Ok(Ok(()))));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Polls `cond` until it holds (or fails after [`WAIT`]).
+async fn eventually_async<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let ok = tokio::time::timeout(WAIT, async {
+        while !cond().await {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(ok.is_ok(), "timed out waiting for: {what}");
 }

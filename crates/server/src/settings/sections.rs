@@ -203,6 +203,12 @@ pub struct Timeouts {
     /// Shutdown's wait for in-flight requests.
     #[serde(rename = "shutdown_grace_ms", deserialize_with = "de::millis")]
     pub shutdown_grace: Duration,
+    /// On SIGTERM, how long the router goes on serving, with `/health` and `/ready` answering
+    /// 503, before it closes its listener and drains (0: at once). For load balancers that
+    /// learn a backend is leaving only from its health checks; Kubernetes has the preStop
+    /// pause instead.
+    #[serde(rename = "shutdown_delay_ms", deserialize_with = "de::millis_or_zero")]
+    pub shutdown_delay: Duration,
 }
 
 impl Default for Timeouts {
@@ -217,6 +223,7 @@ impl Default for Timeouts {
             client_write: ms(60_000),
             client_idle: ms(60_000),
             shutdown_grace: ms(30_000),
+            shutdown_delay: ms(0),
         }
     }
 }
