@@ -404,13 +404,12 @@ async fn admission_control_sheds_with_429_and_health_answers() {
 }
 
 /// response_body_mode: NONE: the picker sees the response's head, then the stream ends. Envoy
-/// closes it, or closes and resets it at once (the reset may come first): either way the
-/// request is finished, not cancelled.
+/// closes it, or closes and resets it at once (the reset may come first; here the connection
+/// is cut): either way the request is finished, not cancelled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_whose_body_is_not_sent_finishes_when_envoy_ends_the_stream() {
     let engines = engines(1).await;
     let p = picker(settings(&engines, "cache-aware"), 0).await;
-    let mut c = client(&p).await;
     // (body modes Envoy announced, reset rather than closed, then ok and cancelled so far).
     // Without a protocol_config (an older Envoy), a reset after the head may be a client gone
     // from a streamed answer: cancelled.
@@ -420,6 +419,13 @@ async fn a_response_whose_body_is_not_sent_finishes_when_envoy_ends_the_stream()
         (None, true, 2.0, 1.0),
     ];
     for (modes, reset, ok, cancelled) in cases {
+        // Each on a connection of its own, through a relay that can cut it: dropping a stream's
+        // two halves at once could end its requests' half first (END_STREAM, a clean close)
+        // rather than reset it, and the picker then rightly counted the request finished.
+        let (relay, cut) = cuttable_relay(p.router.local_addr()).await;
+        let mut c = ExternalProcessorClient::connect(format!("http://{relay}"))
+            .await
+            .expect("connects");
         let mut s = Stream::open(&mut c).await;
         match modes {
             Some((request, response)) => {
@@ -441,8 +447,8 @@ async fn a_response_whose_body_is_not_sent_finishes_when_envoy_ends_the_stream()
             .await;
         assert!(matches!(a.response, Some(Ans::ResponseHeaders(_))), "{a:?}");
         if reset {
-            // Both halves dropped at once: the client resets the stream.
-            drop(s);
+            // The connection goes: its streams end without a close.
+            cut.notify_one();
         } else {
             let Stream { tx, mut rx } = s;
             drop(tx);
@@ -706,6 +712,31 @@ async fn only_answers_streamed_to_the_picker_as_they_come_time_the_first_token()
         assert_eq!(first_token_streamed(), Some(false), "{what}");
     }
     p.router.shutdown().await;
+}
+
+/// A TCP relay to `to` for one connection, closed at once (both sockets) when `cut` is notified.
+async fn cuttable_relay(
+    to: std::net::SocketAddr,
+) -> (std::net::SocketAddr, std::sync::Arc<tokio::sync::Notify>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let cut = std::sync::Arc::new(tokio::sync::Notify::new());
+    let cuts = std::sync::Arc::clone(&cut);
+    tokio::spawn(async move {
+        let Ok((mut client, _)) = listener.accept().await else {
+            return;
+        };
+        let Ok(mut server) = tokio::net::TcpStream::connect(to).await else {
+            return;
+        };
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+            () = cuts.notified() => {}
+        }
+    });
+    (addr, cut)
 }
 
 /// A TCP relay to `to` for one connection: it forwards both ways until `frozen`, then holds
