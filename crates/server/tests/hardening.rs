@@ -125,20 +125,6 @@ async fn one_address_gets_no_more_than_its_connections() {
     r.shutdown().await;
 }
 
-async fn eventually_async<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let ok = tokio::time::timeout(WAIT, async {
-        while !cond().await {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(ok.is_ok(), "timed out waiting for: {what}");
-}
-
 #[tokio::test]
 async fn an_outage_is_a_503_to_retry_and_an_unknown_model_a_404() {
     let a = Upstream::start("a", Mode::Echo, &["m"]).await;

@@ -46,12 +46,28 @@ fn target(api_server: String) -> KubernetesTarget {
 
 /// A router whose instances are `api`'s Service, started once its first list is in.
 async fn watching(api: &FakeApi) -> RunningRouter {
+    watching_with(api, |_| {}).await
+}
+
+/// [`watching`], with the target `tweak`ed.
+async fn watching_with(api: &FakeApi, tweak: impl FnOnce(&mut KubernetesTarget)) -> RunningRouter {
     let mut s = settings(&[]);
     s.health.wait_for_first_check = false;
     let mut t = target(api.url());
     t.first_list_timeout = std::time::Duration::from_secs(10);
+    tweak(&mut t);
     s.discovery.kubernetes = Some(t);
     router(s).await
+}
+
+/// Two stand-in engines, `a` and `b`, each the ready endpoint of a slice of its own.
+async fn two_ready() -> (Upstream, Upstream, FakeApi) {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let api = FakeApi::start().await;
+    api.put(slice("llm-a", a.addr.port(), true, false));
+    api.put(slice("llm-b", b.addr.port(), true, false));
+    (a, b, api)
 }
 
 async fn served_by(r: &RunningRouter, i: usize) -> String {
@@ -178,12 +194,8 @@ async fn an_unreachable_api_server_does_not_stop_the_router() {
 /// instance. A drain set through the admin API is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_address_ready_again_after_terminating_is_not_left_draining() {
-    let a = Upstream::start("a", Mode::Echo, &[]).await;
-    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let (a, b, api) = two_ready().await;
     let (pa, pb) = (a.addr.port(), b.addr.port());
-    let api = FakeApi::start().await;
-    api.put(slice("llm-a", pa, true, false));
-    api.put(slice("llm-b", pb, true, false));
     let r = watching(&api).await;
     use InstanceState::*;
     let mut both = vec![(pa, Healthy), (pb, Healthy)];
@@ -234,19 +246,12 @@ async fn sent(r: &RunningRouter, body: &str) -> (String, String) {
 /// `unready_keep_ms`, it leaves, and comes back as a new instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_readiness_flap_keeps_the_member_and_what_the_router_knew_of_it() {
-    let a = Upstream::start("a", Mode::Echo, &[]).await;
-    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let (a, b, api) = two_ready().await;
     let (pa, pb) = (a.addr.port(), b.addr.port());
-    let api = FakeApi::start().await;
-    api.put(slice("llm-a", pa, true, false));
-    api.put(slice("llm-b", pb, true, false));
-    let mut s = settings(&[]);
-    s.health.wait_for_first_check = false;
-    let mut t = target(api.url());
-    t.first_list_timeout = std::time::Duration::from_secs(10);
-    t.unready_keep = std::time::Duration::from_millis(1500);
-    s.discovery.kubernetes = Some(t);
-    let r = router(s).await;
+    let r = watching_with(&api, |t| {
+        t.unready_keep = std::time::Duration::from_millis(1500);
+    })
+    .await;
     use InstanceState::*;
     eventually("both members", || members(&r).len() == 2).await;
     let prompt = long_prompt(1);

@@ -209,18 +209,3 @@ async fn sighup_reloads_and_sigterm_drains() {
     assert!(matches!(ended, Ok(Ok(()))));
     let _ = std::fs::remove_dir_all(dir);
 }
-
-/// Polls `cond` until it holds (or fails after [`WAIT`]).
-async fn eventually_async<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let ok = tokio::time::timeout(WAIT, async {
-        while !cond().await {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(ok.is_ok(), "timed out waiting for: {what}");
-}

@@ -665,6 +665,21 @@ pub fn chat(text: &str) -> String {
 }
 
 /// Waits until `cond` holds (polling every 5 ms), or panics naming `what`.
+/// [`eventually`] for a condition that must be awaited (a request).
+pub async fn eventually_async<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let ok = tokio::time::timeout(WAIT, async {
+        while !cond().await {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(ok.is_ok(), "timed out waiting for: {what}");
+}
+
 pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let ok = tokio::time::timeout(WAIT, async {
         while !cond() {
