@@ -90,8 +90,8 @@ impl<T> HotPrefixes<T> {
     }
 
     /// Counts a request with routing `key` at `now`; `example` (of `size` bytes) becomes the
-    /// prefix's example. One larger than the whole byte budget is counted and not kept (a
-    /// prefix already tracked keeps its older example).
+    /// prefix's example. One larger than the whole byte budget is not kept: a prefix already
+    /// tracked is counted and keeps its older example, a new one is not tracked at all.
     pub fn record(&mut self, key: KeyHash, now: f64, example: T, size: usize) {
         let k = key.0;
         let half_life = self.half_life_s;

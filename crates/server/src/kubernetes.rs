@@ -8,9 +8,11 @@
 //! - terminating: a member that drains, finishing what it holds and taking nothing new, until
 //!   it leaves the slice;
 //! - neither: a pod starting is left out until it is ready; a member that stops being ready (its
-//!   readiness probe failing under load, its engine restarting) drains for up to
-//!   `unready_keep_ms`, keeping its requests in flight and what the strategy knows of its
-//!   cache, and takes requests again as soon as it is ready; past that it leaves.
+//!   readiness probe failing under load) drains for up to `unready_keep_ms`, keeping its
+//!   requests in flight and what the strategy knows of its cache, and takes requests again as
+//!   soon as it is ready (one that was not healthy when it stopped being ready is checked as a
+//!   new instance); past that it leaves. While the watch is failing, that time does not run
+//!   out.
 //!
 //! A watch that fails keeps the fleet as it was: the API server being away is no reason to
 //! stop routing to engines that still answer.
@@ -166,14 +168,31 @@ struct Held {
     /// without the address came between) must pass a check as a new instance, not stay
     /// draining until someone un-drains it by hand.
     drained: BTreeSet<String>,
-    /// Members that stopped being ready: since when, and whether this watch drained them (a
-    /// drain the admin API set is left alone).
-    unready: BTreeMap<String, (Instant, bool)>,
+    /// Members that stopped being ready: since when, and how this watch drained them.
+    unready: BTreeMap<String, (Instant, Drained)>,
+    /// The watch failed and has not delivered an event since: unready members do not run out
+    /// of time meanwhile (a failed watch keeps the fleet as it was).
+    failing: bool,
+}
+
+/// How a member that stopped being ready was drained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drained {
+    /// Not by this watch (the admin API, or draining already): left alone.
+    NotHere,
+    /// From healthy: ready again, it takes requests at once.
+    FromHealthy,
+    /// From unchecked, ejected or warming: ready again, it is checked (and its cache
+    /// forgotten) as a new instance would be, rather than skip the check it had not passed.
+    FromOther,
 }
 
 impl Held {
-    /// When the next unready member's time runs out.
+    /// When the next unready member's time runs out (none while the watch is failing).
     fn next_expiry(&self, keep: Duration) -> Option<Instant> {
+        if self.failing {
+            return None;
+        }
         self.unready.values().map(|(since, _)| *since + keep).min()
     }
 }
@@ -203,7 +222,7 @@ async fn apply(
                 let member = before.get(id).is_some();
                 let kept = !keep.is_zero() && member && !held.drained.contains(id);
                 if kept {
-                    held.unready.insert(id.clone(), (now, false));
+                    held.unready.insert(id.clone(), (now, Drained::NotHere));
                 }
                 kept
             }
@@ -231,7 +250,10 @@ async fn apply(
         };
         if f.terminating {
             // Drained already as unready, by this watch: now it is terminating.
-            let ours = held.unready.remove(id).is_some_and(|(_, ours)| ours);
+            let ours = held
+                .unready
+                .remove(id)
+                .is_some_and(|(_, how)| how != Drained::NotHere);
             let drained = membership::transition(
                 state,
                 inst,
@@ -243,22 +265,33 @@ async fn apply(
                 tracing::info!(instance = %id, "endpoint terminating: draining");
             }
         } else if f.unready {
-            if membership::transition(state, inst, &membership::DRAINABLE, InstanceState::Draining)
-            {
-                if let Some(u) = held.unready.get_mut(id) {
-                    u.1 = true;
-                }
+            let drain = |from: &[InstanceState]| {
+                membership::transition(state, inst, from, InstanceState::Draining)
+            };
+            // Each a step of its own, so that what it was drained from is known for sure.
+            let how = if drain(&[InstanceState::Healthy]) {
+                Drained::FromHealthy
+            } else if drain(&membership::DRAINABLE) {
+                Drained::FromOther
+            } else {
+                Drained::NotHere
+            };
+            if let Some(u) = held.unready.get_mut(id).filter(|_| how != Drained::NotHere) {
+                u.1 = how;
                 tracing::info!(instance = %id, ?keep, "endpoint not ready: draining, kept while it may come back");
             }
-        } else if let Some((since, ours)) = held.unready.remove(id) {
-            if ours
-                && membership::transition(
+        } else if let Some((since, how)) = held.unready.remove(id) {
+            let back = match how {
+                Drained::NotHere => false,
+                Drained::FromHealthy => membership::transition(
                     state,
                     inst,
                     &[InstanceState::Draining],
                     InstanceState::Healthy,
-                )
-            {
+                ),
+                Drained::FromOther => rejoin(state, inst),
+            };
+            if back {
                 tracing::info!(instance = %id, after = ?since.elapsed(), "endpoint ready again: taking requests");
             }
         } else if held.drained.remove(id) && rejoin(state, inst) {
@@ -332,6 +365,7 @@ pub async fn run(
         let Some(event) = event else {
             break;
         };
+        held.failing = event.is_err();
         match event {
             Ok(Event::Init) => listing = Some(BTreeMap::new()),
             Ok(Event::InitApply(s)) => {

@@ -79,7 +79,8 @@ pub struct Membership {
     pub static_specs: Vec<InstanceSpec>,
     /// Instances found by each DNS target (keyed by `name:port`).
     pub dns: BTreeMap<String, Vec<InstanceSpec>>,
-    /// The endpoints of the Kubernetes Service (ready and terminating ones).
+    /// The endpoints of the Kubernetes Service (ready and terminating ones, and members not
+    /// ready for less than `unready_keep_ms`).
     pub kubernetes: Vec<InstanceSpec>,
     /// Models each instance listed at `/v1/models` (model discovery), by instance id.
     pub discovered_models: HashMap<String, Vec<String>>,

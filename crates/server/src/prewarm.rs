@@ -67,9 +67,11 @@ impl Prewarm {
         let (Some(key), Api::Chat | Api::Completions) = (key, api) else {
             return;
         };
+        // A copy: the request's body may be a slice of a larger read buffer, which a clone
+        // would keep whole, past what the byte budget counts.
         let example = Example {
             api,
-            body: body.clone(),
+            body: Bytes::copy_from_slice(body),
         };
         self.hot
             .lock()
@@ -237,13 +239,29 @@ async fn warm(state: &Arc<AppState>, id: &InstanceId) {
         )
         .map(|(_, e)| e.clone())
         .collect();
-    let prepared: Vec<(usize, Prepared, &Example)> = examples
-        .iter()
-        .filter_map(|e| {
-            Prepared::new(state, e.api, &HeaderMap::new(), &e.body, Instant::now())
-                .ok()
-                .map(|p| (p, e))
+    // Read on the blocking pool: a parse per candidate (and a tokenization under kv-aware) is
+    // milliseconds each for long prompts, seconds for a plan, which a runtime worker would
+    // spend away from every connection it serves.
+    let read = {
+        let st = Arc::clone(state);
+        tokio::task::spawn_blocking(move || {
+            examples
+                .into_iter()
+                .filter_map(|e| {
+                    Prepared::new(&st, e.api, &HeaderMap::new(), &e.body, Instant::now())
+                        .ok()
+                        .map(|p| (p, e))
+                })
+                .collect::<Vec<(Prepared, Example)>>()
         })
+        .await
+        // A panic while reading them: nothing to plan, the instance joins as without.
+        .unwrap_or_default()
+    };
+    let (read, examples): (Vec<Prepared>, Vec<Example>) = read.into_iter().unzip();
+    let prepared: Vec<(usize, Prepared, &Example)> = read
+        .into_iter()
+        .zip(examples.iter())
         .enumerate()
         .map(|(i, (pr, e))| (i, pr, e))
         .collect();

@@ -64,11 +64,17 @@ pub async fn run_front_until_signal(
     let delay = router.state().settings.timeouts.shutdown_delay;
     if !delay.is_zero() {
         router.state().begin_shutdown();
-        tracing::info!(?delay, "shutting down: serving on meanwhile, with /health and /ready answering 503 (a second signal cuts it short)");
+        tracing::info!(?delay, "shutting down: serving on meanwhile, with /health and /ready answering 503 (a second signal stops at once)");
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            _ = terminate.recv() => {}
-            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {
+                tracing::warn!("second signal: stopping without waiting for in-flight requests");
+                return Ok(());
+            }
+            _ = interrupt.recv() => {
+                tracing::warn!("second signal: stopping without waiting for in-flight requests");
+                return Ok(());
+            }
         }
     }
     tracing::info!("shutting down: no new connections, waiting for in-flight requests (a second signal stops at once)");

@@ -249,7 +249,7 @@ async fn a_readiness_flap_keeps_the_member_and_what_the_router_knew_of_it() {
     let (a, b, api) = two_ready().await;
     let (pa, pb) = (a.addr.port(), b.addr.port());
     let r = watching_with(&api, |t| {
-        t.unready_keep = std::time::Duration::from_millis(1500);
+        t.unready_keep = std::time::Duration::from_millis(4000);
     })
     .await;
     use InstanceState::*;

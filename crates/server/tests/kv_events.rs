@@ -896,21 +896,28 @@ async fn events_of_an_unknown_type_are_skipped_and_counted() {
         }
         assert!(Instant::now() < deadline, "no batch applied: {page}");
     };
+    // Messages sent before the first was applied may still arrive: the counts are read again
+    // until a page shows them settled (each batch counted whole).
+    let mut page = page;
+    let stored = [("instance", url.as_str()), ("kind", "stored")];
+    let settled = |page: &str| {
+        let batches = metric(page, "prefix_router_kv_event_batches_total", &i);
+        metric(page, "prefix_router_kv_event_unknown_events_total", &i) == 2.0 * batches
+            && metric(page, "prefix_router_kv_event_blocks_total", &stored) == batches
+    };
+    while !settled(&page) {
+        assert!(
+            Instant::now() < deadline,
+            "unknown events not counted: {page}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        page = router_metrics(&r).await;
+    }
     let batches = metric(&page, "prefix_router_kv_event_batches_total", &i);
-    assert_eq!(
-        metric(&page, "prefix_router_kv_event_unknown_events_total", &i),
-        2.0 * batches,
-        "{page}"
-    );
     assert_eq!(
         metric(&page, "prefix_router_kv_event_malformed_total", &i),
         0.0
     );
-    let stored = [("instance", url.as_str()), ("kind", "stored")];
-    assert_eq!(
-        metric(&page, "prefix_router_kv_event_blocks_total", &stored),
-        batches,
-        "{page}"
-    );
+    assert!(batches > 0.0);
     r.shutdown().await;
 }

@@ -173,7 +173,7 @@ async fn sighup_reloads_and_sigterm_drains() {
     // With a shutdown delay: on SIGTERM the router serves on, health answering 503, then
     // closes its listener.
     let text = format!(
-        "listen = \"{addr}\"\n[health]\nactive = false\n[timeouts]\nshutdown_grace_ms = 5000\nshutdown_delay_ms = 1500\n[[instances]]\nurl = \"{}\"\n",
+        "listen = \"{addr}\"\n[health]\nactive = false\n[timeouts]\nshutdown_grace_ms = 5000\nshutdown_delay_ms = 4000\n[[instances]]\nurl = \"{}\"\n",
         a.url()
     );
     std::fs::write(&path, text).expect("write config");

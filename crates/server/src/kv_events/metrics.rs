@@ -34,6 +34,7 @@ pub struct KvEventMetrics {
     pub(super) view_partial: Family<InstanceLabels, Gauge>,
     pub(super) connected: Family<InstanceLabels, Gauge>,
     pub(super) recovery: Histogram,
+    pub(super) tokenize_skipped: Counter,
 }
 
 /// Seconds from a gap's detection to the end of its replay: 0.1 ms to about 50 s.
@@ -55,6 +56,7 @@ impl Default for KvEventMetrics {
             view_partial: Family::default(),
             connected: Family::default(),
             recovery: recovery_histogram(),
+            tokenize_skipped: Counter::default(),
         }
     }
 }
@@ -112,6 +114,11 @@ impl KvEventMetrics {
             "kv_events_connected",
             "1 while subscribed to the instance's KV events",
             self.connected.clone(),
+        );
+        r.register(
+            "kv_tokenize_skipped",
+            "Requests routed without their token blocks because too many waited to be tokenized (kv-aware inferred their match instead)",
+            self.tokenize_skipped.clone(),
         );
         r.register(
             "kv_event_recovery_seconds",

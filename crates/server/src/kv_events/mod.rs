@@ -82,6 +82,24 @@ pub struct KvFeeds {
     /// Tokenizations that may run at once, off the runtime: one per core. More would only
     /// share the cores, each taking longer, and hold a blocking thread apiece.
     tokenizing: Arc<tokio::sync::Semaphore>,
+    /// Requests waiting for a tokenizing slot, at most [`TOKENIZE_QUEUE`] per core: past that,
+    /// a request is routed without its token blocks (the strategy infers) rather than queue
+    /// without bound ahead of admission control.
+    tokenize_waiting: Arc<std::sync::atomic::AtomicUsize>,
+    tokenize_queue: usize,
+}
+
+/// Requests that may wait for a tokenizing slot, per core.
+const TOKENIZE_QUEUE: usize = 8;
+
+/// One request's place among those waiting for a tokenizing slot, given back when it stops
+/// waiting (a slot came, or the request was given up).
+struct Waiting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// vLLM's default KV block size, until an engine reports its own.
@@ -200,6 +218,7 @@ impl KvFeeds {
             )?;
             tokenizers.insert(t.model.clone(), loaded);
         }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(Self {
             settings,
             feeds: Mutex::new(HashMap::new()),
@@ -208,15 +227,23 @@ impl KvFeeds {
             tokenizers,
             reported_block: std::sync::atomic::AtomicU32::new(0),
             adapters: Default::default(),
-            tokenizing: Arc::new(tokio::sync::Semaphore::new(
-                std::thread::available_parallelism().map_or(1, |n| n.get()),
-            )),
+            tokenizing: Arc::new(tokio::sync::Semaphore::new(cores)),
+            tokenize_waiting: Arc::default(),
+            tokenize_queue: cores * TOKENIZE_QUEUE,
         })
     }
 
-    /// A slot to tokenize one request in, once one is free (`None` only if the semaphore was
-    /// closed, which nothing does).
+    /// A slot to tokenize one request in, once one is free; `None` when too many requests wait
+    /// for one already (the request is then routed without its token blocks).
     pub(crate) async fn tokenizing_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if let Ok(slot) = Arc::clone(&self.tokenizing).try_acquire_owned() {
+            return Some(slot);
+        }
+        let waiting = Waiting(Arc::clone(&self.tokenize_waiting));
+        if waiting.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= self.tokenize_queue {
+            self.metrics.tokenize_skipped.inc();
+            return None;
+        }
         Arc::clone(&self.tokenizing).acquire_owned().await.ok()
     }
 

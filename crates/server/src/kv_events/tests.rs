@@ -220,3 +220,51 @@ async fn a_request_is_tokenized_off_the_runtime() {
         "the other task ran {during} times during a tokenization of {took:?}"
     );
 }
+
+/// The requests waiting for a tokenizing slot are bounded: past the queue, a request gets no
+/// slot (it is routed on inference) and is counted; one given up while waiting leaves its place.
+#[tokio::test(flavor = "current_thread")]
+async fn the_wait_for_a_tokenizing_slot_is_bounded() {
+    let f = Arc::new(feeds(None));
+    let cores = f.tokenize_queue / TOKENIZE_QUEUE;
+    let mut held = Vec::new();
+    for _ in 0..cores {
+        held.push(f.tokenizing_slot().await.expect("a free slot"));
+    }
+    let mut waiters = Vec::new();
+    for _ in 0..f.tokenize_queue {
+        let f = Arc::clone(&f);
+        waiters.push(tokio::spawn(
+            async move { f.tokenizing_slot().await.is_some() },
+        ));
+    }
+    // Every waiter has taken its place.
+    while f
+        .tokenize_waiting
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < f.tokenize_queue
+    {
+        tokio::task::yield_now().await;
+    }
+    let past = tokio::time::timeout(std::time::Duration::from_secs(5), f.tokenizing_slot()).await;
+    assert!(
+        matches!(past, Ok(None)),
+        "the queue is full: no slot, at once"
+    );
+    assert_eq!(f.metrics.tokenize_skipped.get(), 1);
+    // One waiter given up: its place is free again.
+    waiters.pop().expect("a waiter").abort();
+    tokio::task::yield_now().await;
+    while f
+        .tokenize_waiting
+        .load(std::sync::atomic::Ordering::Relaxed)
+        >= f.tokenize_queue
+    {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    for w in waiters {
+        assert!(w.await.expect("joins"), "each waiter gets a slot in turn");
+    }
+    assert!(f.tokenizing_slot().await.is_some());
+}

@@ -478,7 +478,8 @@ pub struct PrewarmSettings {
     #[serde(rename = "half_life_ms", deserialize_with = "de::millis")]
     pub half_life: Duration,
     /// Bytes of prompt bodies kept, at most: past it the colder half is let go, and a body
-    /// larger than all of it is not kept.
+    /// larger than all of it is not kept. At least 1 KiB (0 would keep nothing to replay).
+    #[serde(deserialize_with = "de::within::<1024, { u64::MAX }, _, _>")]
     pub max_bytes: usize,
 }
 

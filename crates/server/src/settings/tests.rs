@@ -89,6 +89,7 @@ fn errors_name_the_field() {
             .contains("routing.balance_factor")
     );
     assert!(err("listen = \"nowhere\"").contains("`listen`"));
+    assert!(err("[prewarm]\nmax_bytes = 0").contains("prewarm.max_bytes"));
     assert!(err("[admin]\nlisten = \"127.0.0.1:1\"").contains("admin.token"));
     assert!(err("[admin]\ntoken = \"two words\"").contains("admin.token"));
     assert!(err("[admin]\ntoken = \" \\n\"").contains("must not be empty"));
