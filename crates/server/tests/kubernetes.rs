@@ -26,6 +26,18 @@ fn members(r: &RunningRouter) -> Vec<(u16, InstanceState)> {
     m
 }
 
+/// Moves the member on `port` from one of `from` to `to`, as the admin API or the health
+/// checker would.
+fn move_member(r: &RunningRouter, port: u16, from: &[InstanceState], to: InstanceState) -> bool {
+    let snapshot = r.state().fleet.snapshot();
+    let inst = snapshot
+        .instances()
+        .iter()
+        .find(|i| i.url_port() == port)
+        .expect("a member on that port");
+    prefix_router_server::membership::transition(r.state(), inst, from, to)
+}
+
 fn ports(r: &RunningRouter) -> Vec<u16> {
     members(r).into_iter().map(|m| m.0).collect()
 }
@@ -202,15 +214,9 @@ async fn an_address_ready_again_after_terminating_is_not_left_draining() {
     both.sort_by_key(|x| x.0);
     assert_eq!(members(&r), both);
     // b is drained by hand (the admin API's drain).
-    let snapshot = r.state().fleet.snapshot();
-    let b_inst = snapshot
-        .instances()
-        .iter()
-        .find(|i| i.url_port() == pb)
-        .expect("b");
-    assert!(prefix_router_server::membership::transition(
-        r.state(),
-        b_inst,
+    assert!(move_member(
+        &r,
+        pb,
         &prefix_router_server::membership::DRAINABLE,
         Draining
     ));
@@ -314,5 +320,37 @@ async fn a_readiness_flap_keeps_the_member_and_what_the_router_knew_of_it() {
     // A new instance: the prompt is not known to be cached there.
     let (_, decision) = sent(&r, &prompt).await;
     assert_ne!(decision, "cache_hit".to_string());
+    r.shutdown().await;
+}
+
+/// A member that was not healthy when it stopped being ready (here: ejected) is checked as a new
+/// instance when it is ready again, rather than taking requests unchecked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_ejected_before_its_flap_is_checked_again() {
+    let (a, b, api) = two_ready().await;
+    let (pa, pb) = (a.addr.port(), b.addr.port());
+    let mut s = settings(&[]);
+    s.health.wait_for_first_check = false;
+    s.health.active = true;
+    // One probe at the start, the next a minute later: a member checked anew stays unchecked.
+    s.health.interval = std::time::Duration::from_secs(60);
+    let mut t = target(api.url());
+    t.first_list_timeout = std::time::Duration::from_secs(10);
+    s.discovery.kubernetes = Some(t);
+    let r = router(s).await;
+    use InstanceState::*;
+    let mut both = vec![(pa, Healthy), (pb, Healthy)];
+    both.sort_by_key(|x| x.0);
+    eventually("both checked", || members(&r) == both).await;
+    assert!(move_member(&r, pb, &[Healthy], Ejected));
+    api.put(slice("llm-b", pb, false, false));
+    eventually("b drains", || members(&r).contains(&(pb, Draining))).await;
+    api.put(slice("llm-b", pb, true, false));
+    eventually("b back, to be checked", || {
+        members(&r).contains(&(pb, Unknown))
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(members(&r).contains(&(pb, Unknown)), "{:?}", members(&r));
     r.shutdown().await;
 }
