@@ -202,7 +202,9 @@ async fn drain(State(admin): State<Admin>, body: Bytes) -> Response {
     let Some((_, inst)) = snapshot.get(&id) else {
         return unknown(&id);
     };
-    // Draining an instance that already drains changes nothing (and tells nobody).
+    // Draining an instance that already drains changes nothing (and tells nobody), but it is
+    // held from now on: discovery that drained it on its own must not undrain it.
+    admin.state.hold(inst);
     membership::transition(
         &admin.state,
         inst,
@@ -226,6 +228,7 @@ async fn activate(State(admin): State<Admin>, body: Bytes) -> Response {
     let Some((_, inst)) = snapshot.get(&id) else {
         return unknown(&id);
     };
+    admin.state.release(inst);
     // With active checks it must pass a probe first, as a joining instance does (it may have
     // been drained because it failed, and the checker leaves a draining instance alone). Back
     // to unchecked is not an ejection: the strategy keeps what it learned (membership::

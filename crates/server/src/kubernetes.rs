@@ -281,7 +281,9 @@ async fn apply(
                 tracing::info!(instance = %id, ?keep, "endpoint not ready: draining, kept while it may come back");
             }
         } else if let Some((since, how)) = held.unready.remove(id) {
+            // An operator drained it meanwhile (already draining, so nothing moved): it stays.
             let back = match how {
+                _ if state.is_held(inst) => false,
                 Drained::NotHere => false,
                 Drained::FromHealthy => membership::transition(
                     state,
@@ -294,7 +296,7 @@ async fn apply(
             if back {
                 tracing::info!(instance = %id, after = ?since.elapsed(), "endpoint ready again: taking requests");
             }
-        } else if held.drained.remove(id) && rejoin(state, inst) {
+        } else if held.drained.remove(id) && !state.is_held(inst) && rejoin(state, inst) {
             tracing::info!(instance = %id, "endpoint ready again after terminating: a new instance");
         }
     }

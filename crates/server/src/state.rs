@@ -57,6 +57,10 @@ pub struct AppState {
     /// `/health`, `/ready` and the picker's gRPC health say so, for the load balancers in front
     /// to stop sending here before the listener closes.
     shutting_down: std::sync::atomic::AtomicBool,
+    /// Members an operator drained through the admin API and has not activated since: what
+    /// discovery drained on its own it may undo, these it leaves. Kept as the members
+    /// themselves, so that an id removed and added again is not held.
+    held: std::sync::Mutex<Vec<Arc<prefix_router_core::Instance>>>,
 }
 
 impl AppState {
@@ -128,7 +132,28 @@ impl AppState {
             dashboard: crate::dashboard::History::default(),
             started: Instant::now(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
+            held: std::sync::Mutex::new(Vec::new()),
         }))
+    }
+
+    /// An operator drained `inst` (see [`AppState::is_held`]).
+    pub fn hold(&self, inst: &Arc<prefix_router_core::Instance>) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        // Members gone since are let go here: the list never outgrows the fleet.
+        held.retain(|h| crate::membership::is_member(self, h) && !h.same_member(inst));
+        held.push(Arc::clone(inst));
+    }
+
+    /// An operator activated `inst`: discovery may drain and undrain it again.
+    pub fn release(&self, inst: &prefix_router_core::Instance) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|h| !h.same_member(inst));
+    }
+
+    /// Whether an operator drained `inst` and has not activated it since.
+    pub fn is_held(&self, inst: &prefix_router_core::Instance) -> bool {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.iter().any(|h| h.same_member(inst))
     }
 
     /// Marks a shutdown under way (see [`AppState::is_shutting_down`]).

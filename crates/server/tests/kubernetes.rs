@@ -354,3 +354,54 @@ async fn a_member_ejected_before_its_flap_is_checked_again() {
     assert!(members(&r).contains(&(pb, Unknown)), "{:?}", members(&r));
     r.shutdown().await;
 }
+
+/// An operator's drain made while the watch has the member draining for being unready holds:
+/// ready again, the member stays drained until the operator activates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_drain_during_a_flap_is_not_undone() {
+    use http::Method;
+    let (_a, b, api) = two_ready().await;
+    let pb = b.addr.port();
+    let mut s = settings(&[]);
+    s.health.wait_for_first_check = false;
+    s.admin =
+        prefix_router_server::settings::Admin::on("127.0.0.1:0".parse().expect("addr"), "t0k");
+    let mut t = target(api.url());
+    t.first_list_timeout = std::time::Duration::from_secs(10);
+    s.discovery.kubernetes = Some(t);
+    let r = router(s).await;
+    let admin = r.admin_addr().expect("admin listener");
+    use InstanceState::*;
+    eventually("both members", || members(&r).len() == 2).await;
+    api.put(slice("llm-b", pb, false, false));
+    eventually("b drains", || members(&r).contains(&(pb, Draining))).await;
+    let body = format!(r#"{{"url":"{}"}}"#, b.url());
+    let drained = admin_call(
+        admin,
+        Method::POST,
+        "/admin/instances/drain",
+        Some("t0k"),
+        &body,
+    )
+    .await;
+    assert_eq!(drained.status, StatusCode::OK);
+    api.put(slice("llm-b", pb, true, false));
+    // A third endpoint after it: once it joins, the watch has applied b's change too (events
+    // come in order).
+    let c = Upstream::start("c", Mode::Echo, &[]).await;
+    let pc = c.addr.port();
+    api.put(slice("llm-c", pc, true, false));
+    eventually("c joins", || members(&r).iter().any(|&(p, _)| p == pc)).await;
+    assert!(members(&r).contains(&(pb, Draining)), "{:?}", members(&r));
+    let activated = admin_call(
+        admin,
+        Method::POST,
+        "/admin/instances/activate",
+        Some("t0k"),
+        &body,
+    )
+    .await;
+    assert_eq!(activated.status, StatusCode::OK);
+    eventually("b activated", || members(&r).contains(&(pb, Healthy))).await;
+    r.shutdown().await;
+}

@@ -190,21 +190,6 @@ async fn connect_errors_eject_a_dead_instance() {
     r.shutdown().await;
 }
 
-async fn admin_call(
-    addr: std::net::SocketAddr,
-    method: Method,
-    path: &str,
-    token: Option<&str>,
-    body: &str,
-) -> Answer {
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let mut headers = vec![("content-type", "application/json")];
-    if let Some(a) = &auth {
-        headers.push(("authorization", a.as_str()));
-    }
-    send(addr, request(method, path, &headers, body.to_string())).await
-}
-
 /// With active checks, ending a drain does not make an instance routable by itself: it must
 /// pass a probe first, as a joining one does (it may have been drained for failing, and the
 /// checker leaves a draining instance alone). One that never comes up stays out.

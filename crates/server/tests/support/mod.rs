@@ -665,6 +665,22 @@ pub fn chat(text: &str) -> String {
 }
 
 /// Waits until `cond` holds (polling every 5 ms), or panics naming `what`.
+/// A call to the admin API on `addr`, with `token` as its bearer token.
+pub async fn admin_call(
+    addr: SocketAddr,
+    method: http::Method,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Answer {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(a) = &auth {
+        headers.push(("authorization", a.as_str()));
+    }
+    send(addr, request(method, path, &headers, body.to_string())).await
+}
+
 /// [`eventually`] for a condition that must be awaited (a request).
 pub async fn eventually_async<F, Fut>(what: &str, mut cond: F)
 where
