@@ -64,6 +64,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "G", conflicts_with = "trace", value_parser = clap::value_parser!(u32).range(1..))]
     pub groups: Option<u32>,
 
+    /// Send this share of the requests (0 to 1, spread evenly) with `stream: false`, as batch
+    /// or evaluation traffic is; their TTFT is then the whole answer's time.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.0)]
+    pub unstreamed: f64,
+
     /// Replace every request's `model` with NAME.
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
@@ -105,8 +110,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         max_requests: args.requests,
         timeout: Duration::from_secs_f64(args.timeout),
         model: args.model.clone(),
-
         wait_for_target: prefix_router_loadgen::config::DEFAULT_WAIT_FOR_TARGET,
+        unstreamed: args.unstreamed,
     };
     config.validate().context("bench")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

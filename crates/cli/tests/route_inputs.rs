@@ -30,6 +30,7 @@ fn route(info: &RequestInfo, i: usize) -> RouteRequest<'_> {
         model: None,
         now: i as f64,
         tokens: None,
+        whole_answer: false,
     }
 }
 
@@ -52,7 +53,8 @@ fn simulator_and_server_see_the_same_route_inputs_and_decide_alike() {
         let mut rng = (RouteRng::seed_from_u64(3), RouteRng::seed_from_u64(3));
         for (i, r) in requests.iter().enumerate() {
             let a = route_info(r, &opts).expect("the simulator extracts");
-            let b = chat_route(request_body(r).as_bytes(), &opts).expect("the server extracts");
+            let b =
+                chat_route(request_body(r, false).as_bytes(), &opts).expect("the server extracts");
             assert_eq!(a.key, b.key, "{kind}: request {i}: key");
             assert_eq!(a.chain, b.chain, "{kind}: request {i}: chain");
             assert_eq!(a.model, b.model, "{kind}: request {i}: model");

@@ -35,6 +35,7 @@ fn request(key: KeyHash, chain: &Chain, now: f64) -> RouteRequest<'_> {
         model: None,
         now,
         tokens: None,
+        whole_answer: false,
     }
 }
 

@@ -74,6 +74,7 @@ fn commit(
         sent_at: req.now,
         first_token_at: None,
         streamed: true,
+        whole_answer: req.whole_answer,
     };
     Dispatched {
         index: decision.index,
@@ -269,6 +270,7 @@ mod tests {
                 model: None,
                 now: 0.5,
                 tokens: None,
+                whole_answer: false,
             };
             let tickets: Vec<Ticket> = (0..5)
                 .map(|_| dispatch(&s, &req, &snap, &mut rng).expect("routes").ticket)

@@ -426,6 +426,7 @@ mod models {
                     model: Some(m),
                     now: 0.0,
                     tokens: None,
+                    whole_answer: false,
                 })
             },
         );

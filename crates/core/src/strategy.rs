@@ -41,6 +41,11 @@ pub struct RouteRequest<'a> {
     /// Its token blocks and what the engines report holding, for a strategy that
     /// [`reads_tokens`](Strategy::reads_tokens) (`None`: not tokenized, or no reports).
     pub tokens: Option<crate::TokenRoute<'a>>,
+    /// The client asked for its answer whole (OpenAI `stream` false or absent): the router
+    /// will see no first token, only the whole answer after its decode, so a strategy that
+    /// counts queued prefill must end the wait itself (`cache-aware` does at the first token
+    /// it expected). `false` where the API does not say (the native API, other paths).
+    pub whole_answer: bool,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -53,6 +58,7 @@ impl<'a> RouteRequest<'a> {
             model,
             now: 0.0,
             tokens: None,
+            whole_answer: false,
         }
     }
 }
@@ -106,6 +112,9 @@ pub struct TicketInfo {
     /// unstreamed answer arrived ([`Ticket::unstreamed`](crate::Ticket::unstreamed)): that
     /// time includes the decode, so it is no sample of the time to first token.
     pub streamed: bool,
+    /// [`RouteRequest::whole_answer`] as dispatched: what the client asked for, where
+    /// `streamed` is what came back.
+    pub whole_answer: bool,
 }
 
 /// A change of membership or state, told to the strategy by whoever changed it.

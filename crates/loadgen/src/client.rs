@@ -67,6 +67,8 @@ pub struct Slot {
     pub id: u64,
     /// When it was due, seconds since the run's start.
     pub due_s: f64,
+    /// Sent with `stream: false`.
+    pub whole: bool,
 }
 
 impl ChatClient {
@@ -144,6 +146,7 @@ impl ChatClient {
             usage: None,
             content_chunks: 0,
             streamed: false,
+            asked_whole: slot.whole,
             instance: None,
             decision: None,
             failure: None,

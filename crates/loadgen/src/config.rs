@@ -58,6 +58,10 @@ pub struct BenchConfig {
     /// How long a target that is not up yet (refused connections, or 503 at `/v1/models`: a
     /// router whose engines are not up) is waited for before the run starts.
     pub wait_for_target: Duration,
+    /// The share of requests (0 to 1) sent with `stream: false`, as batch or evaluation
+    /// traffic is: spread evenly through the run ([`crate::schedule::asks_whole`]). Their
+    /// answers come whole, so their TTFT is the whole answer's time.
+    pub unstreamed: f64,
 }
 
 impl BenchConfig {
@@ -72,6 +76,7 @@ impl BenchConfig {
             timeout: DEFAULT_TIMEOUT,
             model: None,
             wait_for_target: DEFAULT_WAIT_FOR_TARGET,
+            unstreamed: 0.0,
         }
     }
 
@@ -97,6 +102,12 @@ impl BenchConfig {
         }
         if self.timeout.is_zero() {
             return config("timeout", "must be longer than 0 s".into());
+        }
+        if !(0.0..=1.0).contains(&self.unstreamed) {
+            return config(
+                "unstreamed",
+                format!("must be a share from 0 to 1, got {}", self.unstreamed),
+            );
         }
         if let Some(m) = &self.model {
             if m.is_empty() {

@@ -9,7 +9,7 @@ use prefix_router_workload::Request;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use crate::client::{secs, ChatClient, Listing, Slot};
-use crate::schedule::{request_body, send_offsets};
+use crate::schedule::{asks_whole, request_body, send_offsets};
 use crate::{BenchConfig, BenchOutcome, LoadMode, LoadgenError, RequestRecord};
 
 /// Where a run stands; handed to the progress callback after every send and every answer.
@@ -87,7 +87,15 @@ where
                 .iter()
                 .take_while(|&&t| stop_s.is_none_or(|s| t < s))
                 .count() as u64;
-            tokio::spawn(open_loop(client, requests, offsets, stop_s, clock, tx))
+            tokio::spawn(open_loop(
+                client,
+                requests,
+                offsets,
+                stop_s,
+                config.unstreamed,
+                clock,
+                tx,
+            ))
         }
         LoadMode::ClosedLoop { concurrency } => {
             planned = requests.len() as u64;
@@ -96,6 +104,7 @@ where
                 requests,
                 concurrency,
                 stop_s,
+                config.unstreamed,
                 clock,
                 tx,
             ))
@@ -207,6 +216,7 @@ async fn open_loop(
     requests: Vec<Request>,
     offsets: Vec<f64>,
     stop_s: Option<f64>,
+    unstreamed: f64,
     clock: Instant,
     tx: UnboundedSender<Event>,
 ) {
@@ -224,12 +234,14 @@ async fn open_loop(
         tokio::time::sleep_until(at.into()).await;
         let (client, tx) = (client.clone(), tx.clone());
         tokio::spawn(async move {
-            let body = request_body(&request);
+            let whole = asks_whole(index, unstreamed);
+            let body = request_body(&request, whole);
             let _ = tx.send(Event::Sent);
             let slot = Slot {
                 index,
                 id: request.id,
                 due_s,
+                whole,
             };
             let rec = client.send(slot, body, clock).await;
             let _ = tx.send(Event::Done(Box::new(rec)));
@@ -243,6 +255,7 @@ async fn closed_loop(
     requests: Vec<Request>,
     concurrency: u32,
     stop_s: Option<f64>,
+    unstreamed: f64,
     clock: Instant,
     tx: UnboundedSender<Event>,
 ) {
@@ -265,12 +278,14 @@ async fn closed_loop(
                     break;
                 };
                 let due_s = secs(clock);
-                let body = request_body(request);
+                let whole = asks_whole(index, unstreamed);
+                let body = request_body(request, whole);
                 let _ = tx.send(Event::Sent);
                 let slot = Slot {
                     index,
                     id: request.id,
                     due_s,
+                    whole,
                 };
                 let rec = client.send(slot, body, clock).await;
                 let _ = tx.send(Event::Done(Box::new(rec)));

@@ -190,10 +190,15 @@ impl BenchOutcome {
             .sum()
     }
 
-    /// Completed requests answered as a whole JSON body, not streamed: their TTFT is the whole
-    /// answer's time.
+    /// Completed requests that asked for a stream and were answered as a whole JSON body: their
+    /// TTFT is the whole answer's time.
     pub fn unstreamed(&self) -> u64 {
-        self.ok().filter(|r| !r.streamed).count() as u64
+        self.ok().filter(|r| !r.streamed && !r.asked_whole).count() as u64
+    }
+
+    /// Completed requests sent with `stream: false` (`--unstreamed`).
+    pub fn asked_whole(&self) -> u64 {
+        self.ok().filter(|r| r.asked_whole).count() as u64
     }
 
     /// Completed requests whose usage reported `cached_tokens`.
@@ -302,6 +307,7 @@ mod tests {
             usage: None,
             content_chunks: 1,
             streamed: true,
+            asked_whole: false,
             instance: None,
             decision: None,
             failure: None,

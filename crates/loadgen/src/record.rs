@@ -36,6 +36,8 @@ pub struct RequestRecord {
     /// The answer came as an event stream, as asked. `false`: a whole JSON answer from a target
     /// that ignored `stream: true`, whose first content is its end (a TTFT that is not one).
     pub streamed: bool,
+    /// It was sent with `stream: false` (`--unstreamed`): its answer comes whole by request.
+    pub asked_whole: bool,
     /// `x-prefix-router-instance` response header.
     pub instance: Option<String>,
     /// `x-prefix-router-decision` response header.

@@ -48,17 +48,26 @@ pub fn rescale_arrivals(requests: &mut [Request], rate: f64) {
     }
 }
 
-/// The JSON body sent for `request`: its streaming chat body plus
-/// `"stream_options":{"include_usage":true}`, so the final chunk reports token counts.
-pub fn request_body(request: &Request) -> String {
-    let mut body = request.chat_body(true, None);
+/// The JSON body sent for `request`: its chat body, streamed with
+/// `"stream_options":{"include_usage":true}` so the final chunk reports token counts, or, when
+/// `whole`, with `"stream": false` (the answer then reports `usage` itself).
+pub fn request_body(request: &Request, whole: bool) -> String {
+    let mut body = request.chat_body(!whole, None);
     // `chat_body` always renders one JSON object; insert the extra field before its closing
     // brace rather than parsing and re-serializing tens of kilobytes of prompt.
-    if body.ends_with('}') {
+    if !whole && body.ends_with('}') {
         body.pop();
         body.push_str(",\"stream_options\":{\"include_usage\":true}}");
     }
     body
+}
+
+/// Whether the run's request `index` asks for its answer whole, when `share` of them do: spread
+/// evenly, so that any first `n` requests hold `floor(n × share)` of them (a run cut short by
+/// `--duration` keeps the mix).
+pub fn asks_whole(index: usize, share: f64) -> bool {
+    let at = |i: usize| (i as f64 * share).floor();
+    share > 0.0 && at(index + 1) > at(index)
 }
 
 #[cfg(test)]
@@ -108,13 +117,30 @@ mod tests {
     fn body_streams_with_usage() {
         let r = &at(&[0.0])[0];
         let v: serde_json::Value =
-            serde_json::from_str(&request_body(r)).unwrap_or(serde_json::Value::Null);
+            serde_json::from_str(&request_body(r, false)).unwrap_or(serde_json::Value::Null);
         assert_eq!(v["stream"], true);
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(v["prompt_cache_key"], "g");
         assert_eq!(v["max_tokens"], 2);
         // Same request, same bytes.
-        assert_eq!(request_body(r), request_body(r));
+        assert_eq!(request_body(r, false), request_body(r, false));
+        let v: serde_json::Value =
+            serde_json::from_str(&request_body(r, true)).unwrap_or(serde_json::Value::Null);
+        assert_eq!(v["stream"], false);
+        assert!(v.get("stream_options").is_none());
+        assert_eq!(v["prompt_cache_key"], "g");
+    }
+
+    #[test]
+    fn whole_answers_are_spread_evenly_at_their_share() {
+        let whole = |share: f64, n: usize| (0..n).filter(|&i| asks_whole(i, share)).count();
+        assert_eq!(whole(0.0, 100), 0);
+        assert_eq!(whole(1.0, 100), 100);
+        assert_eq!(whole(0.5, 100), 50);
+        assert_eq!(whole(0.3, 10), 3);
+        for n in 1..40 {
+            assert_eq!(whole(0.25, n), n / 4, "first {n}");
+        }
     }
 
     #[test]

@@ -225,6 +225,7 @@ mod tests {
             usage: None,
             content_chunks: 1,
             streamed: true,
+            asked_whole: false,
             instance: Some(instance.into()),
             decision: None,
             failure: None,

@@ -343,6 +343,36 @@ async fn answers_that_were_not_streamed_are_told_apart() {
     );
 }
 
+/// `--unstreamed`: that share of the requests, spread through the run, goes out with
+/// `stream: false`; their whole answers are theirs by request, not a target ignoring a stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_of_requests_asks_for_whole_answers() {
+    let t = start(Behaviour {
+        whole: true,
+        ..Behaviour::default()
+    })
+    .await;
+    let mut config = closed(&t.url, 1);
+    config.unstreamed = 0.5;
+    let out = bench(&config, requests(4, 0.0)).await;
+    assert_eq!(out.completed(), 4, "{:?}", out.failures());
+    let streams: Vec<bool> = t
+        .seen
+        .bodies()
+        .iter()
+        .map(|b| b["stream"].as_bool().unwrap_or(false))
+        .collect();
+    assert_eq!(streams.iter().filter(|&&s| !s).count(), 2, "{streams:?}");
+    assert_eq!(out.asked_whole(), 2);
+    // The two that asked for a stream got a whole answer: those are the target's doing.
+    assert_eq!(out.unstreamed(), 2);
+    config.unstreamed = 1.5;
+    assert!(
+        run(&config, requests(1, 0.0)).await.is_err(),
+        "a share over 1"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_answers_time_out() {
     let t = start(Behaviour {

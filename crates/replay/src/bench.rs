@@ -313,6 +313,12 @@ pub fn render_extras(report: &BenchReport, outcome: &BenchOutcome) -> String {
             );
         }
     }
+    let whole = outcome.asked_whole();
+    if whole > 0 {
+        out.push_str(&format!(
+            "note: {whole} of the completed requests were sent with \"stream\": false (--unstreamed): their TTFT is the time to the whole answer\n"
+        ));
+    }
     let unstreamed = outcome.unstreamed();
     if unstreamed > 0 {
         out.push_str(&format!(
@@ -352,6 +358,7 @@ mod tests {
             }),
             content_chunks: 10,
             streamed: true,
+            asked_whole: false,
             instance: Some(instance.into()),
             decision: Some(decision.into()),
             failure: None,

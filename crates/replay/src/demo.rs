@@ -387,6 +387,7 @@ impl Demo {
             // Generated workloads name no model; the engines serve theirs.
             model: Some(self.mock.model.clone()),
             wait_for_target: prefix_router_loadgen::config::DEFAULT_WAIT_FOR_TARGET,
+            unstreamed: 0.0,
         }
     }
 

@@ -111,6 +111,8 @@ struct Extracted {
     key: Option<KeyHash>,
     chain: Chain,
     model: Option<String>,
+    /// The client asked for a whole answer ([`RouteRequest::whole_answer`]).
+    whole_answer: bool,
 }
 
 /// Key, block chain (when the strategy reads one) and model of a request body, by API.
@@ -131,6 +133,7 @@ fn extract(
                 key: Some(info.key),
                 chain: info.chain,
                 model: info.model,
+                whole_answer: !info.stream,
             }
         }
         Api::Invocations => {
@@ -148,6 +151,8 @@ fn extract(
                 key: Some(key),
                 chain,
                 model: None,
+                // The body is not read: its first response byte stands for the first token.
+                whole_answer: false,
             }
         }
         Api::Other => Extracted {
@@ -312,6 +317,8 @@ pub struct Prepared {
     tokenized: Option<Tokenized>,
     /// When the request arrived (time to first token counts from here).
     pub received: Instant,
+    /// The client asked for a whole answer (`stream` false or absent).
+    pub whole_answer: bool,
 }
 
 impl Prepared {
@@ -372,7 +379,12 @@ impl Prepared {
                 .chain_spec()
                 .or_else(|| logging.then(ChainSpec::default)),
         };
-        let Extracted { key, chain, model } = extract(api, headers, body, &opts)?;
+        let Extracted {
+            key,
+            chain,
+            model,
+            whole_answer,
+        } = extract(api, headers, body, &opts)?;
         Ok(Self {
             api,
             strategy,
@@ -382,6 +394,7 @@ impl Prepared {
             model,
             tokenized: None,
             received,
+            whole_answer,
         })
     }
 
@@ -395,6 +408,7 @@ impl Prepared {
             model: self.model.as_deref(),
             now,
             tokens: self.tokenized.as_ref().zip(feeds).map(|(t, f)| t.route(f)),
+            whole_answer: self.whole_answer,
         }
     }
 

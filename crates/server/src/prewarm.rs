@@ -20,7 +20,9 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http_body_util::BodyExt;
 use prefix_router_core::prewarm::{plan, HotPrefixes, PrewarmConfig};
-use prefix_router_core::{dispatch_to, End, Instance, InstanceId, InstanceState, KeyHash, Reason};
+use prefix_router_core::{
+    dispatch_to, End, Instance, InstanceId, InstanceState, KeyHash, Reason, RouteRequest,
+};
 use tokio::sync::mpsc;
 
 use crate::membership;
@@ -159,7 +161,12 @@ async fn replay(
         .headers
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     let mut ticket = {
-        let route = prepared.request(&state, state.now_s());
+        // One token, asked unstreamed: the answer's head comes when the prefill ends, so it
+        // stands for the first token whatever the example asked.
+        let route = RouteRequest {
+            whole_answer: false,
+            ..prepared.request(&state, state.now_s())
+        };
         dispatch_to(
             &prepared.strategy,
             &route,

@@ -187,3 +187,44 @@ async fn a_retried_instance_is_told_it_failed() {
     );
     r.shutdown().await;
 }
+
+/// The strategy is told which requests asked for their answer whole (`stream` false or absent):
+/// those show it no first token, so cache-aware ends their wait itself.
+#[tokio::test]
+async fn requests_that_ask_for_a_whole_answer_are_told_so() {
+    let up = Upstream::start("a", Mode::Echo, &[]).await;
+    let r = router(settings(&[up.url()])).await;
+    let addr = r.local_addr();
+    let recorder = install(&r);
+    let cases = [
+        (
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+            true,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"hi"}],"stream":false}"#,
+            true,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"hi"}],"stream":true}"#,
+            false,
+        ),
+        ("/v1/completions", r#"{"prompt":"p"}"#, true),
+        ("/v1/completions", r#"{"prompt":"p","stream":true}"#, false),
+        // The native API does not say: its first response byte stands for the first token.
+        ("/invocations", r#"{"inputs":"p"}"#, false),
+    ];
+    for (path, body, whole) in cases {
+        let a = post(addr, path, &[], body).await;
+        assert_eq!(a.status, StatusCode::OK, "{path} {body}");
+        let told = recorder.take().into_iter().find_map(|c| match c {
+            Call::Dispatched { whole_answer, .. } => Some(whole_answer),
+            _ => None,
+        });
+        assert_eq!(told, Some(whole), "{path} {body}");
+    }
+    r.shutdown().await;
+}

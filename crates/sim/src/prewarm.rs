@@ -118,6 +118,7 @@ impl Warmer {
                     model: req.model.as_deref(),
                     now,
                     tokens: None,
+                    whole_answer: false,
                 })
             },
         )
@@ -166,6 +167,7 @@ impl Warmer {
                 model: req.model.as_deref(),
                 now,
                 tokens: None,
+                whole_answer: false,
             };
             let ticket = dispatch_to(strategy, &route, Arc::clone(target), Reason::Prewarm);
             let id = self.next_id;

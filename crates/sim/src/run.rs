@@ -358,6 +358,7 @@ impl Loop<'_> {
                 adapter: 0,
                 residency: v,
             }),
+            whole_answer: false,
         };
         let replica = request % self.replicas.len();
         let strategy = &self.replicas[replica];

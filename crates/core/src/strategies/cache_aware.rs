@@ -16,7 +16,9 @@
 //!   token (the prefill work ahead of this one), less each one's progress (its units times the
 //!   time since it was sent over the time to first token expected for it), never below
 //!   `progress-floor` of the whole queue (see [`load`]: one sent a moment ago shares the
-//!   engine's next steps with this request, one sent its expected time ago is finishing);
+//!   engine's next steps with this request, one sent its expected time ago is finishing); a
+//!   request whose client asked for its answer whole shows no first token, so it leaves the
+//!   queue when its first token was expected ([`whole`]);
 //! - `decoding(i)`: requests on `i` past their first token (they share every engine step with
 //!   the prefill, so each one slows it);
 //! - where the engines' queues are scraped, both also count what other routers sent: the
@@ -51,6 +53,7 @@ pub mod load;
 pub mod table;
 #[cfg(test)]
 mod tests;
+pub mod whole;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -242,7 +245,22 @@ impl CacheAware {
 /// Slots an index entry can name: a holder is tagged slot + 1 in a `u16`, 0 meaning none.
 const MAX_SLOTS: usize = u16::MAX as usize;
 
+/// Takes one request's start out of a slot's `pending` list: its first token came (or is taken
+/// to have come), so the blocks it stamped are computed.
+fn drop_pending(pending: &mut VecDeque<u32>, start: u32) {
+    if let Some(at) = pending.iter().position(|&p| p == start) {
+        pending.remove(at);
+    }
+}
+
 impl State {
+    /// Requests on `slot` to be answered whole whose first token was expected by `now` leave
+    /// its queue ([`whole`]).
+    fn retire(&mut self, slot: usize, now: f64) {
+        let pending = &mut self.pending[slot];
+        self.loads[slot].retire_whole(now, |start| drop_pending(pending, start));
+    }
+
     /// The slot of instance `id_hash`, sent a request decided at `now`: its own, else a removed
     /// instance's (reset: nothing it held or queued carries over), else a new one. `None` past
     /// [`MAX_SLOTS`] live instances: the instance is then routed to but not tracked.
@@ -316,6 +334,9 @@ impl Strategy for CacheAware {
         cands.clear();
         for (index, inst) in fleet.eligible(req.model) {
             let slot = st.slot_of.get(&inst.id_hash()).map(|&s| usize::from(s));
+            if let Some(s) = slot {
+                st.retire(s, req.now);
+            }
             // What the engine reports holding, where it does (kv-aware), else the index's guess:
             // the units it holds on its GPU, and those after them it can load from an
             // offloaded copy.
@@ -398,6 +419,7 @@ impl Strategy for CacheAware {
         if req.now < st.loads[slot].since {
             return Note::default();
         }
+        st.retire(slot, req.now);
         let predicted_blocks = (decision.predicted_cached_units / cfg.chain.block_units) as usize;
         let start = st.slots.counter[slot];
         // Blocks past the prediction that the index has sent there but takes for evicted (if
@@ -443,10 +465,11 @@ impl Strategy for CacheAware {
         // shared opening or offloaded blocks as saved, this prices the request's whole uncached
         // prefix, so its progress is counted a little more slowly than the decision priced it.
         let instances = st.loads.len();
+        let estimate = st.loads[slot]
+            .cost(&st.pool, instances)
+            .ttft((queued + uncached) as f64, f64::from(decoding));
         let expected_s = if st.pool.learned() {
-            st.loads[slot]
-                .cost(&st.pool, instances)
-                .ttft((queued + uncached) as f64, f64::from(decoding))
+            estimate
         } else {
             f64::NAN
         };
@@ -455,6 +478,11 @@ impl Strategy for CacheAware {
         // queued prefill (low 40 bits) and the requests decoding beside it (the rest).
         let ahead = found.min((1 << 40) - 1) | (u64::from(decoding.min((1 << 24) - 1)) << 40);
         let rate = load.join_queue(uncached, req.now, expected_s);
+        if req.whole_answer {
+            // Its first token will not be seen: it leaves the queue when it was expected, on
+            // the prior's estimate until costs are learned.
+            load.expect_whole(uncached, req.now, rate, start, estimate);
+        }
         st.stats.match_blocks_histogram[bucket(predicted_blocks as u32)] += 1;
         [
             ahead,
@@ -482,17 +510,19 @@ impl Strategy for CacheAware {
         let before_first = t.first_token_at.is_none();
         let waiting_ends = matches!(event, Feedback::FirstToken)
             || (before_first && matches!(event, Feedback::Failed | Feedback::Cancelled));
-        if waiting_ends {
-            let start = t.note[1] as u32;
-            let pending = &mut st.pending[slot];
-            if let Some(at) = pending.iter().position(|&p| p == start) {
-                pending.remove(at);
-            }
+        let start = t.note[1] as u32;
+        // A request answered whole that already left the queue at its expected first token
+        // ([`whole`]): it counts as decoding, and its pending start is gone.
+        let retired = waiting_ends && t.whole_answer && !load.take_whole(t.sent_at, start);
+        if waiting_ends && !retired {
+            drop_pending(&mut st.pending[slot], start);
         }
         match event {
             Feedback::FirstToken => {
-                load.leave_queue(uncached, t.sent_at, f64::from_bits(t.note[3]));
-                load.decoding += 1;
+                if !retired {
+                    load.leave_queue(uncached, t.sent_at, f64::from_bits(t.note[3]));
+                    load.decoding += 1;
+                }
                 // An unstreamed answer's time includes its decode: learning from it would
                 // make prefill look that slow.
                 if t.streamed {
@@ -513,7 +543,7 @@ impl Strategy for CacheAware {
                 }
             }
             Feedback::Failed | Feedback::Cancelled => {
-                if before_first {
+                if before_first && !retired {
                     load.leave_queue(uncached, t.sent_at, f64::from_bits(t.note[3]));
                 } else {
                     load.decoding = load.decoding.saturating_sub(1);

@@ -148,6 +148,7 @@ mod tests {
                 adapter: 0,
                 residency: &residency,
             }),
+            whole_answer: false,
         };
         let mut rng = RouteRng::seed_from_u64(3);
         let d = dispatch(s, &req, &fleet.snapshot(), &mut rng).expect("routes");

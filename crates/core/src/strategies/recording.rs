@@ -28,6 +28,8 @@ pub enum Call {
         instance: InstanceId,
         now: f64,
         others: Option<crate::EngineQueue>,
+        /// [`RouteRequest::whole_answer`].
+        whole_answer: bool,
     },
     /// [`Strategy::feedback`].
     Feedback {
@@ -122,6 +124,7 @@ impl Strategy for Recording {
             instance: instance.id().clone(),
             now: req.now,
             others: instance.others(req.now),
+            whole_answer: req.whole_answer,
         });
         Self::NOTE
     }

@@ -92,6 +92,8 @@ pub struct InstanceLoad {
     /// When this load started (the instance was removed and its load reset then): feedback
     /// on requests sent before belongs to the load that was dropped.
     pub since: f64,
+    /// Its queued requests that will be answered whole ([`super::whole`]).
+    pub(super) whole: super::whole::WholeAnswers,
 }
 
 impl InstanceLoad {
@@ -107,6 +109,7 @@ impl InstanceLoad {
             own: prior,
             seen_at: 0,
             since: f64::NEG_INFINITY,
+            whole: Default::default(),
         }
     }
     /// An idle instance's load that starts at `now`, after the one it replaces was dropped.

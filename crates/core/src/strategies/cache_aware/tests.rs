@@ -86,6 +86,7 @@ impl Router {
             model,
             now: self.now,
             tokens: None,
+            whole_answer: false,
         };
         let snap = self.fleet.snapshot();
         let d = dispatch(&self.strategy, &req, &snap, &mut self.rng).expect("routes");
@@ -690,6 +691,7 @@ fn dispatch_on(
         model: None,
         now,
         tokens: None,
+        whole_answer: false,
     };
     let mut rng = RouteRng::seed_from_u64(3);
     dispatch(strategy, &req, &fleet.snapshot(), &mut rng).expect("routes")
@@ -803,6 +805,7 @@ fn a_request_decided_before_its_instance_was_removed_joins_no_queue() {
         model: None,
         now: 2.0,
         tokens: None,
+        whole_answer: false,
     };
     let mut rng = RouteRng::seed_from_u64(1);
     let decision = strategy
@@ -873,3 +876,5 @@ fn whole_unstreamed_answers_teach_no_prefill_cost() {
     assert_eq!(learn(true), (false, prior));
     assert!(learn(false).0, "streamed first tokens are learned from");
 }
+
+mod whole_answers;
