@@ -257,8 +257,7 @@ impl State {
     /// Requests on `slot` to be answered whole whose first token was expected by `now` leave
     /// its queue ([`whole`]).
     fn retire(&mut self, slot: usize, now: f64) {
-        let pending = &mut self.pending[slot];
-        self.loads[slot].retire_whole(now, |start| drop_pending(pending, start));
+        self.loads[slot].retire_whole(now);
     }
 
     /// The slot of instance `id_hash`, sent a request decided at `now`: its own, else a removed
@@ -512,9 +511,9 @@ impl Strategy for CacheAware {
             || (before_first && matches!(event, Feedback::Failed | Feedback::Cancelled));
         let start = t.note[1] as u32;
         // A request answered whole that already left the queue at its expected first token
-        // ([`whole`]): it counts as decoding, and its pending start is gone.
+        // ([`whole`]): it counts as decoding. Its start stays pending until now.
         let retired = waiting_ends && t.whole_answer && !load.take_whole(t.sent_at, start);
-        if waiting_ends && !retired {
+        if waiting_ends {
             drop_pending(&mut st.pending[slot], start);
         }
         match event {

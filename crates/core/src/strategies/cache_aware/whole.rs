@@ -90,9 +90,11 @@ impl InstanceLoad {
         self.whole.next = self.whole.next.min(at);
     }
 
-    /// Those whose first token was expected by `now` leave the queue and count as decoding;
-    /// `left` is told each one's start.
-    pub fn retire_whole(&mut self, now: f64, mut left: impl FnMut(u32)) {
+    /// Those whose first token was expected by `now` leave the queue and count as decoding.
+    /// (Their blocks stay pending, in the strategy's sense, until the answer: the engine may
+    /// be later than expected, and a miss on blocks it is still computing says nothing about
+    /// its cache's size.)
+    pub fn retire_whole(&mut self, now: f64) {
         // A NaN `now` retires nothing.
         if now.is_nan() || now < self.whole.next {
             return;
@@ -104,7 +106,6 @@ impl InstanceLoad {
                 self.whole.due.swap_remove(i);
                 self.leave_queue(d.units, d.sent_at, d.rate);
                 self.decoding += 1;
-                left(d.start);
             } else {
                 i += 1;
             }
@@ -156,12 +157,10 @@ mod tests {
         let mut l = load();
         let rate = l.join_queue(1_000, 0.0, 0.5);
         l.expect_whole(1_000, 0.0, rate, 3, 0.5);
-        let mut left = Vec::new();
-        l.retire_whole(0.4, |s| left.push(s));
+        l.retire_whole(0.4);
         assert_eq!((l.queued_units, l.waiting, l.decoding), (1_000, 1, 0));
-        l.retire_whole(0.5, |s| left.push(s));
+        l.retire_whole(0.5);
         assert_eq!((l.queued_units, l.waiting, l.decoding), (0, 0, 1));
-        assert_eq!(left, [3]);
         assert!(l.whole().is_empty());
         // Its answer then finds it gone: the caller does not count it out a second time.
         assert!(!l.take_whole(0.0, 3));
@@ -177,9 +176,9 @@ mod tests {
         assert!(l.take_whole(0.0, 1));
         l.leave_queue(1_000, 0.0, a);
         // The other is due at 1.0 and no sooner.
-        l.retire_whole(0.9, |_| {});
+        l.retire_whole(0.9);
         assert_eq!((l.queued_units, l.whole().len()), (2_000, 1));
-        l.retire_whole(1.0, |_| {});
+        l.retire_whole(1.0);
         assert_eq!((l.queued_units, l.decoding, l.whole().len()), (0, 1, 0));
     }
 
@@ -190,8 +189,8 @@ mod tests {
         for bad in [f64::NAN, 0.0, -1.0, f64::INFINITY] {
             l.expect_whole(1_000, 0.0, 0.0, 1, bad);
         }
-        l.retire_whole(1e9, |_| {});
-        l.retire_whole(f64::NAN, |_| {});
+        l.retire_whole(1e9);
+        l.retire_whole(f64::NAN);
         assert_eq!((l.queued_units, l.whole().len()), (1_000, 0));
     }
 }

@@ -82,7 +82,8 @@ fn a_whole_answer_is_counted_out_of_the_queue_once() {
         inst(),
         Reason::Cold,
     );
-    assert_eq!(units(&ca), (u64::from(b.units), 1, 1, 1));
+    // It stays pending (its blocks may still be computing) until its answer.
+    assert_eq!(units(&ca), (u64::from(b.units), 1, 1, 2));
     // Its whole answer: a first token and an end, as the server tells them.
     whole.unstreamed();
     whole.finish(End::Finished { usage: None }, 1_001.0);
