@@ -12,7 +12,8 @@
 //!   requests in flight and what the strategy knows of its cache, and takes requests again as
 //!   soon as it is ready (one that was not healthy when it stopped being ready is checked as a
 //!   new instance); past that it leaves. While the watch is failing, that time does not run
-//!   out.
+//!   out: not until a minute after its last failure (longer than the watcher waits between
+//!   tries; a watch that resumes sends no event until something changes).
 //!
 //! A watch that fails keeps the fleet as it was: the API server being away is no reason to
 //! stop routing to engines that still answer.
@@ -170,9 +171,11 @@ struct Held {
     drained: BTreeSet<String>,
     /// Members that stopped being ready: since when, and how this watch drained them.
     unready: BTreeMap<String, (Instant, Drained)>,
-    /// The watch failed and has not delivered an event since: unready members do not run out
-    /// of time meanwhile (a failed watch keeps the fleet as it was).
-    failing: bool,
+    /// When the watch last failed, if it has delivered no event since: unready members do not
+    /// run out of time until `watch_retry_max` after it (a failing watch keeps the fleet as it
+    /// was). A watch that resumes from its version sends nothing until something changes, so
+    /// no event may ever say it is back: that long without a new error is taken to.
+    failing: Option<Instant>,
 }
 
 /// How a member that stopped being ready was drained.
@@ -188,12 +191,15 @@ enum Drained {
 }
 
 impl Held {
-    /// When the next unready member's time runs out (none while the watch is failing).
-    fn next_expiry(&self, keep: Duration) -> Option<Instant> {
-        if self.failing {
-            return None;
-        }
-        self.unready.values().map(|(since, _)| *since + keep).min()
+    /// When the next unready member's time runs out: not before `retry` after the watch's last
+    /// failure.
+    fn next_expiry(&self, keep: Duration, retry: Duration) -> Option<Instant> {
+        let first = self
+            .unready
+            .values()
+            .map(|(since, _)| *since + keep)
+            .min()?;
+        Some(self.failing.map_or(first, |at| first.max(at + retry)))
     }
 }
 
@@ -351,7 +357,7 @@ pub async fn run(
     let mut listing: Option<BTreeMap<String, EndpointSlice>> = None;
     loop {
         // An unready member whose time runs out leaves without an event saying so.
-        let expiry = held.next_expiry(target.unready_keep);
+        let expiry = held.next_expiry(target.unready_keep, target.watch_retry_max);
         let event = tokio::select! {
             e = events.next() => e,
             () = async {
@@ -360,6 +366,8 @@ pub async fn run(
                     None => std::future::pending().await,
                 }
             } => {
+                // No failure for `watch_retry_max`: the watch is back.
+                held.failing = None;
                 apply(&state, &target, &slices, &mut held).await;
                 continue;
             }
@@ -367,7 +375,7 @@ pub async fn run(
         let Some(event) = event else {
             break;
         };
-        held.failing = event.is_err();
+        held.failing = event.is_err().then(Instant::now);
         match event {
             Ok(Event::Init) => listing = Some(BTreeMap::new()),
             Ok(Event::InitApply(s)) => {
@@ -442,6 +450,7 @@ mod tests {
             weight: 1,
             first_list_timeout: Duration::from_secs(1),
             unready_keep: Duration::from_secs(60),
+            watch_retry_max: Duration::from_secs(60),
         }
     }
 

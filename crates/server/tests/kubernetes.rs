@@ -53,6 +53,7 @@ fn target(api_server: String) -> KubernetesTarget {
         weight: 1,
         first_list_timeout: std::time::Duration::from_millis(300),
         unready_keep: std::time::Duration::from_secs(60),
+        watch_retry_max: std::time::Duration::from_secs(60),
     }
 }
 
@@ -403,5 +404,52 @@ async fn an_operators_drain_during_a_flap_is_not_undone() {
     .await;
     assert_eq!(activated.status, StatusCode::OK);
     eventually("b activated", || members(&r).contains(&(pb, Healthy))).await;
+    r.shutdown().await;
+}
+
+/// A watch that fails and then resumes from its version sends no event until something
+/// changes: an unready member's time must run out anyway, once the watch has gone
+/// `watch_retry_max` without failing (it stayed draining for good while nothing changed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unready_member_leaves_after_a_watch_outage_that_ends_without_news() {
+    let (a, b, api) = two_ready().await;
+    let (pa, pb) = (a.addr.port(), b.addr.port());
+    let keep = std::time::Duration::from_secs(2);
+    let r = watching_with(&api, |t| {
+        t.unready_keep = keep;
+        // Longer than the watcher's waits between the tries below (0.8 and 1.6 s, jitter
+        // included up to twice that).
+        t.watch_retry_max = std::time::Duration::from_secs(5);
+    })
+    .await;
+    api.put(slice("llm-b", pb, false, false));
+    eventually("b drains", || {
+        members(&r).contains(&(pb, InstanceState::Draining))
+    })
+    .await;
+    // Three refused watches (three errors, about 0.8 and 1.6 s apart with the watcher's
+    // backoff), then a watch that opens and has nothing to say.
+    let watches = api.watch_versions().len();
+    api.fail_watches(3);
+    api.break_watch();
+    let long = std::time::Duration::from_secs(20);
+    eventually_for("three refused watches", long, || {
+        api.watch_versions().len() >= watches + 3
+    })
+    .await;
+    // While it fails, b's time does not run out (`keep` since it drained is past by now).
+    assert!(
+        members(&r).contains(&(pb, InstanceState::Draining)),
+        "{:?}",
+        members(&r)
+    );
+    eventually_for("the watch is open again", long, || {
+        api.watch_versions().len() >= watches + 4
+    })
+    .await;
+    eventually_for("b leaves", std::time::Duration::from_secs(10), || {
+        ports(&r) == [pa]
+    })
+    .await;
     r.shutdown().await;
 }

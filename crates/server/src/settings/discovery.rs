@@ -131,6 +131,16 @@ pub struct KubernetesTarget {
         deserialize_with = "de::millis_or_zero"
     )]
     pub unready_keep: Duration,
+    /// How long after the watch's last failure it still counts as failing, so that no unready
+    /// member runs out of time: kube-runtime's watcher waits up to 30 s between tries, and its
+    /// jitter can add as much again. Not a setting (tests shorten it).
+    #[serde(skip, default = "watch_retry_max")]
+    pub watch_retry_max: Duration,
+}
+
+/// See [`KubernetesTarget::watch_retry_max`].
+pub fn watch_retry_max() -> Duration {
+    Duration::from_secs(60)
 }
 
 fn first_list_timeout() -> Duration {

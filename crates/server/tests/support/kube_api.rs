@@ -2,7 +2,8 @@
 //! lists with a `resourceVersion`, watches that stream JSON lines from a given version (events
 //! missed while no watch was open are replayed, as the real server's history does), an ERROR
 //! event with 410 Gone for a version too old. Tests script it: put and delete slices, break the
-//! open watch, answer the next watch with 410, change the state without telling any watch.
+//! open watch, answer the next watch with 410 or the next few with 500, change the state
+//! without telling any watch.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -35,6 +36,8 @@ struct Shared {
     selectors: Mutex<Vec<String>>,
     open: Mutex<Option<mpsc::UnboundedSender<String>>>,
     gone_next: AtomicBool,
+    /// Watches still to refuse with a 500 (the API server failing for a while).
+    failing_watches: AtomicUsize,
 }
 
 /// The fake API server.
@@ -172,6 +175,12 @@ impl FakeApi {
         self.shared.gone_next.store(true, Ordering::SeqCst);
     }
 
+    /// The next `n` watches are refused with a 500 (the watcher reports an error for each and
+    /// retries with backoff); the one after opens as any other.
+    pub fn fail_watches(&self, n: usize) {
+        self.shared.failing_watches.store(n, Ordering::SeqCst);
+    }
+
     /// Lists served.
     pub fn lists(&self) -> usize {
         self.shared.lists.load(Ordering::SeqCst)
@@ -235,6 +244,16 @@ fn answer(s: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     }
     let from = q.get("resourceVersion").cloned().unwrap_or_default();
     s.watches.lock().expect("lock").push(from.clone());
+    let refuse = s
+        .failing_watches
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok();
+    if refuse {
+        return full(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 500, "reason": "InternalError"}),
+        );
+    }
     let (tx, rx) = mpsc::unbounded_channel::<String>();
     if s.gone_next.swap(false, Ordering::SeqCst) {
         let _ = tx.send(

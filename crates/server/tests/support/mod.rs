@@ -696,8 +696,13 @@ where
     assert!(ok.is_ok(), "timed out waiting for: {what}");
 }
 
-pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let ok = tokio::time::timeout(WAIT, async {
+pub async fn eventually(what: &str, cond: impl FnMut() -> bool) {
+    eventually_for(what, WAIT, cond).await;
+}
+
+/// [`eventually`], waiting up to `wait`.
+pub async fn eventually_for(what: &str, wait: Duration, mut cond: impl FnMut() -> bool) {
+    let ok = tokio::time::timeout(wait, async {
         while !cond() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
