@@ -677,6 +677,19 @@ fn cache_aware(params: &[(&str, &str)]) -> super::CacheAware {
     super::CacheAware::new(super::CacheAwareConfig::from_strategy(&c).expect("valid"))
 }
 
+/// `chain` as its client asked for it (`whole`: `stream` false), at `now`.
+fn request(chain: &Chain, now: f64, whole: bool) -> RouteRequest<'_> {
+    RouteRequest {
+        key: None,
+        chain: &chain.blocks,
+        prompt_units: chain.units,
+        model: None,
+        now,
+        tokens: None,
+        whole_answer: whole,
+    }
+}
+
 /// Dispatches `chain` on `fleet` at `now` through `strategy`.
 fn dispatch_on(
     strategy: &Arc<dyn Strategy>,
@@ -684,15 +697,7 @@ fn dispatch_on(
     chain: &Chain,
     now: f64,
 ) -> crate::Dispatched {
-    let req = RouteRequest {
-        key: None,
-        chain: &chain.blocks,
-        prompt_units: chain.units,
-        model: None,
-        now,
-        tokens: None,
-        whole_answer: false,
-    };
+    let req = request(chain, now, false);
     let mut rng = RouteRng::seed_from_u64(3);
     dispatch(strategy, &req, &fleet.snapshot(), &mut rng).expect("routes")
 }

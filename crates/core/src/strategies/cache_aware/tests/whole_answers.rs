@@ -3,22 +3,46 @@
 
 use super::*;
 
-/// `chain` as its client asked for it (`whole`: `stream` false), at `now`.
-fn request(chain: &Chain, now: f64, whole: bool) -> RouteRequest<'_> {
-    RouteRequest {
-        key: None,
-        chain: &chain.blocks,
-        prompt_units: chain.units,
-        model: None,
-        now,
-        tokens: None,
-        whole_answer: whole,
-    }
-}
-
 /// A long prompt nothing else shares.
 fn long(doc: u64) -> Chain {
     Chain::of_chars(None, &text(500 + doc, 100_000), SPEC)
+}
+
+/// One instance, and the strategy's state to read.
+struct One {
+    ca: Arc<super::super::CacheAware>,
+    strategy: Arc<dyn Strategy>,
+    fleet: Fleet,
+}
+
+impl One {
+    fn new() -> Self {
+        let ca = Arc::new(cache_aware(&[]));
+        let strategy: Arc<dyn Strategy> = ca.clone();
+        Self {
+            ca,
+            strategy,
+            fleet: fleet(1),
+        }
+    }
+
+    /// Sends `chain` to the instance at `now`, as a whole answer or streamed.
+    fn send(&self, chain: &Chain, now: f64, whole: bool) -> Ticket {
+        let inst = Arc::clone(&self.fleet.snapshot().instances()[0]);
+        crate::dispatch::dispatch_to(
+            &self.strategy,
+            &request(chain, now, whole),
+            inst,
+            Reason::Cold,
+        )
+    }
+
+    /// Queued units, requests waiting, requests decoding, pending starts.
+    fn counts(&self) -> (u64, u32, u32, usize) {
+        let st = self.ca.lock();
+        let l = &st.loads[0];
+        (l.queued_units, l.waiting, l.decoding, st.pending[0].len())
+    }
 }
 
 /// The home of a served document, then a long request sent there (`whole` or streamed, its
@@ -58,104 +82,52 @@ fn a_whole_answers_request_stops_counting_as_queued_when_its_first_token_was_due
 /// only (a second count-out took a later request's place in the queue).
 #[test]
 fn a_whole_answer_is_counted_out_of_the_queue_once() {
-    let ca = Arc::new(cache_aware(&[]));
-    let strategy: Arc<dyn Strategy> = ca.clone();
-    let fleet = fleet(1);
-    let inst = || Arc::clone(&fleet.snapshot().instances()[0]);
+    let one = One::new();
     let (a, b) = (long(1), long(2));
-    let mut whole =
-        crate::dispatch::dispatch_to(&strategy, &request(&a, 1.0, true), inst(), Reason::Cold);
-    let units = |ca: &super::super::CacheAware| {
-        let st = ca.lock();
-        (
-            st.loads[0].queued_units,
-            st.loads[0].waiting,
-            st.loads[0].decoding,
-            st.pending[0].len(),
-        )
-    };
-    assert_eq!(units(&ca), (u64::from(a.units), 1, 0, 1));
+    let mut whole = one.send(&a, 1.0, true);
+    assert_eq!(one.counts(), (u64::from(a.units), 1, 0, 1));
     // 1,000 s on, far past the prior's estimate: a decision retires it.
-    let streamed = crate::dispatch::dispatch_to(
-        &strategy,
-        &request(&b, 1_000.0, false),
-        inst(),
-        Reason::Cold,
-    );
+    let streamed = one.send(&b, 1_000.0, false);
     // It stays pending (its blocks may still be computing) until its answer.
-    assert_eq!(units(&ca), (u64::from(b.units), 1, 1, 2));
+    assert_eq!(one.counts(), (u64::from(b.units), 1, 1, 2));
     // Its whole answer: a first token and an end, as the server tells them.
     whole.unstreamed();
     whole.finish(End::Finished { usage: None }, 1_001.0);
     assert_eq!(
-        units(&ca),
+        one.counts(),
         (u64::from(b.units), 1, 0, 1),
         "the streamed request is still queued"
     );
     drop(streamed);
-    assert_eq!(units(&ca), (0, 0, 0, 0));
+    assert_eq!(one.counts(), (0, 0, 0, 0));
 }
 
 /// A whole answer that comes before its first token was due (a short answer, or an engine that
 /// streams anyway) leaves the queue then, as any other, and nothing is retired later.
 #[test]
 fn a_whole_answer_that_comes_early_leaves_the_queue_as_any_other() {
-    let ca = Arc::new(cache_aware(&[]));
-    let strategy: Arc<dyn Strategy> = ca.clone();
-    let fleet = fleet(1);
-    let inst = || Arc::clone(&fleet.snapshot().instances()[0]);
+    let one = One::new();
     let (a, b) = (long(1), long(2));
-    let mut whole =
-        crate::dispatch::dispatch_to(&strategy, &request(&a, 1.0, true), inst(), Reason::Cold);
+    let mut whole = one.send(&a, 1.0, true);
     whole.first_token(1.001);
-    assert!(ca.lock().loads[0].whole().is_empty());
-    let streamed = crate::dispatch::dispatch_to(
-        &strategy,
-        &request(&b, 1_000.0, false),
-        inst(),
-        Reason::Cold,
-    );
-    {
-        let st = ca.lock();
-        let l = &st.loads[0];
-        assert_eq!(
-            (l.queued_units, l.waiting, l.decoding),
-            (u64::from(b.units), 1, 1)
-        );
-    }
+    assert!(one.ca.lock().loads[0].whole().is_empty());
+    let streamed = one.send(&b, 1_000.0, false);
+    assert_eq!(one.counts(), (u64::from(b.units), 1, 1, 1));
     whole.finish(End::Failed, 1_001.0);
     drop(streamed);
-    let st = ca.lock();
-    let l = &st.loads[0];
-    assert_eq!((l.queued_units, l.waiting, l.decoding), (0, 0, 0));
+    assert_eq!(one.counts(), (0, 0, 0, 0));
 }
 
 /// Cancelled after it left the queue (the client went away mid-decode): it ends its decoding,
 /// not another request's wait.
 #[test]
 fn a_whole_answer_cancelled_after_its_first_token_was_due_ends_its_decoding() {
-    let ca = Arc::new(cache_aware(&[]));
-    let strategy: Arc<dyn Strategy> = ca.clone();
-    let fleet = fleet(1);
-    let inst = || Arc::clone(&fleet.snapshot().instances()[0]);
+    let one = One::new();
     let (a, b) = (long(1), long(2));
-    let whole =
-        crate::dispatch::dispatch_to(&strategy, &request(&a, 1.0, true), inst(), Reason::Cold);
-    let streamed = crate::dispatch::dispatch_to(
-        &strategy,
-        &request(&b, 1_000.0, false),
-        inst(),
-        Reason::Cold,
-    );
+    let whole = one.send(&a, 1.0, true);
+    let streamed = one.send(&b, 1_000.0, false);
     drop(whole);
-    {
-        let st = ca.lock();
-        let l = &st.loads[0];
-        assert_eq!(
-            (l.queued_units, l.waiting, l.decoding),
-            (u64::from(b.units), 1, 0)
-        );
-        assert_eq!(st.pending[0].len(), 1);
-    }
+    // Its own pending start is gone, the other's is not.
+    assert_eq!(one.counts(), (u64::from(b.units), 1, 0, 1));
     drop(streamed);
 }
