@@ -218,6 +218,11 @@ async fn apply(
     let keep = target.unready_keep;
     let mut found = members(target, slices.values());
     found.retain(|f| {
+        // A pod already on its way out when first seen never joins (added, then drained, it
+        // could take a request in between).
+        if f.terminating {
+            return before.get(&f.spec.id).is_some();
+        }
         if !f.unready {
             return true;
         }

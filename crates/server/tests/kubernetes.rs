@@ -453,3 +453,29 @@ async fn an_unready_member_leaves_after_a_watch_outage_that_ends_without_news() 
     .await;
     r.shutdown().await;
 }
+
+/// An endpoint first seen terminating (a pod on its way out when the router starts, or when its
+/// slice first lists it) never joins: added and then drained, it could take a request in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_first_seen_terminating_never_joins() {
+    let (a, b, api) = two_ready().await;
+    let c = Upstream::start("c", Mode::Echo, &[]).await;
+    let (pa, pb, pc) = (a.addr.port(), b.addr.port(), c.addr.port());
+    api.put(slice("llm-c", pc, false, true));
+    let r = watching(&api).await;
+    let mut both = vec![pa, pb];
+    both.sort_unstable();
+    assert_eq!(ports(&r), both, "the first list");
+    // Listed again with a change after it (events apply in order): still not a member.
+    api.put(slice("llm-c", pc, false, true));
+    api.put(slice("llm-b", pb, false, false));
+    eventually("b drains", || {
+        members(&r).contains(&(pb, InstanceState::Draining))
+    })
+    .await;
+    assert!(!ports(&r).contains(&pc), "{:?}", members(&r));
+    // Ready later (a new pod at that address): it joins.
+    api.put(slice("llm-c", pc, true, false));
+    eventually("c joins once ready", || ports(&r).contains(&pc)).await;
+    r.shutdown().await;
+}
