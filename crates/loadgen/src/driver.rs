@@ -234,19 +234,33 @@ async fn open_loop(
         tokio::time::sleep_until(at.into()).await;
         let (client, tx) = (client.clone(), tx.clone());
         tokio::spawn(async move {
-            let whole = asks_whole(index, unstreamed);
-            let body = request_body(&request, whole);
-            let _ = tx.send(Event::Sent);
-            let slot = Slot {
-                index,
-                id: request.id,
-                due_s,
-                whole,
-            };
-            let rec = client.send(slot, body, clock).await;
-            let _ = tx.send(Event::Done(Box::new(rec)));
+            send_one(&client, &request, index, due_s, unstreamed, clock, &tx).await;
         });
     }
+}
+
+/// Sends the run's request `index` (due at `due_s`; asked whole as `unstreamed` says) and tells
+/// the collector it went and how it ended: both drivers' send.
+async fn send_one(
+    client: &ChatClient,
+    request: &Request,
+    index: usize,
+    due_s: f64,
+    unstreamed: f64,
+    clock: Instant,
+    tx: &UnboundedSender<Event>,
+) {
+    let whole = asks_whole(index, unstreamed);
+    let body = request_body(request, whole);
+    let _ = tx.send(Event::Sent);
+    let slot = Slot {
+        index,
+        id: request.id,
+        due_s,
+        whole,
+    };
+    let rec = client.send(slot, body, clock).await;
+    let _ = tx.send(Event::Done(Box::new(rec)));
 }
 
 /// `concurrency` workers, each taking the next unsent request when its previous one ends.
@@ -278,17 +292,7 @@ async fn closed_loop(
                     break;
                 };
                 let due_s = secs(clock);
-                let whole = asks_whole(index, unstreamed);
-                let body = request_body(request, whole);
-                let _ = tx.send(Event::Sent);
-                let slot = Slot {
-                    index,
-                    id: request.id,
-                    due_s,
-                    whole,
-                };
-                let rec = client.send(slot, body, clock).await;
-                let _ = tx.send(Event::Done(Box::new(rec)));
+                send_one(&client, request, index, due_s, unstreamed, clock, &tx).await;
             }
         }));
     }

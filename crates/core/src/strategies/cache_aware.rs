@@ -245,21 +245,7 @@ impl CacheAware {
 /// Slots an index entry can name: a holder is tagged slot + 1 in a `u16`, 0 meaning none.
 const MAX_SLOTS: usize = u16::MAX as usize;
 
-/// Takes one request's start out of a slot's `pending` list: its first token came (or is taken
-/// to have come), so the blocks it stamped are computed.
-fn drop_pending(pending: &mut VecDeque<u32>, start: u32) {
-    if let Some(at) = pending.iter().position(|&p| p == start) {
-        pending.remove(at);
-    }
-}
-
 impl State {
-    /// Requests on `slot` to be answered whole whose first token was expected by `now` leave
-    /// its queue ([`whole`]).
-    fn retire(&mut self, slot: usize, now: f64) {
-        self.loads[slot].retire_whole(now);
-    }
-
     /// The slot of instance `id_hash`, sent a request decided at `now`: its own, else a removed
     /// instance's (reset: nothing it held or queued carries over), else a new one. `None` past
     /// [`MAX_SLOTS`] live instances: the instance is then routed to but not tracked.
@@ -333,8 +319,9 @@ impl Strategy for CacheAware {
         cands.clear();
         for (index, inst) in fleet.eligible(req.model) {
             let slot = st.slot_of.get(&inst.id_hash()).map(|&s| usize::from(s));
+            // Whole answers whose first token was due leave the queue ([`whole`]).
             if let Some(s) = slot {
-                st.retire(s, req.now);
+                st.loads[s].retire_whole(req.now);
             }
             // What the engine reports holding, where it does (kv-aware), else the index's guess:
             // the units it holds on its GPU, and those after them it can load from an
@@ -418,7 +405,7 @@ impl Strategy for CacheAware {
         if req.now < st.loads[slot].since {
             return Note::default();
         }
-        st.retire(slot, req.now);
+        st.loads[slot].retire_whole(req.now);
         let predicted_blocks = (decision.predicted_cached_units / cfg.chain.block_units) as usize;
         let start = st.slots.counter[slot];
         // Blocks past the prediction that the index has sent there but takes for evicted (if
@@ -464,14 +451,16 @@ impl Strategy for CacheAware {
         // shared opening or offloaded blocks as saved, this prices the request's whole uncached
         // prefix, so its progress is counted a little more slowly than the decision priced it.
         let instances = st.loads.len();
-        let estimate = st.loads[slot]
-            .cost(&st.pool, instances)
-            .ttft((queued + uncached) as f64, f64::from(decoding));
-        let expected_s = if st.pool.learned() {
-            estimate
+        // A whole answer's is needed even on the prior: it says when the request leaves.
+        let learned = st.pool.learned();
+        let estimate = if learned || req.whole_answer {
+            st.loads[slot]
+                .cost(&st.pool, instances)
+                .ttft((queued + uncached) as f64, f64::from(decoding))
         } else {
             f64::NAN
         };
+        let expected_s = if learned { estimate } else { f64::NAN };
         let load = &mut st.loads[slot];
         // What it waits behind, the two variables its time to first token is learned on: the
         // queued prefill (low 40 bits) and the requests decoding beside it (the rest).
@@ -514,7 +503,10 @@ impl Strategy for CacheAware {
         // ([`whole`]): it counts as decoding. Its start stays pending until now.
         let retired = waiting_ends && t.whole_answer && !load.take_whole(t.sent_at, start);
         if waiting_ends {
-            drop_pending(&mut st.pending[slot], start);
+            let pending = &mut st.pending[slot];
+            if let Some(at) = pending.iter().position(|&p| p == start) {
+                pending.remove(at);
+            }
         }
         match event {
             Feedback::FirstToken => {

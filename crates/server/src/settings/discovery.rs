@@ -138,8 +138,7 @@ pub struct KubernetesTarget {
     pub watch_retry_max: Duration,
 }
 
-/// See [`KubernetesTarget::watch_retry_max`].
-pub fn watch_retry_max() -> Duration {
+fn watch_retry_max() -> Duration {
     Duration::from_secs(60)
 }
 
