@@ -131,8 +131,8 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(keepalive))
         .add_service(health)
         .add_service(
-            // A BUFFERED body is one message: as large as the router takes a body, not tonic's
-            // 4 MiB (a larger one failed the stream, a 500 instead of the picker's 413).
+            // A BUFFERED body is one message: as large as Envoy buffers one, not tonic's 4 MiB
+            // (a larger one failed the stream, a 500 instead of the picker's 413).
             ExternalProcessorServer::new(Picker::new(Arc::clone(&state), options))
                 .max_decoding_message_size(grpc_message_limit(&state)),
         )
@@ -156,13 +156,22 @@ pub async fn serve(
     }
 }
 
-/// The largest message the picker takes from Envoy: a body of `limits.max_body_bytes` and the
-/// rest of its message (headers, metadata, attributes), with room to spare.
+/// The largest message the picker takes from Envoy. A BUFFERED body comes in one message of
+/// whatever size Envoy's own buffer let through, which need not be the router's
+/// `limits.max_body_bytes`: a message over this limit fails the stream, and Envoy answers 500
+/// for what is the client's fault, so the limit is at least [`ENVOY_BUFFER_CEILING`] (an
+/// over-long body within it gets the picker's 413), plus room for the rest of the message
+/// (headers, metadata, attributes). It still bounds what one stream can make the picker hold.
 fn grpc_message_limit(state: &AppState) -> usize {
     usize::try_from(state.settings.limits.max_body_bytes)
         .unwrap_or(usize::MAX)
+        .max(ENVOY_BUFFER_CEILING)
         .saturating_add(1 << 20)
 }
+
+/// Bodies up to this size are read and judged by the picker whatever `limits.max_body_bytes`
+/// says: twice the 32 MiB that `deploy/envoy` buffers.
+const ENVOY_BUFFER_CEILING: usize = 64 << 20;
 
 #[cfg(test)]
 mod tests {

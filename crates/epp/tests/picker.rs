@@ -650,6 +650,37 @@ async fn a_buffered_body_over_four_mib_is_routed() {
     p.router.shutdown().await;
 }
 
+/// A BUFFERED body over `limits.max_body_bytes` by more than a MiB is answered 413 like a
+/// smaller one: Envoy buffers what its own limit allows (32 MiB in `deploy/envoy`), whatever
+/// the router's, and a message over the picker's gRPC limit failed the stream (a 500 from
+/// Envoy, for a client's fault).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffered_body_far_over_the_body_limit_is_a_413() {
+    let engines = engines(1).await;
+    let mut settings = settings(&engines, "cache-aware");
+    settings.limits.max_body_bytes = 64 * 1024;
+    let p = picker(settings, 0).await;
+    let mut c = client(&p).await;
+    let mut s = Stream::open(&mut c).await;
+    s.push(with_modes(request_head(), 2, 0)).await;
+    let a = s.next().await;
+    assert!(matches!(a.response, Some(Ans::RequestHeaders(_))), "{a:?}");
+    let big = serde_json::json!({
+        "model": prefix_router_mock_engine::DEFAULT_MODEL,
+        "messages": [{"role": "user", "content": "x".repeat(3 << 20)}],
+    })
+    .to_string();
+    let a = s
+        .send(Msg::RequestBody(body(big.as_bytes(), true)), None)
+        .await;
+    let (status, text) = immediate_status(&a);
+    assert_eq!(status, 413, "{text}");
+    // The picker goes on: the next request on a new stream is routed.
+    let (_, header) = pick(&mut c, 1).await;
+    assert!(header.starts_with("127.0.0.1:"), "{header}");
+    p.router.shutdown().await;
+}
+
 /// The first body byte is a sample of the time to first token only for an event stream whose
 /// chunks Envoy passes on as they come: a JSON answer, a buffered one, and one whose body the
 /// picker never sees arrive (or end) after their decode, and cache-aware would learn that as
