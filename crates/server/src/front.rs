@@ -15,6 +15,7 @@
 //! - a head must arrive within `timeouts.client_header` of its first byte, else the
 //!   connection closes with no answer (`header_timeout`);
 //! - with no request under way, a connection quiet for `timeouts.client_idle` closes (`idle`);
+//!   empty lines before a request line are skipped, and start no head;
 //!   one quiet for the shortest client timeout gives its buffers back until its next request
 //!   ([`await_request`]);
 //! - a body must arrive within `timeouts.client_body` (408) and be at most
@@ -94,6 +95,7 @@ where
     let mut clock = Deadlines::new(timeouts);
     let mut first = true;
     loop {
+        skip_empty_lines(&mut buf);
         if buf.is_empty() {
             if *stop.borrow() {
                 return None;
@@ -229,6 +231,11 @@ async fn await_request<S: AsyncRead + Unpin>(
             biased;
             r = clock.by(due, read) => match r {
                 Some(Ok(n)) if n > 0 => {
+                    skip_empty_lines(buf);
+                    if buf.is_empty() {
+                        // Only empty lines: still waiting, on the same deadlines.
+                        continue;
+                    }
                     if released {
                         out.reserve(READ_BUF);
                     }
@@ -244,6 +251,20 @@ async fn await_request<S: AsyncRead + Unpin>(
             },
             _ = stop.changed() => return Waited::Gone,
         }
+    }
+}
+
+/// Drops the empty lines at the start of `buf`: a server should ignore at least one before a
+/// request line (RFC 9112, section 2.2), and some clients end a POST body with one. Left there,
+/// they started the head's timer, and a keep-alive connection that sent one was cut as a slow
+/// head (`header_timeout`) instead of waiting out `client_idle` for its next request.
+fn skip_empty_lines(buf: &mut BytesMut) {
+    if matches!(buf.first(), Some(b'\r' | b'\n')) {
+        let n = buf
+            .iter()
+            .take_while(|&&b| b == b'\r' || b == b'\n')
+            .count();
+        bytes::Buf::advance(buf, n);
     }
 }
 

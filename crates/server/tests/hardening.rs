@@ -96,6 +96,70 @@ async fn an_idle_keep_alive_connection_is_closed_but_a_long_stream_is_not() {
     r.shutdown().await;
 }
 
+/// An empty line before a request line is no request's start (RFC 9112, section 2.2: a server
+/// should ignore at least one; some clients end a POST body with one). It started the head's
+/// timer: a keep-alive connection that sent one after its body was cut as a slow head
+/// (`header_timeout`) instead of waiting out `client_idle` for its next request.
+#[tokio::test]
+async fn an_empty_line_between_requests_is_not_a_slow_head() {
+    use tokio::io::AsyncReadExt;
+    let (_up, r) = echo_router(|s| {
+        s.timeouts.client_header = Duration::from_millis(150);
+        s.timeouts.client_idle = Duration::from_secs(5);
+    })
+    .await;
+    let addr = r.local_addr();
+    let body = r#"{"prompt":"x"}"#;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    // Read one whole answer off `conn`.
+    async fn answer(conn: &mut tokio::net::TcpStream) -> String {
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(WAIT, async {
+            while !complete_answer(&String::from_utf8_lossy(&got)) {
+                let mut chunk = [0u8; 4096];
+                match conn.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&chunk[..n]),
+                }
+            }
+        })
+        .await;
+        assert!(read.is_ok(), "answered in time");
+        String::from_utf8_lossy(&got).into_owned()
+    }
+    // The empty line comes with the body, then in a write of its own after the answer; each
+    // time the client stays quiet past the head's timeout, then sends its next request.
+    conn.write_all(format!("{req}\r\n").as_bytes())
+        .await
+        .expect("write");
+    let first = answer(&mut conn).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    conn.write_all(req.as_bytes()).await.expect("write");
+    let second = answer(&mut conn).await;
+    assert!(second.starts_with("HTTP/1.1 200"), "kept open: {second:?}");
+    conn.write_all(b"\r\n").await.expect("write");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    conn.write_all(req.as_bytes()).await.expect("write");
+    let third = answer(&mut conn).await;
+    assert!(third.starts_with("HTTP/1.1 200"), "kept open: {third:?}");
+    let page = metrics_text(addr).await;
+    assert_eq!(
+        metric(
+            &page,
+            "prefix_router_client_connections_closed_total",
+            &[("reason", "header_timeout")]
+        ),
+        0.0,
+        "{page}"
+    );
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn one_address_gets_no_more_than_its_connections() {
     let (_up, r) = echo_router(|s| {
