@@ -104,27 +104,33 @@ impl DnsSource {
     /// Resolves the target once into instance specs (sorted, without duplicates).
     pub async fn resolve(&self) -> Result<Vec<InstanceSpec>, DiscoveryError> {
         let t = &self.target;
-        let addrs: Vec<SocketAddr> = match (&self.client, t.record) {
+        // Each address with the SRV record's weight (1 for A/AAAA records).
+        let addrs: Vec<(SocketAddr, u16)> = match (&self.client, t.record) {
             (None, _) => tokio::net::lookup_host((t.name.as_str(), t.port))
                 .await?
+                .map(|a| (a, 1))
                 .collect(),
             (Some(c), DnsRecord::Address) => c
                 .lookup_ip(t.name.as_str())
                 .await?
                 .iter()
-                .map(|ip| SocketAddr::new(ip, t.port))
+                .map(|ip| (SocketAddr::new(ip, t.port), 1))
                 .collect(),
             (Some(c), DnsRecord::Srv) => srv_addrs(c, &t.name).await?,
         };
-        let mut urls: Vec<String> = one_family(addrs).into_iter().filter_map(url_of).collect();
-        urls.sort();
-        urls.dedup();
-        Ok(urls
+        let mut found: Vec<(String, u16)> = one_family(addrs)
             .into_iter()
-            .map(|url| InstanceSpec {
+            .filter_map(|(a, w)| Some((url_of(a)?, w)))
+            .collect();
+        // One instance per URL: of two records naming the same address, the heavier counts.
+        found.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        found.dedup_by(|a, b| a.0 == b.0);
+        Ok(found
+            .into_iter()
+            .map(|(url, w)| InstanceSpec {
                 id: url.clone(),
                 url,
-                weight: t.weight,
+                weight: t.weight.saturating_mul(u32::from(w.max(1))),
                 models: t.models.clone(),
             })
             .collect())
@@ -134,9 +140,9 @@ impl DnsSource {
 /// The IPv4 addresses when there are any, else all: a dual-stack headless Service answers an A
 /// and an AAAA record for every pod (and SRV glue both), and each pod became two instances,
 /// with twice its share and its cache affinity split between them.
-fn one_family(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
-    if addrs.iter().any(SocketAddr::is_ipv4) {
-        addrs.into_iter().filter(SocketAddr::is_ipv4).collect()
+fn one_family<T>(addrs: Vec<(SocketAddr, T)>) -> Vec<(SocketAddr, T)> {
+    if addrs.iter().any(|(a, _)| a.is_ipv4()) {
+        addrs.into_iter().filter(|(a, _)| a.is_ipv4()).collect()
     } else {
         addrs
     }
@@ -147,8 +153,13 @@ fn one_family(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
 /// the records of the lowest priority value with a target that resolves count (RFC 2782: a
 /// higher value is a backup, such as another site, used only when none of those answers). A
 /// target that does not resolve is left out (the others still count); none resolving is an
-/// error. Weights are not read: each instance takes the target's `weight`.
-async fn srv_addrs(c: &TokioResolver, name: &str) -> Result<Vec<SocketAddr>, DiscoveryError> {
+/// error. Each address comes with its record's weight (RFC 2782: the share of requests among the
+/// records of one priority), which multiplies the target's `weight`; a weight of 0 (a record
+/// that should see only a little traffic) counts as 1, so 0 beside 100 is a share of 1%.
+async fn srv_addrs(
+    c: &TokioResolver,
+    name: &str,
+) -> Result<Vec<(SocketAddr, u16)>, DiscoveryError> {
     let lookup = c.srv_lookup(name).await?;
     let mut glue: HashMap<Name, Vec<IpAddr>> = HashMap::new();
     for r in lookup.additionals() {
@@ -183,7 +194,10 @@ async fn srv_addrs(c: &TokioResolver, name: &str) -> Result<Vec<SocketAddr>, Dis
                     }
                 },
             };
-            out.extend(ips.into_iter().map(|ip| SocketAddr::new(ip, srv.port)));
+            out.extend(
+                ips.into_iter()
+                    .map(|ip| (SocketAddr::new(ip, srv.port), srv.weight)),
+            );
         }
         if !out.is_empty() {
             break;
@@ -290,8 +304,10 @@ mod family_tests {
     #[test]
     fn a_dual_stack_answer_is_taken_once_as_ipv4() {
         let a = |s: &str| {
-            s.parse::<SocketAddr>()
-                .unwrap_or_else(|e| panic!("{s}: {e}"))
+            let addr = s
+                .parse::<SocketAddr>()
+                .unwrap_or_else(|e| panic!("{s}: {e}"));
+            (addr, 1u16)
         };
         let both = vec![a("10.0.0.1:8000"), a("[fd00::1]:8000"), a("10.0.0.2:8000")];
         assert_eq!(

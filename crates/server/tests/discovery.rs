@@ -276,3 +276,53 @@ async fn srv_backups_take_over_only_when_the_first_choice_is_gone() {
     eventually("the first choice is back", || urls(&r) == vec![a.url()]).await;
     r.shutdown().await;
 }
+
+/// SRV records' weights are the instances' shares (RFC 2782), times the target's `weight`; a
+/// weight of 0 counts as 1. They were not read: every instance took the target's weight, and a
+/// record published at three times another's share took the same.
+#[tokio::test]
+async fn srv_weights_become_the_instances_weights() {
+    let a = Upstream::start("a", Mode::Echo, &[]).await;
+    let b = Upstream::start("b", Mode::Echo, &[]).await;
+    let heavy = Entry {
+        weight: 3,
+        ..Entry::local("a.fleet.test.", a.addr.port())
+    };
+    let light = Entry {
+        weight: 0,
+        ..Entry::local("b.fleet.test.", b.addr.port())
+    };
+    let dns = DnsServer::start("_http._tcp.fleet.test.", &[heavy.clone(), light]);
+    let mut s = settings(&[]);
+    let mut t = target(dns.srv_name(), 0, DnsRecord::Srv, &dns);
+    t.weight = 2;
+    s.discovery.dns = vec![t];
+    let r = router(s).await;
+    let weights = |r: &prefix_router_server::RunningRouter| {
+        let mut w: Vec<(String, u32)> = r
+            .state()
+            .fleet
+            .snapshot()
+            .instances()
+            .iter()
+            .map(|i| (i.spec().url.clone(), i.weight()))
+            .collect();
+        w.sort();
+        w
+    };
+    let sorted = |mut v: Vec<(String, u32)>| {
+        v.sort();
+        v
+    };
+    assert_eq!(weights(&r), sorted(vec![(a.url(), 6), (b.url(), 2)]));
+    // A new weight published is a changed fleet.
+    dns.set(&[
+        Entry { weight: 1, ..heavy },
+        Entry::local("b.fleet.test.", b.addr.port()),
+    ]);
+    eventually("the new weight is taken", || {
+        weights(&r) == sorted(vec![(a.url(), 2), (b.url(), 2)])
+    })
+    .await;
+    r.shutdown().await;
+}

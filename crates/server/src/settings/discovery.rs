@@ -56,7 +56,8 @@ pub struct DnsTarget {
         deserialize_with = "de::millis"
     )]
     pub interval: Duration,
-    /// Weight of each instance.
+    /// Weight of each instance; with SRV records, times each record's own weight (0 counting
+    /// as 1).
     #[serde(default = "one", deserialize_with = "de::at_least_one")]
     pub weight: u32,
     /// Models of each instance (empty: any).

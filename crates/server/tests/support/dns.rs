@@ -26,6 +26,8 @@ pub struct Entry {
     pub port: u16,
     /// Its SRV priority (0, the first choice, unless a test sets a backup).
     pub priority: u16,
+    /// Its SRV weight (1 unless a test sets another).
+    pub weight: u16,
 }
 
 impl Entry {
@@ -36,6 +38,7 @@ impl Entry {
             ip: Ipv4Addr::LOCALHOST,
             port,
             priority: 0,
+            weight: 1,
         }
     }
 }
@@ -181,7 +184,7 @@ fn answer(query: &Message, srv_name: &Name, zone: &Zone) -> Message {
                     m.add_answer(Record::from_rdata(
                         asked.clone(),
                         0,
-                        RData::SRV(SRV::new(e.priority, 1, e.port, target.clone())),
+                        RData::SRV(SRV::new(e.priority, e.weight, e.port, target.clone())),
                     ));
                     m.add_additional(Record::from_rdata(target, 0, RData::A(A(e.ip))));
                 }
