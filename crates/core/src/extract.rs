@@ -22,6 +22,15 @@
 //!   ([`PROMPT_SEPARATOR`]); an array of token ids as decimal numbers joined by a space; an array
 //!   of token-id arrays, each rendered so, joined by U+001E.
 //!
+//! - Responses (`/v1/responses`): `instructions` as a message of role `system`, then `input`: a
+//!   string as one message of role `user`; an array of items, each as a message (role, U+001F,
+//!   content, U+001E): a message item's role and content (the `text` of `input_text`,
+//!   `output_text` and `text` parts, other parts as in chat); a `function_call` as U+001D, its
+//!   `name`, U+001F, its `arguments`; a `function_call_output` as role `tool` with its `output`;
+//!   any other item (reasoning, item references, built-in tools' calls) as U+FFFC and its hash,
+//!   as a non-text part. `instructions` come first whatever the fields' order in the body (the
+//!   engine renders them first, and the OpenAI Python SDK writes `input` before them).
+//!
 //! Types are checked everywhere in `messages`/`prompt`, also past the prefix: `role` a string,
 //! `content` a string, an array of part objects with a string `type` (and a string `text` for
 //! text parts) or null, `tool_calls` an array of objects or null. `model` must be a string,
@@ -39,6 +48,8 @@
 //! [`scan_impl`], is the default (`BENCHMARKS.md`, "Key extraction from OpenAI chat bodies").
 
 mod canon;
+#[cfg(test)]
+mod responses_tests;
 pub mod scan_impl;
 pub mod serde_impl;
 pub mod sonic_impl;
@@ -141,6 +152,13 @@ pub fn chat_route(body: &[u8], opts: &KeyOptions) -> Result<RequestInfo, Extract
 /// `POST /v1/completions` with the chain as `opts` asks: the router's entry point.
 pub fn completion_route(body: &[u8], opts: &KeyOptions) -> Result<RequestInfo, ExtractError> {
     scan_impl::extract(body, opts, canon::Api::Completion)
+}
+
+/// `POST /v1/responses` with the chain as `opts` asks: the router's entry point. The text is
+/// `instructions` as a system message, then `input`'s items as messages (see
+/// [`canon`]'s `Canon::input`), whatever the fields' order in the body.
+pub fn responses_route(body: &[u8], opts: &KeyOptions) -> Result<RequestInfo, ExtractError> {
+    scan_impl::extract(body, opts, canon::Api::Responses)
 }
 
 /// Native API key and (when asked) byte chain.

@@ -66,6 +66,9 @@ pub(crate) enum Api {
     Chat,
     /// `/v1/completions`: text from `prompt`.
     Completion,
+    /// `/v1/responses`: text from `instructions`, then `input` (read by the router's own reader
+    /// only, which takes both before building the text: see [`Canon::instructions`]).
+    Responses,
 }
 
 impl Api {
@@ -73,6 +76,7 @@ impl Api {
         match self {
             Api::Chat => "messages",
             Api::Completion => "prompt",
+            Api::Responses => "input",
         }
     }
 }
@@ -84,6 +88,8 @@ pub(crate) enum TopField {
     Model,
     Stream,
     Group,
+    /// The Responses API's `instructions`.
+    Instructions,
     Other,
 }
 
@@ -91,6 +97,7 @@ const SEEN_MAIN: u8 = 1;
 const SEEN_MODEL: u8 = 2;
 const SEEN_STREAM: u8 = 4;
 const SEEN_GROUP: u8 = 8;
+const SEEN_INSTRUCTIONS: u8 = 16;
 
 /// Accumulates what the router needs from one body.
 #[derive(Debug)]
@@ -135,6 +142,7 @@ impl<'b> Canon<'b> {
             "model" => TopField::Model,
             "stream" => TopField::Stream,
             "prompt_cache_key" => TopField::Group,
+            "instructions" if self.api == Api::Responses => TopField::Instructions,
             k if k == self.api.main_field() => TopField::Main,
             _ => TopField::Other,
         }
@@ -147,6 +155,7 @@ impl<'b> Canon<'b> {
             TopField::Model => (SEEN_MODEL, "model"),
             TopField::Stream => (SEEN_STREAM, "stream"),
             TopField::Group => (SEEN_GROUP, "prompt_cache_key"),
+            TopField::Instructions => (SEEN_INSTRUCTIONS, "instructions"),
             TopField::Other => return Ok(()),
         };
         if self.seen & bit != 0 {
@@ -168,10 +177,12 @@ impl<'b> Canon<'b> {
             TopField::Main => match self.api {
                 Api::Chat => self.messages(value),
                 Api::Completion => self.prompt(value),
+                Api::Responses => Err(responses_elsewhere()),
             },
             TopField::Model => self.model(value.raw()),
             TopField::Stream => self.stream(value.raw()),
             TopField::Group => self.group(value.raw()),
+            TopField::Instructions => Err(responses_elsewhere()),
             TopField::Other => Ok(()),
         }
     }
@@ -335,11 +346,8 @@ impl<'b> Canon<'b> {
             }
             self.text
                 .push_json_str(text.raw(), "messages[].content[].text")?;
-        } else if !self.text.is_full() {
-            // Hash only when the stand-in is used: a text part's JSON may be long.
-            let hash = xxh3_64_with_seed(part.raw().as_bytes(), PART_SEED);
-            self.text.push_char(PART_STAND_IN);
-            self.text.push_str(&format!("{hash:016x}"));
+        } else {
+            self.stand_in(part.raw());
         }
         Ok(())
     }
@@ -403,6 +411,200 @@ impl<'b> Canon<'b> {
             }
         }
         Ok(())
+    }
+
+    /// The Responses API's `instructions`: a string, or null (none). The engine renders them as
+    /// a system message before `input`, whichever comes first in the body (the OpenAI Python SDK
+    /// writes `input` first), so a back end reads both and hands `instructions` over first: a
+    /// shared system prompt then opens every request's text.
+    pub(crate) fn instructions(&mut self, raw: &str) -> Result<(), ExtractError> {
+        match kind(raw) {
+            Kind::Null => Ok(()),
+            Kind::String => {
+                self.text.push_str("system");
+                self.text.push_char(ROLE_SEPARATOR);
+                self.text.push_json_str(raw, "instructions")?;
+                self.text.push_char(MESSAGE_END);
+                Ok(())
+            }
+            _ => Err(ExtractError::FieldType {
+                field: "instructions",
+                expected: "a string",
+            }),
+        }
+    }
+
+    /// The Responses API's `input`: a string (one user message), an array of input items, or
+    /// null. Each item contributes as a chat message would: a message its role and content
+    /// (text parts' text, other parts a stand-in as in chat); a `function_call` its name and
+    /// arguments after [`TOOL_CALL_START`]; a `function_call_output` its output as a `tool`
+    /// message; any other item (reasoning, references, built-in tools' calls) a stand-in hash
+    /// of its JSON text; each followed by [`MESSAGE_END`].
+    pub(crate) fn input<N: JsonNode>(&mut self, node: N) -> Result<(), ExtractError> {
+        match kind(node.raw()) {
+            Kind::Null => Ok(()),
+            Kind::String => {
+                self.text.push_str("user");
+                self.text.push_char(ROLE_SEPARATOR);
+                self.text.push_json_str(node.raw(), "input")?;
+                self.text.push_char(MESSAGE_END);
+                Ok(())
+            }
+            Kind::Array => node.for_each_element(|item| self.input_item(item)),
+            _ => Err(ExtractError::FieldType {
+                field: "input",
+                expected: "a string or an array of input items",
+            }),
+        }
+    }
+
+    fn input_item<N: JsonNode>(&mut self, item: N) -> Result<(), ExtractError> {
+        if kind(item.raw()) != Kind::Object {
+            return Err(ExtractError::FieldType {
+                field: "input[]",
+                expected: "an object",
+            });
+        }
+        let mut f = ItemFields::default();
+        item.for_each_entry(|k, v| match k {
+            "type" => set_once(&mut f.ty, v, "input[].type"),
+            "role" => set_once(&mut f.role, v, "input[].role"),
+            "content" => set_once(&mut f.content, v, "input[].content"),
+            "name" => set_once(&mut f.name, v, "input[].name"),
+            "arguments" => set_once(&mut f.arguments, v, "input[].arguments"),
+            "output" => set_once(&mut f.output, v, "input[].output"),
+            _ => Ok(()),
+        })?;
+        let ty = match &f.ty {
+            None => None,
+            Some(t) if kind(t.raw()) == Kind::String => {
+                // A type longer than any the text depends on is some other item.
+                Some(short_str(t.raw(), "input[].type")?.unwrap_or_default())
+            }
+            Some(_) => {
+                return Err(ExtractError::FieldType {
+                    field: "input[].type",
+                    expected: "a string",
+                })
+            }
+        };
+        match ty.as_deref() {
+            None | Some("message") => {
+                let role = f.role.ok_or(ExtractError::Missing("input[].role"))?;
+                if kind(role.raw()) != Kind::String {
+                    return Err(ExtractError::FieldType {
+                        field: "input[].role",
+                        expected: "a string",
+                    });
+                }
+                self.text.push_json_str(role.raw(), "input[].role")?;
+                self.text.push_char(ROLE_SEPARATOR);
+                if let Some(c) = f.content {
+                    self.item_content(c, "input[].content")?;
+                }
+            }
+            Some("function_call") => {
+                self.text.push_char(TOOL_CALL_START);
+                self.optional_str(f.name, "input[].name")?;
+                self.text.push_char(ROLE_SEPARATOR);
+                self.optional_str(f.arguments, "input[].arguments")?;
+            }
+            Some("function_call_output") => {
+                self.text.push_str("tool");
+                self.text.push_char(ROLE_SEPARATOR);
+                if let Some(o) = f.output {
+                    self.item_content(o, "input[].output")?;
+                }
+            }
+            _ => self.stand_in(item.raw()),
+        }
+        self.text.push_char(MESSAGE_END);
+        Ok(())
+    }
+
+    /// A message's `content` or a tool call's `output`: a string, an array of content parts,
+    /// or null. Parts of type `input_text`, `output_text` or `text` contribute their `text`;
+    /// any other part a stand-in, as in chat.
+    fn item_content<N: JsonNode>(
+        &mut self,
+        node: N,
+        field: &'static str,
+    ) -> Result<(), ExtractError> {
+        match kind(node.raw()) {
+            Kind::Null => Ok(()),
+            Kind::String => self.text.push_json_str(node.raw(), field),
+            Kind::Array => node.for_each_element(|part| {
+                if kind(part.raw()) != Kind::Object {
+                    return Err(ExtractError::FieldType {
+                        field: "input[].content[]",
+                        expected: "an object",
+                    });
+                }
+                let (mut ty, mut text): (Option<N>, Option<N>) = (None, None);
+                part.for_each_entry(|k, v| match k {
+                    "type" => set_once(&mut ty, v, "input[].content[].type"),
+                    "text" => set_once(&mut text, v, "input[].content[].text"),
+                    _ => Ok(()),
+                })?;
+                let ty = ty.ok_or(ExtractError::Missing("input[].content[].type"))?;
+                if kind(ty.raw()) != Kind::String {
+                    return Err(ExtractError::FieldType {
+                        field: "input[].content[].type",
+                        expected: "a string",
+                    });
+                }
+                let textual = matches!(
+                    short_str(ty.raw(), "input[].content[].type")?.as_deref(),
+                    Some("input_text" | "output_text" | "text")
+                );
+                if !textual {
+                    self.stand_in(part.raw());
+                    return Ok(());
+                }
+                let text = text.ok_or(ExtractError::Missing("input[].content[].text"))?;
+                if kind(text.raw()) != Kind::String {
+                    return Err(ExtractError::FieldType {
+                        field: "input[].content[].text",
+                        expected: "a string",
+                    });
+                }
+                self.text
+                    .push_json_str(text.raw(), "input[].content[].text")
+            }),
+            _ => Err(ExtractError::FieldType {
+                field,
+                expected: "a string, an array of content parts or null",
+            }),
+        }
+    }
+
+    /// A string field that may be absent or null.
+    fn optional_str<N: JsonNode>(
+        &mut self,
+        value: Option<N>,
+        field: &'static str,
+    ) -> Result<(), ExtractError> {
+        match value.as_ref().map(|v| kind(v.raw())) {
+            None | Some(Kind::Null) => Ok(()),
+            Some(Kind::String) => match &value {
+                Some(v) => self.text.push_json_str(v.raw(), field),
+                None => Ok(()),
+            },
+            Some(_) => Err(ExtractError::FieldType {
+                field,
+                expected: "a string",
+            }),
+        }
+    }
+
+    /// [`PART_STAND_IN`] and the hash of a value's JSON text, while the text still grows (hashed
+    /// only then: a part's JSON may be long).
+    fn stand_in(&mut self, raw: &str) {
+        if !self.text.is_full() {
+            let hash = xxh3_64_with_seed(raw.as_bytes(), PART_SEED);
+            self.text.push_char(PART_STAND_IN);
+            self.text.push_str(&format!("{hash:016x}"));
+        }
     }
 
     /// `prompt`: a string, an array of strings, an array of token ids, or an array of such arrays.
@@ -469,7 +671,9 @@ impl<'b> Canon<'b> {
     /// The key covers the first `opts.prefix_length` characters of the text; the chain (when
     /// asked for) covers what was read, up to its own bound.
     pub(crate) fn finish(mut self) -> Result<RequestInfo, ExtractError> {
-        if self.seen & SEEN_MAIN == 0 {
+        // A Responses request may have no `input` (its text is then its instructions, or a
+        // stored conversation the engine holds).
+        if self.seen & SEEN_MAIN == 0 && self.api != Api::Responses {
             return Err(ExtractError::Missing(self.api.main_field()));
         }
         let group = self.group.as_deref();
@@ -481,6 +685,50 @@ impl<'b> Canon<'b> {
             stream: self.stream,
         })
     }
+}
+
+/// The fields of one Responses input item the canonical text uses.
+struct ItemFields<N> {
+    ty: Option<N>,
+    role: Option<N>,
+    content: Option<N>,
+    name: Option<N>,
+    arguments: Option<N>,
+    output: Option<N>,
+}
+
+impl<N> Default for ItemFields<N> {
+    fn default() -> Self {
+        Self {
+            ty: None,
+            role: None,
+            content: None,
+            name: None,
+            arguments: None,
+            output: None,
+        }
+    }
+}
+
+/// A raw JSON string decoded when it is at most 32 bytes long (an item's or a part's type);
+/// `None` when longer (no type the text depends on is).
+fn short_str(raw: &str, field: &'static str) -> Result<Option<String>, ExtractError> {
+    let mut out = String::new();
+    let mut fits = true;
+    decode_json_str(raw, field, |piece| {
+        fits = out.len() + piece.len() <= 32;
+        if fits {
+            out.push_str(piece);
+        }
+        fits
+    })?;
+    Ok(fits.then_some(out))
+}
+
+/// The lazy back ends read chat and completions bodies only (the Responses API's text is built
+/// by [`super::scan_impl`], the router's reader).
+pub(crate) fn responses_elsewhere() -> ExtractError {
+    ExtractError::Json("the Responses API is read by the router's own reader only".into())
 }
 
 /// The fields of one message the canonical text uses, collected in any document order.

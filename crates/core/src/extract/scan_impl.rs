@@ -49,7 +49,11 @@ pub(crate) fn extract(
                 Err(e) => e,
             });
         }
-        r.object(|r, key| top_entry(r, &mut canon, &key))?;
+        if api == Api::Responses {
+            responses_top(&mut r, &mut canon)?;
+        } else {
+            r.object(|r, key| top_entry(r, &mut canon, &key))?;
+        }
         r.ws();
         if r.pos != text.len() {
             return Err(r.syntax("trailing characters"));
@@ -79,9 +83,35 @@ fn top_entry(r: &mut Reader<'_>, canon: &mut Canon<'_>, key: &str) -> Result<(),
                 TopField::Main => canon.prompt(Raw(raw)),
                 TopField::Model => canon.model(raw),
                 TopField::Stream => canon.stream(raw),
-                _ => canon.group(raw),
+                TopField::Group => canon.group(raw),
+                _ => Err(super::canon::responses_elsewhere()),
             }
         }
+    }
+}
+
+/// A Responses body's top level: `instructions` and `input` are read whole first, then handed
+/// over in that order ([`Canon::instructions`]).
+fn responses_top(r: &mut Reader<'_>, canon: &mut Canon<'_>) -> Result<(), ExtractError> {
+    let (mut instructions, mut input) = (None, None);
+    r.object(|r, key| {
+        let field = canon.top_field(&key);
+        canon.mark(field)?;
+        match field {
+            TopField::Other => r.value().map(drop),
+            TopField::Main => r.value().map(|v| input = Some(v)),
+            TopField::Instructions => r.value().map(|v| instructions = Some(v)),
+            TopField::Model => canon.model(r.value()?),
+            TopField::Stream => canon.stream(r.value()?),
+            TopField::Group => canon.group(r.value()?),
+        }
+    })?;
+    if let Some(raw) = instructions {
+        canon.instructions(raw)?;
+    }
+    match input {
+        Some(raw) => canon.input(Raw(raw)),
+        None => Ok(()),
     }
 }
 

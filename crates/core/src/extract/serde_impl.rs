@@ -131,7 +131,8 @@ impl<'de> Visitor<'de> for Top<'_, '_> {
                         TopField::Main => st.canon.prompt(raw),
                         TopField::Model => st.canon.model(raw.get()),
                         TopField::Stream => st.canon.stream(raw.get()),
-                        _ => st.canon.group(raw.get()),
+                        TopField::Group => st.canon.group(raw.get()),
+                        _ => Err(super::canon::responses_elsewhere()),
                     };
                     st.fail(r)?;
                 }
