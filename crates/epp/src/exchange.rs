@@ -512,7 +512,7 @@ impl Exchange {
         if let Stage::Routed(a) = &mut self.stage {
             a.body_seen = true;
             if !b.body.is_empty() {
-                a.routed.guard.first_byte();
+                a.routed.guard.body_data(&b.body);
                 if let Some(s) = a.usage.as_mut() {
                     s.feed(&b.body);
                 }

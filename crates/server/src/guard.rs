@@ -9,6 +9,7 @@ use std::time::Instant;
 use prefix_router_core::{Instance, Ticket, Usage};
 
 use crate::access_log::Entry;
+use crate::opening::OpeningEvents;
 use crate::outcome::Outcome;
 use crate::pick::Api;
 use crate::state::AppState;
@@ -30,6 +31,9 @@ pub struct InFlightGuard {
     completed: bool,
     usage: Option<Usage>,
     first_byte_seen: bool,
+    /// A Responses API answer's opening events, read until its first token comes (boxed: only
+    /// those answers have it).
+    opening: Option<Box<OpeningEvents>>,
     /// The access log's line, when the log is on: filled in as the request goes, sent on drop.
     log: Option<Box<Entry>>,
 }
@@ -51,6 +55,7 @@ impl InFlightGuard {
             completed: false,
             usage: None,
             first_byte_seen: false,
+            opening: (api == Api::Responses).then(Box::default),
             log: None,
         }
     }
@@ -129,9 +134,25 @@ impl InFlightGuard {
     /// the decode (told to the strategy as no sample of the time to first token, also when the
     /// body ends without a byte).
     pub fn unstreamed(&mut self) {
+        self.opening = None;
         if let Some(t) = self.ticket.as_mut() {
             t.unstreamed();
         }
+    }
+
+    /// A piece of the answer's body is about to go to the client. Whether the first token came
+    /// with it or before: for most answers that is the first byte ([`Self::first_byte`]); a
+    /// Responses API stream opens with events sent before queueing and prefill
+    /// ([`crate::opening`]), and its first token is the first event after them.
+    pub fn body_data(&mut self, data: &[u8]) -> bool {
+        if let Some(o) = self.opening.as_mut() {
+            if !o.feed(data) {
+                return false;
+            }
+            self.opening = None;
+        }
+        self.first_byte();
+        true
     }
 
     /// The first response body byte is about to go to the client: for a successful answer,
@@ -173,8 +194,9 @@ impl Drop for InFlightGuard {
         // that has reported `cached_tokens` before, usage without it is 0 cached. Read as
         // unknown, a full miss (the strongest evidence of an eviction) taught the strategy
         // nothing, and left the hit rates of the dashboard without the misses.
-        // Chat and completions only: embeddings and other answers never carry the details.
-        let generates = matches!(self.api, Api::Chat | Api::Completions);
+        // Chat, completions and responses only: embeddings and other answers never carry the
+        // details.
+        let generates = matches!(self.api, Api::Chat | Api::Completions | Api::Responses);
         if let Some(u) = self.usage.as_mut().filter(|_| generates) {
             match u.cached_tokens {
                 Some(_) => self.stats.reports_cached.store(true, Ordering::Relaxed),

@@ -186,7 +186,9 @@ pub async fn handle(
     let api = match path {
         "/v1/models" if get_only(&method) => return Ok(models::list(&state).await),
         "/v1/models" => return Ok(not_allowed(&method, path, "GET, HEAD")),
-        "/v1/chat/completions" | "/v1/completions" | "/invocations" if method != Method::POST => {
+        "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/invocations"
+            if method != Method::POST =>
+        {
             return Ok(not_allowed(&method, path, "POST"))
         }
         p => match Api::of_path(p) {

@@ -29,6 +29,7 @@ pub mod kv_events;
 pub mod membership;
 pub mod metrics;
 pub mod models;
+pub mod opening;
 pub mod outcome;
 pub mod pick;
 pub mod pool;

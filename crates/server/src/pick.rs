@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::header::HeaderMap;
-use prefix_router_core::extract::{chat_route, completion_route, native_route};
+use prefix_router_core::extract::{chat_route, completion_route, native_route, responses_route};
 use prefix_router_core::{
     dispatch, dispatch_to, Chain, ChainSpec, Dispatched, ExtractError, FleetSnapshot, Instance,
     KeyHash, KeyOptions, Reason, RouteRequest, Strategy,
@@ -34,6 +34,8 @@ pub enum Api {
     Chat,
     /// `POST /v1/completions`.
     Completions,
+    /// `POST /v1/responses` (the Responses API).
+    Responses,
     /// `POST /invocations` (native key).
     Invocations,
     /// Any other `/v1/*` route: no key, least-outstanding among the instances serving its
@@ -43,7 +45,13 @@ pub enum Api {
 
 impl Api {
     /// Every API, in [`Api::index`] order.
-    pub const ALL: [Api; 4] = [Api::Chat, Api::Completions, Api::Invocations, Api::Other];
+    pub const ALL: [Api; 5] = [
+        Api::Chat,
+        Api::Completions,
+        Api::Responses,
+        Api::Invocations,
+        Api::Other,
+    ];
 
     /// Position in [`Api::ALL`] (per-API tables).
     pub fn index(self) -> usize {
@@ -53,7 +61,12 @@ impl Api {
     /// The API a data-plane path (without its query) is proxied as; `None` for a path that is
     /// not proxied.
     pub fn of_path(path: &str) -> Option<Api> {
-        let keyed = [Api::Chat, Api::Completions, Api::Invocations];
+        let keyed = [
+            Api::Chat,
+            Api::Completions,
+            Api::Responses,
+            Api::Invocations,
+        ];
         if let Some(api) = keyed.into_iter().find(|a| a.path() == Some(path)) {
             return Some(api);
         }
@@ -65,6 +78,7 @@ impl Api {
         match self {
             Api::Chat => Some("/v1/chat/completions"),
             Api::Completions => Some("/v1/completions"),
+            Api::Responses => Some("/v1/responses"),
             Api::Invocations => Some("/invocations"),
             Api::Other => None,
         }
@@ -75,6 +89,7 @@ impl Api {
         match self {
             Api::Chat => "chat",
             Api::Completions => "completions",
+            Api::Responses => "responses",
             Api::Invocations => "invocations",
             Api::Other => "other",
         }
@@ -123,11 +138,11 @@ fn extract(
     opts: &KeyOptions,
 ) -> Result<Extracted, ApiError> {
     Ok(match api {
-        Api::Chat | Api::Completions => {
-            let info = if api == Api::Chat {
-                chat_route(body, opts)?
-            } else {
-                completion_route(body, opts)?
+        Api::Chat | Api::Completions | Api::Responses => {
+            let info = match api {
+                Api::Chat => chat_route(body, opts)?,
+                Api::Completions => completion_route(body, opts)?,
+                _ => responses_route(body, opts)?,
             };
             Extracted {
                 key: Some(info.key),

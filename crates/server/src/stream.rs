@@ -172,9 +172,12 @@ impl Body for RelayBody {
             Poll::Ready(Some(Ok(frame))) => {
                 let mut first_data = false;
                 if let Some(data) = frame.data_ref() {
-                    first_data = !this.seen_data && !data.is_empty();
-                    this.seen_data |= first_data;
-                    this.guard.first_byte();
+                    // Until the first token, the longer wait for it applies (a Responses
+                    // stream's opening events are sent before it: `crate::opening`).
+                    if !this.seen_data && this.guard.body_data(data) {
+                        first_data = !data.is_empty();
+                        this.seen_data = first_data;
+                    }
                     if let Some(scanner) = this.usage.as_mut() {
                         scanner.feed(data);
                     }

@@ -4,9 +4,12 @@
 //! non-streaming JSON answer, and in a streamed answer in the chunk that carries usage (usually
 //! the last before `data: [DONE]`, with `stream_options.include_usage`). Cache-aware routing
 //! compares `cached_tokens` with what it predicted, so the relay hands both to the request's
-//! ticket. The body is neither buffered nor parsed nor delayed: each chunk is searched for the
-//! byte patterns `"prompt_tokens":`, `"cached_tokens":` and `"completion_tokens":` (for the
-//! access log) followed by a number (or `null`), and
+//! ticket. The Responses API names them `usage.input_tokens`,
+//! `usage.input_tokens_details.cached_tokens` and `usage.output_tokens`, in its JSON answer and in
+//! a stream's `response.completed` event. The body is neither buffered nor parsed nor delayed:
+//! each chunk is searched for the byte patterns `"prompt_tokens":` (or `"input_tokens":`),
+//! `"cached_tokens":` and `"completion_tokens":` (or `"output_tokens":`, for the access log)
+//! followed by a number (or `null`), and
 //! the last [`TAIL`] bytes are kept so that a pattern cut between two chunks is still found.
 //!
 //! In valid JSON those byte sequences only occur as object keys: inside a string their quotes
@@ -25,6 +28,9 @@ const SUFFIX: &[u8] = b"_tokens\":";
 const PROMPT_NAME: &[u8] = b"\"prompt";
 const CACHED_NAME: &[u8] = b"\"cached";
 const COMPLETION_NAME: &[u8] = b"\"completion";
+/// The Responses API's names for the prompt's and the answer's tokens.
+const INPUT_NAME: &[u8] = b"\"input";
+const OUTPUT_NAME: &[u8] = b"\"output";
 const _: () = assert!(COMPLETION_NAME.len() + SUFFIX.len() + MAX_SPACE + 10 < TAIL);
 
 static SUFFIX_FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
@@ -131,7 +137,7 @@ impl UsageScanner {
             let before = &data[..end];
             let after = &data[end + SUFFIX.len()..];
             let starts = |name: &[u8]| before.ends_with(name) && end - name.len() < starts_before;
-            if starts(PROMPT_NAME) {
+            if starts(PROMPT_NAME) || starts(INPUT_NAME) {
                 // `prompt_tokens: null` says nothing: keep what was seen.
                 if let Value::Done(Some(n)) = value(after, at_end) {
                     self.prompt_tokens = Some(n);
@@ -140,7 +146,7 @@ impl UsageScanner {
                 if let Value::Done(v) = value(after, at_end) {
                     self.cached_tokens = v;
                 }
-            } else if starts(COMPLETION_NAME) {
+            } else if starts(COMPLETION_NAME) || starts(OUTPUT_NAME) {
                 if let Value::Done(Some(n)) = value(after, at_end) {
                     self.completion_tokens = Some(n);
                 }
@@ -307,6 +313,27 @@ mod tests {
         body.push_str("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":300,\"completion_tokens\":5,\"total_tokens\":305,\"prompt_tokens_details\":{\"cached_tokens\":256}}}\n\n");
         body.push_str("data: [DONE]\n\n");
         every_split(&body, usage(300, Some(256)));
+    }
+
+    /// The Responses API: `input_tokens`, `input_tokens_details.cached_tokens` and
+    /// `output_tokens`, in a JSON answer and in a stream's `response.completed` event (its
+    /// `response.created` event carries `"usage":null`).
+    #[test]
+    fn responses_usage_is_read() {
+        every_split(
+            r#"{"id":"resp_1","object":"response","output":[],"usage":{"input_tokens":900,"input_tokens_details":{"cached_tokens":768},"output_tokens":7,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":907}}"#,
+            usage(900, Some(768)),
+        );
+        let body = concat!(
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_2\",\"usage\":null}}\n\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_2\",\"usage\":{\"input_tokens\":120,\"input_tokens_details\":{\"cached_tokens\":64},\"output_tokens\":2,\"total_tokens\":122}}}\n\n",
+        );
+        every_split(body, usage(120, Some(64)));
+        let mut s = UsageScanner::new();
+        s.feed(body.as_bytes());
+        let _ = s.finish();
+        assert_eq!(s.completion_tokens(), Some(2));
     }
 
     #[test]

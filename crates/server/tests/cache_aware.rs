@@ -172,6 +172,55 @@ async fn a_shared_prefix_stays_where_it_is_cached_and_the_index_shows() {
     r.shutdown().await;
 }
 
+/// The Responses API is routed on its text as chat is: a long `instructions` shared by every
+/// request keeps them where it is cached, though the OpenAI SDK writes `input` first. It went
+/// to least-outstanding, keyless, and every instance prefilled the instructions again.
+#[tokio::test]
+async fn responses_requests_stay_where_their_instructions_are_cached() {
+    let ups = vec![
+        Upstream::start("a", Mode::Echo, &[]).await,
+        Upstream::start("b", Mode::Echo, &[]).await,
+        Upstream::start("c", Mode::Echo, &[]).await,
+    ];
+    let r = start(&ups).await;
+    let addr = r.local_addr();
+    let mut instructions = String::from("You review leases. ");
+    while instructions.len() < 6000 {
+        instructions.push_str("The tenant shall keep the premises in good repair. ");
+    }
+    let ask = |q: &str| {
+        format!(
+            "{{\"input\":{},\"model\":\"m\",\"instructions\":{}}}",
+            serde_json::json!(q),
+            serde_json::json!(instructions)
+        )
+    };
+    let responses = |body: String| async move {
+        let a = post(addr, "/v1/responses", &[], body).await;
+        assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+        a
+    };
+    let first = responses(ask("What is the rent?")).await;
+    assert_eq!(first.header("x-prefix-router-decision"), "cold");
+    for q in [
+        "Who repairs the roof?",
+        "When does it end?",
+        "Can I sublet?",
+    ] {
+        let a = responses(ask(q)).await;
+        assert_eq!(a.header("x-prefix-router-decision"), "cache_hit", "{q}");
+        assert_eq!(a.upstream(), first.upstream(), "{q}");
+    }
+    let text = metrics(addr).await;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("prefix_router_requests_total{")
+                && l.contains("api=\"responses\"")),
+        "{text}"
+    );
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn routing_changes_keep_or_rebuild_the_learned_state_and_leaving_forgets_it() {
     let ups = vec![

@@ -214,6 +214,8 @@ async fn requests_that_ask_for_a_whole_answer_are_told_so() {
         ),
         ("/v1/completions", r#"{"prompt":"p"}"#, true),
         ("/v1/completions", r#"{"prompt":"p","stream":true}"#, false),
+        ("/v1/responses", r#"{"input":"p"}"#, true),
+        ("/v1/responses", r#"{"input":"p","stream":true}"#, false),
         // The native API does not say: its first response byte stands for the first token.
         ("/invocations", r#"{"inputs":"p"}"#, false),
     ];
@@ -226,5 +228,107 @@ async fn requests_that_ask_for_a_whole_answer_are_told_so() {
         });
         assert_eq!(told, Some(whole), "{path} {body}");
     }
+    r.shutdown().await;
+}
+
+/// A Responses API stream opens with `response.created` and `response.in_progress`, sent before
+/// queueing and prefill (as vLLM does): its first token is the first event after them. Taken at
+/// the first byte, the time to first token was about nothing whatever the prompt, and the idle
+/// timeout, which runs from the first data, cut a request still queued.
+#[tokio::test]
+async fn a_responses_streams_first_token_comes_after_its_opening_events() {
+    let engine = raw_engine(|mut s| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        // The head, then the body by its length.
+        let body_start = loop {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..body_start]).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < body_start + len {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let piece = |data: &str| format!("{:x}\r\n{data}\r\n", data.len());
+        let opening = "event: response.created\ndata: {\"response\":{\"id\":\"resp_1\",\"usage\":null},\"type\":\"response.created\"}\n\nevent: response.in_progress\ndata: {\"response\":{\"id\":\"resp_1\"},\"type\":\"response.in_progress\"}\n\n";
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        if s.write_all(format!("{head}{}", piece(opening)).as_bytes()).await.is_err() {
+            return;
+        }
+        // Queued and prefilling: longer than the idle timeout.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let rest = "event: response.output_text.delta\ndata: {\"delta\":\"hi\"}\n\nevent: response.completed\ndata: {\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":50,\"input_tokens_details\":{\"cached_tokens\":10},\"output_tokens\":1}},\"type\":\"response.completed\"}\n\n";
+        let _ = s
+            .write_all(format!("{}0\r\n\r\n", piece(rest)).as_bytes())
+            .await;
+        let _ = s.shutdown().await;
+    })
+    .await;
+    let mut s = settings(&[engine]);
+    s.timeouts.idle_stream = std::time::Duration::from_millis(200);
+    let r = router(s).await;
+    let recorder = install(&r);
+    let a = post(
+        r.local_addr(),
+        "/v1/responses",
+        &[],
+        r#"{"input":"hello","stream":true}"#,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let body = String::from_utf8_lossy(&a.body).into_owned();
+    assert!(body.contains("response.completed"), "cut: {body}");
+    let calls = {
+        let mut all = Vec::new();
+        let done = tokio::time::timeout(WAIT, async {
+            while !all
+                .iter()
+                .any(|c| matches!(c, Call::Feedback { event, .. } if format!("{event:?}").starts_with("Finished")))
+            {
+                all.extend(recorder.take());
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(done.is_ok(), "only {all:?}");
+        all
+    };
+    let heard: Vec<(String, f64)> = calls
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Feedback {
+                event,
+                now,
+                sent_at,
+                ..
+            } => Some((format!("{event:?}"), now - sent_at)),
+            _ => None,
+        })
+        .collect();
+    let first = heard
+        .iter()
+        .find(|(e, _)| e == "FirstToken")
+        .map(|(_, t)| *t);
+    assert!(first.is_some_and(|t| t >= 0.4), "{heard:?}");
+    assert!(
+        heard
+            .iter()
+            .any(|(e, _)| e.contains("prompt_tokens: 50") && e.contains("cached_tokens: Some(10)")),
+        "{heard:?}"
+    );
     r.shutdown().await;
 }
