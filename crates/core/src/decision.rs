@@ -34,6 +34,10 @@ pub enum Reason {
     /// Not routed: the proxy could not reach the instance chosen (`from`) and this one, next in
     /// the order the router gave it, answered.
     Fallback { from: InstanceId },
+    /// Not routed: the request continues a response this instance gave and stores (the
+    /// Responses API's `previous_response_id`, or a request for that response), which no other
+    /// instance holds.
+    StoredResponse,
 }
 
 impl Reason {
@@ -43,7 +47,7 @@ impl Reason {
     }
     /// Every label, in the order of [`Reason::index`] (per-instance counters keep one slot per
     /// reason, without a lock or a string key).
-    pub const LABELS: [&'static str; 13] = [
+    pub const LABELS: [&'static str; 14] = [
         "preferred",
         "overflow",
         "all_busy",
@@ -57,6 +61,7 @@ impl Reason {
         "load",
         "prewarm",
         "fallback",
+        "stored_response",
     ];
 
     /// This reason's position in [`Reason::LABELS`].
@@ -75,6 +80,7 @@ impl Reason {
             Reason::Load { .. } => 10,
             Reason::Prewarm => 11,
             Reason::Fallback { .. } => 12,
+            Reason::StoredResponse => 13,
         }
     }
 
@@ -158,6 +164,7 @@ mod tests {
             Reason::Load { from: id.clone() },
             Reason::Prewarm,
             Reason::Fallback { from: id },
+            Reason::StoredResponse,
         ] {
             assert!(!std::mem::replace(&mut seen[r.index()], true), "{r:?}");
             assert_eq!(

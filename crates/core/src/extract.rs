@@ -83,6 +83,9 @@ pub struct RequestInfo {
     pub model: Option<String>,
     /// `stream` field (false when absent).
     pub stream: bool,
+    /// The Responses API's `previous_response_id` (`None` for other APIs): the response the
+    /// request continues, stored by the instance that gave it.
+    pub previous_response_id: Option<String>,
 }
 
 /// How far extraction reads: the key's prefix and, when a strategy wants it, the block chain.

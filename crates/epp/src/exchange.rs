@@ -57,6 +57,9 @@ enum Stage {
         headers: HeaderMap,
         subset: Option<Vec<String>>,
         body: BytesMut,
+        /// The path, for a request routed without a body to read (`/v1/responses/{id}` goes
+        /// where that response is stored).
+        path: Option<String>,
     },
     /// Routed; its answer is awaited or streaming.
     Routed(Box<Answering>),
@@ -243,6 +246,7 @@ impl Exchange {
             headers,
             subset,
             body: BytesMut::new(),
+            path: (api == Api::Other).then(|| path.to_owned()),
         };
         if h.end_of_stream {
             return vec![self.decide(Phase::RequestHeaders).await];
@@ -345,13 +349,17 @@ impl Exchange {
             headers,
             subset,
             body,
+            path,
         } = std::mem::replace(&mut self.stage, Stage::Over)
         else {
             let nothing = wire::answer(phase, wire::common(Vec::new()), None);
             return (nothing, bytes::Bytes::new());
         };
         let body = body.freeze();
-        match self.route(api, &headers, subset.as_deref(), &body).await {
+        match self
+            .route(api, &headers, subset.as_deref(), &body, path.as_deref())
+            .await
+        {
             Ok(answering) => {
                 let value = answering
                     .endpoints
@@ -378,9 +386,12 @@ impl Exchange {
         headers: &HeaderMap,
         subset: Option<&[String]>,
         body: &bytes::Bytes,
+        path: Option<&str>,
     ) -> Result<Answering, ApiError> {
         let state = &self.state;
-        let prepared = Prepared::prepare(state, api, headers, body, self.received).await?;
+        let prepared = Prepared::prepare(state, api, headers, body, self.received)
+            .await?
+            .for_path(path.unwrap_or_default());
         if let Some(p) = &state.prewarm {
             p.record(api, prepared.key, state.now_s(), body);
         }

@@ -12,6 +12,7 @@ use crate::access_log::Entry;
 use crate::opening::OpeningEvents;
 use crate::outcome::Outcome;
 use crate::pick::Api;
+use crate::responses::IdScanner;
 use crate::state::AppState;
 use crate::stats::InstanceStats;
 
@@ -34,6 +35,8 @@ pub struct InFlightGuard {
     /// A Responses API answer's opening events, read until its first token comes (boxed: only
     /// those answers have it).
     opening: Option<Box<OpeningEvents>>,
+    /// A Responses API answer's id, looked for until found ([`crate::responses`]).
+    response_id: Option<Box<IdScanner>>,
     /// The access log's line, when the log is on: filled in as the request goes, sent on drop.
     log: Option<Box<Entry>>,
 }
@@ -56,6 +59,7 @@ impl InFlightGuard {
             usage: None,
             first_byte_seen: false,
             opening: (api == Api::Responses).then(Box::default),
+            response_id: (api == Api::Responses).then(Box::default),
             log: None,
         }
     }
@@ -145,6 +149,18 @@ impl InFlightGuard {
     /// Responses API stream opens with events sent before queueing and prefill
     /// ([`crate::opening`]), and its first token is the first event after them.
     pub fn body_data(&mut self, data: &[u8]) -> bool {
+        if let Some(s) = self.response_id.as_mut() {
+            let found = match self.outcome {
+                Outcome::Ok => s.feed(data),
+                _ => None,
+            };
+            if let Some(id) = &found {
+                self.state.response_homes.record(id, self.instance.id());
+            }
+            if found.is_some() || self.outcome != Outcome::Ok || s.is_done() {
+                self.response_id = None;
+            }
+        }
         if let Some(o) = self.opening.as_mut() {
             if !o.feed(data) {
                 return false;

@@ -37,6 +37,7 @@ pub mod prewarm;
 pub mod prom;
 pub mod proxy;
 pub mod reload;
+pub mod responses;
 pub mod routing;
 pub mod server;
 pub mod settings;

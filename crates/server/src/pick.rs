@@ -128,6 +128,8 @@ struct Extracted {
     model: Option<String>,
     /// The client asked for a whole answer ([`RouteRequest::whole_answer`]).
     whole_answer: bool,
+    /// The stored response the request continues (`previous_response_id`).
+    stored_response: Option<String>,
 }
 
 /// Key, block chain (when the strategy reads one) and model of a request body, by API.
@@ -149,6 +151,7 @@ fn extract(
                 chain: info.chain,
                 model: info.model,
                 whole_answer: !info.stream,
+                stored_response: info.previous_response_id,
             }
         }
         Api::Invocations => {
@@ -168,6 +171,7 @@ fn extract(
                 model: None,
                 // The body is not read: its first response byte stands for the first token.
                 whole_answer: false,
+                stored_response: None,
             }
         }
         Api::Other => Extracted {
@@ -334,6 +338,9 @@ pub struct Prepared {
     pub received: Instant,
     /// The client asked for a whole answer (`stream` false or absent).
     pub whole_answer: bool,
+    /// The stored response the request continues or asks for: it goes where that response
+    /// lives, when the router knows ([`crate::responses`]).
+    pub stored_response: Option<String>,
 }
 
 impl Prepared {
@@ -399,6 +406,7 @@ impl Prepared {
             chain,
             model,
             whole_answer,
+            stored_response,
         } = extract(api, headers, body, &opts)?;
         Ok(Self {
             api,
@@ -410,7 +418,33 @@ impl Prepared {
             tokenized: None,
             received,
             whole_answer,
+            stored_response,
         })
+    }
+
+    /// A request for a stored response by its path (`GET /v1/responses/{id}`, its `cancel`
+    /// and `input_items`, `DELETE`): it goes where the response lives.
+    pub fn for_path(mut self, path: &str) -> Self {
+        if self.api == Api::Other && self.stored_response.is_none() {
+            self.stored_response = crate::responses::id_in_path(path).map(str::to_owned);
+        }
+        self
+    }
+
+    /// The instance in `fleet` that stores the response the request continues, when the
+    /// router knows it and it can take the request.
+    fn stored_home(
+        &self,
+        state: &AppState,
+        fleet: &FleetSnapshot,
+    ) -> Option<(usize, Arc<Instance>)> {
+        let home = state
+            .response_homes
+            .home(self.stored_response.as_deref()?)?;
+        let (index, instance) = fleet.get(home.as_str())?;
+        instance
+            .is_eligible(self.model.as_deref())
+            .then(|| (index, Arc::clone(instance)))
     }
 
     /// The strategy's view of the request, at `now`.
@@ -432,7 +466,15 @@ impl Prepared {
         // Each attempt is sent at its own time (the strategy learns time to first token from it).
         let started = Instant::now();
         let req = self.request(state, state.secs_at(started));
-        let dispatched = with_rng(|rng| dispatch(&self.strategy, &req, fleet, rng));
+        let dispatched = match self.stored_home(state, fleet) {
+            // Only that instance can answer it: no choice to make.
+            Some((index, home)) => Ok(Dispatched {
+                index,
+                reason: Reason::StoredResponse,
+                ticket: dispatch_to(&self.strategy, &req, home, Reason::StoredResponse),
+            }),
+            None => with_rng(|rng| dispatch(&self.strategy, &req, fleet, rng)),
+        };
         state
             .metrics
             .decision_latency

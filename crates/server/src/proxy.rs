@@ -107,7 +107,9 @@ async fn forward(
             settings.timeouts.client_body,
         )
         .await?;
-    let prepared = Prepared::prepare(state, api, &parts.headers, &body, received).await?;
+    let prepared = Prepared::prepare(state, api, &parts.headers, &body, received)
+        .await?
+        .for_path(parts.uri.path());
     if let Some(p) = &state.prewarm {
         p.record(api, prepared.key, state.now_s(), &body);
     }

@@ -51,6 +51,8 @@ pub struct AppState {
     pub prewarm: Option<crate::prewarm::Prewarm>,
     /// Snapshots of the per-instance counters for the live page (`/dashboard`).
     pub dashboard: crate::dashboard::History,
+    /// Where the Responses API's stored responses live ([`crate::responses`]).
+    pub response_homes: crate::responses::ResponseHomes,
     /// The origin of [`AppState::now_s`].
     started: Instant,
     /// A shutdown is under way and the router still serves (`timeouts.shutdown_delay_ms`):
@@ -130,6 +132,7 @@ impl AppState {
             kv_events,
             prewarm,
             dashboard: crate::dashboard::History::default(),
+            response_homes: crate::responses::ResponseHomes::default(),
             started: Instant::now(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             held: std::sync::Mutex::new(Vec::new()),

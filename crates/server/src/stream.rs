@@ -174,7 +174,7 @@ impl Body for RelayBody {
                 if let Some(data) = frame.data_ref() {
                     // Until the first token, the longer wait for it applies (a Responses
                     // stream's opening events are sent before it: `crate::opening`).
-                    if !this.seen_data && this.guard.body_data(data) {
+                    if this.guard.body_data(data) && !this.seen_data {
                         first_data = !data.is_empty();
                         this.seen_data = first_data;
                     }

@@ -90,6 +90,8 @@ pub(crate) enum TopField {
     Group,
     /// The Responses API's `instructions`.
     Instructions,
+    /// The Responses API's `previous_response_id`.
+    PreviousResponse,
     Other,
 }
 
@@ -98,6 +100,7 @@ const SEEN_MODEL: u8 = 2;
 const SEEN_STREAM: u8 = 4;
 const SEEN_GROUP: u8 = 8;
 const SEEN_INSTRUCTIONS: u8 = 16;
+const SEEN_PREVIOUS: u8 = 32;
 
 /// Accumulates what the router needs from one body.
 #[derive(Debug)]
@@ -107,6 +110,7 @@ pub(crate) struct Canon<'b> {
     model: Option<String>,
     stream: bool,
     group: Option<String>,
+    previous_response_id: Option<String>,
     seen: u8,
 }
 
@@ -127,6 +131,7 @@ impl<'b> Canon<'b> {
             model: None,
             stream: false,
             group: None,
+            previous_response_id: None,
             seen: 0,
         }
     }
@@ -143,6 +148,7 @@ impl<'b> Canon<'b> {
             "stream" => TopField::Stream,
             "prompt_cache_key" => TopField::Group,
             "instructions" if self.api == Api::Responses => TopField::Instructions,
+            "previous_response_id" if self.api == Api::Responses => TopField::PreviousResponse,
             k if k == self.api.main_field() => TopField::Main,
             _ => TopField::Other,
         }
@@ -156,6 +162,7 @@ impl<'b> Canon<'b> {
             TopField::Stream => (SEEN_STREAM, "stream"),
             TopField::Group => (SEEN_GROUP, "prompt_cache_key"),
             TopField::Instructions => (SEEN_INSTRUCTIONS, "instructions"),
+            TopField::PreviousResponse => (SEEN_PREVIOUS, "previous_response_id"),
             TopField::Other => return Ok(()),
         };
         if self.seen & bit != 0 {
@@ -182,7 +189,7 @@ impl<'b> Canon<'b> {
             TopField::Model => self.model(value.raw()),
             TopField::Stream => self.stream(value.raw()),
             TopField::Group => self.group(value.raw()),
-            TopField::Instructions => Err(responses_elsewhere()),
+            TopField::Instructions | TopField::PreviousResponse => Err(responses_elsewhere()),
             TopField::Other => Ok(()),
         }
     }
@@ -434,6 +441,27 @@ impl<'b> Canon<'b> {
         }
     }
 
+    /// The Responses API's `previous_response_id`: a string, or null (none). Kept whole (the
+    /// router sends the request where that response is stored); an id over 256 bytes is no id
+    /// an engine gives, and is refused.
+    pub(crate) fn previous_response(&mut self, raw: &str) -> Result<(), ExtractError> {
+        const FIELD: &str = "previous_response_id";
+        self.previous_response_id = match kind(raw) {
+            Kind::Null => None,
+            Kind::String => Some(short_str(raw, FIELD, 256)?.ok_or(ExtractError::FieldType {
+                field: FIELD,
+                expected: "a response id (at most 256 bytes)",
+            })?),
+            _ => {
+                return Err(ExtractError::FieldType {
+                    field: FIELD,
+                    expected: "a string",
+                })
+            }
+        };
+        Ok(())
+    }
+
     /// The Responses API's `input`: a string (one user message), an array of input items, or
     /// null. Each item contributes as a chat message would: a message its role and content
     /// (text parts' text, other parts a stand-in as in chat); a `function_call` its name and
@@ -479,7 +507,7 @@ impl<'b> Canon<'b> {
             None => None,
             Some(t) if kind(t.raw()) == Kind::String => {
                 // A type longer than any the text depends on is some other item.
-                Some(short_str(t.raw(), "input[].type")?.unwrap_or_default())
+                Some(short_str(t.raw(), "input[].type", 32)?.unwrap_or_default())
             }
             Some(_) => {
                 return Err(ExtractError::FieldType {
@@ -554,7 +582,7 @@ impl<'b> Canon<'b> {
                     });
                 }
                 let textual = matches!(
-                    short_str(ty.raw(), "input[].content[].type")?.as_deref(),
+                    short_str(ty.raw(), "input[].content[].type", 32)?.as_deref(),
                     Some("input_text" | "output_text" | "text")
                 );
                 if !textual {
@@ -683,6 +711,7 @@ impl<'b> Canon<'b> {
             chain: chain.map(|c| c.finish(group)).unwrap_or_default(),
             model: self.model,
             stream: self.stream,
+            previous_response_id: self.previous_response_id,
         })
     }
 }
@@ -710,13 +739,13 @@ impl<N> Default for ItemFields<N> {
     }
 }
 
-/// A raw JSON string decoded when it is at most 32 bytes long (an item's or a part's type);
-/// `None` when longer (no type the text depends on is).
-fn short_str(raw: &str, field: &'static str) -> Result<Option<String>, ExtractError> {
+/// A raw JSON string decoded when it is at most `max` bytes long (an item's or a part's type, a
+/// response id); `None` when longer.
+fn short_str(raw: &str, field: &'static str, max: usize) -> Result<Option<String>, ExtractError> {
     let mut out = String::new();
     let mut fits = true;
     decode_json_str(raw, field, |piece| {
-        fits = out.len() + piece.len() <= 32;
+        fits = out.len() + piece.len() <= max;
         if fits {
             out.push_str(piece);
         }

@@ -82,6 +82,38 @@ fn a_request_without_input_is_routed_on_its_instructions() {
 }
 
 #[test]
+fn the_previous_response_is_read_whole() {
+    let info = route(r#"{"previous_response_id":"resp_\u0061bc","input":"next"}"#)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(info.previous_response_id.as_deref(), Some("resp_abc"));
+    let none =
+        route(r#"{"previous_response_id":null,"input":"x"}"#).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(none.previous_response_id, None);
+    for bad in [
+        r#"{"previous_response_id":7}"#.to_string(),
+        format!(r#"{{"previous_response_id":"{}"}}"#, "r".repeat(257)),
+    ] {
+        assert!(
+            matches!(
+                route(&bad),
+                Err(ExtractError::FieldType {
+                    field: "previous_response_id",
+                    ..
+                })
+            ),
+            "{bad}"
+        );
+    }
+    // Chat has no such field: a chat body's is ignored.
+    let chat = chat_route(
+        br#"{"messages":[],"previous_response_id":"resp_1"}"#,
+        &opts(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(chat.previous_response_id, None);
+}
+
+#[test]
 fn bad_input_names_the_field() {
     let field = |body: &str| match route(body) {
         Err(ExtractError::FieldType { field, .. }) => field.to_string(),

@@ -104,6 +104,7 @@ fn responses_top(r: &mut Reader<'_>, canon: &mut Canon<'_>) -> Result<(), Extrac
             TopField::Model => canon.model(r.value()?),
             TopField::Stream => canon.stream(r.value()?),
             TopField::Group => canon.group(r.value()?),
+            TopField::PreviousResponse => canon.previous_response(r.value()?),
         }
     })?;
     if let Some(raw) = instructions {
