@@ -4,7 +4,8 @@
 Starts three `prefix-router mock-engine` processes and one `prefix-router serve` (prefix-aware)
 on free loopback ports, then drives the router with `openai.OpenAI` and checks chat and
 completions (streaming and not), usage with cached tokens, `/v1/models`, `prompt_cache_key`
-routing, and the SDK's error classes for our error answers. Every child process is killed on
+routing, the Responses API (a conversation chained by `previous_response_id` over the engines'
+stored responses, streamed and not), and the SDK's error classes for our error answers. Every child process is killed on
 the way out, and the whole run is bounded by a hard timeout.
 
 Usage: openai_sdk_check.py [--binary target/release/prefix-router] [--timeout 120]
@@ -564,6 +565,64 @@ def stream_cut_by_engine_raises(ctx: Ctx) -> str:
         expect(len(got) >= 1, "no content came before the cut")
         return f"APIError after {len(got)} content chunks: {e.message[:70]}..."
     raise CheckFailed(f"a stream the engine cut ended quietly after {len(got)} content chunks")
+
+
+@check
+def responses_non_streaming(ctx: Ctx) -> str:
+    raw = ctx.client.responses.with_raw_response.create(
+        model=MODEL,
+        instructions=words("rules", 30),
+        input=words("resp", 40),
+        max_output_tokens=8,
+    )
+    inst = ctx.instance_of(raw)
+    r = raw.parse()
+    expect(r.object == "response", f"object {r.object!r}")
+    expect(r.status == "completed", f"status {r.status!r}")
+    expect(r.id.startswith("resp_"), f"id {r.id!r}")
+    text = r.output_text
+    expect(len(text.split()) == 8, f"output_text {text!r}, want 8 words")
+    expect(r.usage is not None and r.usage.input_tokens == 70, f"usage {r.usage}")
+    expect(r.usage.output_tokens == 8, f"output_tokens {r.usage.output_tokens}")
+    return f"instance={inst} id={r.id} text={text[:40]!r}..."
+
+
+@check
+def responses_conversation_on_stored_state(ctx: Ctx) -> str:
+    """Turns chained by previous_response_id, streamed and not: each engine stores its own
+    responses (as vLLM does), so every turn must go where the last response lives."""
+    raw = ctx.client.responses.with_raw_response.create(
+        model=MODEL, instructions=words("policy", 50), input=words("t0", 20), max_output_tokens=6
+    )
+    home = ctx.instance_of(raw)
+    last = raw.parse()
+    cached = []
+    for turn in range(1, 5):
+        kwargs = dict(
+            model=MODEL, previous_response_id=last.id, input=words(f"t{turn}", 20), max_output_tokens=6
+        )
+        if turn % 2 == 0:
+            raw = ctx.client.responses.with_raw_response.create(stream=True, **kwargs)
+            inst = ctx.instance_of(raw)
+            events = list(raw.parse())
+            types = [e.type for e in events]
+            expect(types[:2] == ["response.created", "response.in_progress"], f"events {types[:4]}")
+            expect(types[-1] == "response.completed", f"last event {types[-1]!r}")
+            deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            last = events[-1].response
+            expect(deltas == last.output_text, f"deltas {deltas!r} != {last.output_text!r}")
+        else:
+            raw = ctx.client.responses.with_raw_response.create(**kwargs)
+            inst = ctx.instance_of(raw)
+            last = raw.parse()
+        decision = raw.headers.get("x-prefix-router-decision")
+        expect(inst == home, f"turn {turn} went to {inst}, its conversation lives on {home}")
+        expect(decision == "stored_response", f"turn {turn} decision {decision!r}")
+        cached.append(last.usage.input_tokens_details.cached_tokens)
+    expect(all(c >= 64 for c in cached), f"cached input tokens per turn {cached}")
+    got = ctx.client.responses.retrieve(last.id)
+    expect(got.id == last.id and got.output_text == last.output_text, f"retrieve gave {got.id}")
+    return f"home={home} cached per turn {cached}"
 
 
 # ---------------------------------------------------------------- main

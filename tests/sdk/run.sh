@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 VENV="${PREFIX_ROUTER_SDK_VENV:-target/sdk-venv}"
-OPENAI_SPEC='openai>=1.40,<3'
+OPENAI_SPEC='openai>=1.66,<3'  # 1.66: the Responses API
 BIN=target/release/prefix-router
 
 PYTHON="$(command -v python3 || command -v python || true)"
@@ -25,7 +25,7 @@ if ! "$VENV/bin/python" -c "
 import sys
 from importlib.metadata import version
 major = int(version('openai').split('.')[0]); minor = int(version('openai').split('.')[1])
-sys.exit(0 if (major, minor) >= (1, 40) and major < 3 else 1)
+sys.exit(0 if (major, minor) >= (1, 66) and major < 3 else 1)
 " 2>/dev/null; then
     echo "== sdk: installing $OPENAI_SPEC"
     "$VENV/bin/python" -m pip install --quiet "$OPENAI_SPEC" </dev/null

@@ -19,6 +19,7 @@ use crate::instant;
 use crate::metrics::Metrics;
 use crate::request::{self, ApiKind};
 use crate::response::Meta;
+use crate::responses::ResponseStore;
 use crate::stream::SseStream;
 use crate::MockEngineConfig;
 
@@ -33,6 +34,8 @@ pub(crate) struct AppState {
     pub metrics: Arc<Mutex<Metrics>>,
     pub faults: FaultState,
     pub next_id: AtomicU64,
+    /// The Responses API's stored responses.
+    pub responses: ResponseStore,
 }
 
 type Reply = Response<ResponseBody>;
@@ -56,6 +59,7 @@ where
     let kind = match path.as_str() {
         "/v1/chat/completions" => Some(ApiKind::Chat),
         "/v1/completions" => Some(ApiKind::Completion),
+        "/v1/responses" => Some(ApiKind::Responses),
         "/invocations" => None,
         "/health" | "/ping" | "/v1/models" => {
             return Ok(match *req.method() {
@@ -64,7 +68,11 @@ where
                 _ => error(ApiError::method_not_allowed(&path)),
             })
         }
-        _ => return Ok(error(ApiError::not_found(&path))),
+        p => match p.strip_prefix("/v1/responses/") {
+            Some(id) if *req.method() == Method::GET => return Ok(stored_response(&state, id)),
+            Some(_) => return Ok(error(ApiError::method_not_allowed(&path))),
+            None => return Ok(error(ApiError::not_found(&path))),
+        },
     };
     if req.method() != Method::POST {
         return Ok(error(ApiError::method_not_allowed(&path)));
@@ -113,12 +121,13 @@ where
         let (pending, _) = admit(state, head).await?;
         return answer(state, pending, instant::progress(i.max_tokens)).await;
     }
-    let parsed = request::parse(
+    let parsed = request::parse_in(
         kind,
         &body,
         default_model,
         config.engine.block_tokens,
         config.tokenizer.as_deref(),
+        &state.responses,
     )?;
     let head = Head {
         kind: parsed.kind,
@@ -142,6 +151,12 @@ where
         keyed_by_adapter(&mut block_hashes, &a.name);
     }
     let (pending, id) = admit(state, head).await?;
+    if let Some(mut conversation) = parsed.conversation {
+        // Stored with its answer (known now: the mock answers exactly its output tokens).
+        let answer = crate::responses::answer_text(&pending.meta, pending.max_tokens);
+        conversation.push(("assistant".into(), answer));
+        state.responses.put(&pending.meta.id, conversation);
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     let submission = Submission {
         request: EngineRequest {
@@ -161,6 +176,17 @@ where
         ));
     }
     answer(state, pending, rx).await
+}
+
+/// `GET /v1/responses/{id}`: a response this engine stored, else 404.
+fn stored_response(state: &AppState, id: &str) -> Reply {
+    match state.responses.get(id) {
+        Some(c) => json(
+            StatusCode::OK,
+            crate::responses::stored(id, &c).to_string().into_bytes(),
+        ),
+        None => error(crate::responses::not_stored(id)),
+    }
 }
 
 /// An adapter's blocks are not the base model's, nor another adapter's: vLLM keys each block by
@@ -209,6 +235,7 @@ async fn admit(state: &AppState, head: Head) -> Result<(Pending, u64), ApiError>
         id: match head.kind {
             ApiKind::Chat => format!("chatcmpl-{id:016x}"),
             ApiKind::Completion => format!("cmpl-{id:016x}"),
+            ApiKind::Responses => format!("resp_{id:032x}"),
         },
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -29,6 +29,8 @@ struct Skim {
     messages: Option<IgnoredAny>,
     prompt: Option<IgnoredAny>,
     max_tokens: Option<u32>,
+    /// The Responses API's output bound.
+    max_output_tokens: Option<u32>,
     max_completion_tokens: Option<u32>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
@@ -82,7 +84,9 @@ pub(crate) fn skim(
         ));
     }
     let max_tokens = s
-        .max_completion_tokens
+        .max_output_tokens
+        .filter(|_| kind == ApiKind::Responses)
+        .or(s.max_completion_tokens)
         .or(s.max_tokens)
         .unwrap_or(DEFAULT_MAX_TOKENS);
     if !(1..=MAX_OUTPUT_TOKENS).contains(&max_tokens) {

@@ -8,7 +8,9 @@
 //! really share decode steps, wait in a queue past the engine's limits, and hit the prefix
 //! cache when their text repeats.
 //!
-//! Served: `POST /v1/chat/completions`, `POST /v1/completions` (streaming and not),
+//! Served: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (streaming
+//! and not; stored responses continued with `previous_response_id`, read with
+//! `GET /v1/responses/{id}`),
 //! `GET /v1/models`, `GET /health`, `GET /metrics` (vLLM's metric names), and the native
 //! `POST /invocations` / `GET /ping`. Fault injection ([`Faults`]) makes it fail on purpose.
 //!
@@ -37,6 +39,7 @@ pub mod kv_events;
 mod metrics;
 mod request;
 mod response;
+mod responses;
 mod server;
 mod stream;
 pub mod tokenizer;

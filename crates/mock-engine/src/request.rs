@@ -6,6 +6,7 @@ use crate::api_error::ApiError;
 use crate::config::{DEFAULT_MAX_TOKENS, MAX_OUTPUT_TOKENS};
 use prefix_router_tokenize::{ChatTokenizer, Message};
 
+use crate::responses::{self, ResponseStore, Turn};
 use crate::tokenizer::{PromptTokens, Tokenizer};
 
 /// Which API shape a request uses (and its response takes).
@@ -15,6 +16,8 @@ pub(crate) enum ApiKind {
     Chat,
     /// `/v1/completions`: `prompt` in, `text_completion` out.
     Completion,
+    /// `/v1/responses`: `instructions` and `input` in, `response` out ([`crate::responses`]).
+    Responses,
 }
 
 /// A checked inference request.
@@ -26,6 +29,9 @@ pub(crate) struct Inference {
     pub max_tokens: u32,
     pub stream: bool,
     pub include_usage: bool,
+    /// A Responses request that asks to be stored (`store`, true by default): its messages, for
+    /// the answer to be stored with.
+    pub conversation: Option<Vec<Turn>>,
 }
 
 /// vLLM's refusal of `stream_options` on a request that does not stream (400).
@@ -35,12 +41,32 @@ pub(crate) const STREAM_OPTIONS_WITHOUT_STREAM: &str =
 /// Parses a body for `kind`; with `kind == None` (native `/invocations`) the shape is chosen by
 /// the body (`messages`: chat, `prompt`: completion). A missing or empty `model` means
 /// `default_model` (the served model, as vLLM takes it).
+#[cfg(test)]
 pub(crate) fn parse(
     kind: Option<ApiKind>,
     body: &[u8],
     default_model: Option<&str>,
     block_tokens: u32,
     tokenizer: Option<&ChatTokenizer>,
+) -> Result<Inference, ApiError> {
+    parse_in(
+        kind,
+        body,
+        default_model,
+        block_tokens,
+        tokenizer,
+        &ResponseStore::default(),
+    )
+}
+
+/// As [`parse`], with the responses this engine stored (a Responses request may continue one).
+pub(crate) fn parse_in(
+    kind: Option<ApiKind>,
+    body: &[u8],
+    default_model: Option<&str>,
+    block_tokens: u32,
+    tokenizer: Option<&ChatTokenizer>,
+    store: &ResponseStore,
 ) -> Result<Inference, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_body(format!("the body is not valid JSON: {e}")))?;
@@ -77,6 +103,7 @@ pub(crate) fn parse(
     match kind {
         ApiKind::Chat => messages(&obj, &mut texts)?,
         ApiKind::Completion => prompt(&obj, &mut texts)?,
+        ApiKind::Responses => responses::messages(&obj, store, &mut texts.0)?,
     }
     match tokenizer {
         // One token per word (the workload's text model).
@@ -84,7 +111,7 @@ pub(crate) fn parse(
         // The model's own tokens: the template renders the messages, the tokenizer encodes.
         Some(t) => {
             let ids = match kind {
-                ApiKind::Chat => {
+                ApiKind::Chat | ApiKind::Responses => {
                     let m: Vec<Message<'_>> = texts
                         .0
                         .iter()
@@ -100,6 +127,7 @@ pub(crate) fn parse(
                 let field = match kind {
                     ApiKind::Chat => "messages",
                     ApiKind::Completion => "prompt",
+                    ApiKind::Responses => "input",
                 };
                 ApiError::invalid(field, e.to_string())
             })?;
@@ -109,10 +137,17 @@ pub(crate) fn parse(
     let max_tokens = match (
         uint_field(&obj, "max_completion_tokens")?,
         uint_field(&obj, "max_tokens")?,
+        uint_field(&obj, "max_output_tokens")?,
     ) {
-        (Some(n), _) => n,
-        (None, Some(n)) => n,
-        (None, None) => DEFAULT_MAX_TOKENS,
+        (_, _, Some(n)) if kind == ApiKind::Responses => n,
+        (Some(n), _, _) => n,
+        (None, Some(n), _) => n,
+        _ => DEFAULT_MAX_TOKENS,
+    };
+    let conversation = match bool_field(&obj, "store", "store")? {
+        _ if kind != ApiKind::Responses => None,
+        Some(false) => None,
+        _ => Some(texts.0.clone()),
     };
     let stream = bool_field(&obj, "stream", "stream")?.unwrap_or(false);
     if !stream && !matches!(obj.get("stream_options"), None | Some(Value::Null)) {
@@ -145,6 +180,7 @@ pub(crate) fn parse(
         max_tokens,
         stream,
         include_usage,
+        conversation,
     })
 }
 

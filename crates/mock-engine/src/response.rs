@@ -46,10 +46,14 @@ impl Meta {
 
     /// The whole (non-streaming) response body.
     pub fn full(&self, completion_tokens: u32, cached_tokens: Option<u32>) -> Vec<u8> {
+        if self.kind == ApiKind::Responses {
+            let r = crate::responses::response(self, Some((completion_tokens, cached_tokens)));
+            return r.to_string().into_bytes();
+        }
         let mut text = String::new();
         push_words(self.seed, 0, completion_tokens, &mut text);
         let choice = match self.kind {
-            ApiKind::Chat => json!({
+            ApiKind::Chat | ApiKind::Responses => json!({
                 "index": 0,
                 "message": { "role": "assistant", "content": text },
                 "logprobs": null,
@@ -65,7 +69,7 @@ impl Meta {
         let v = json!({
             "id": self.id,
             "object": match self.kind {
-                ApiKind::Chat => "chat.completion",
+                ApiKind::Chat | ApiKind::Responses => "chat.completion",
                 ApiKind::Completion => "text_completion",
             },
             "created": self.created,
@@ -77,13 +81,14 @@ impl Meta {
     }
 
     /// One streaming chunk carrying tokens `from..to`; a chat stream's first chunk also
-    /// carries the role; the chunk with the last token carries the finish reason.
+    /// carries the role; the chunk with the last token carries the finish reason. (A Responses
+    /// stream's events are numbered: [`crate::stream::SseStream`] builds them.)
     pub fn chunk(&self, from: u32, to: u32, last: bool) -> Bytes {
         let mut text = String::new();
         push_words(self.seed, from, to, &mut text);
         let finish = if last { Some(FINISH_REASON) } else { None };
         let choice = match self.kind {
-            ApiKind::Chat => {
+            ApiKind::Chat | ApiKind::Responses => {
                 let delta = if from == 0 {
                     json!({ "role": "assistant", "content": text })
                 } else {
@@ -113,7 +118,7 @@ impl Meta {
         json!({
             "id": self.id,
             "object": match self.kind {
-                ApiKind::Chat => "chat.completion.chunk",
+                ApiKind::Chat | ApiKind::Responses => "chat.completion.chunk",
                 ApiKind::Completion => "text_completion",
             },
             "created": self.created,

@@ -92,6 +92,7 @@ impl MockEngine {
             submit,
             metrics,
             next_id: AtomicU64::new(0),
+            responses: crate::responses::ResponseStore::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, state, stop_rx));
         Ok(MockEngine {

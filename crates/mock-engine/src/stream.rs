@@ -12,7 +12,9 @@ use tokio::time::Sleep;
 
 use crate::body::StreamCut;
 use crate::driver::Progress;
+use crate::request::ApiKind;
 use crate::response::{Meta, DONE};
+use crate::responses;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -43,6 +45,8 @@ pub(crate) struct SseStream {
     state: State,
     /// Runs while a cut stream lets its last chunks flush.
     grace: Option<Pin<Box<Sleep>>>,
+    /// The next event's `sequence_number` (a Responses stream).
+    sequence: u32,
 }
 
 impl SseStream {
@@ -53,6 +57,12 @@ impl SseStream {
         output_tokens: u32,
         cut_after: Option<u32>,
     ) -> Self {
+        let mut sequence = 0;
+        let mut pending = VecDeque::new();
+        // As vLLM: the opening events go at once, before queueing and prefill.
+        if meta.kind == ApiKind::Responses {
+            pending.push_back(responses::opening(&meta, &mut sequence));
+        }
         SseStream {
             meta,
             progress,
@@ -60,9 +70,10 @@ impl SseStream {
             sent: 0,
             cached_tokens: None,
             cut_after: cut_after.filter(|&n| n < output_tokens),
-            pending: VecDeque::new(),
+            pending,
             state: State::Running,
             grace: None,
+            sequence,
         }
     }
 
@@ -89,6 +100,15 @@ impl SseStream {
                 Some(Progress::Generated(total)) => self.tokens(total),
                 Some(Progress::Finished) => {
                     self.tokens(self.output_tokens);
+                    if self.state == State::Running && self.meta.kind == ApiKind::Responses {
+                        self.pending.push_back(responses::closing(
+                            &self.meta,
+                            self.sent,
+                            self.cached_tokens,
+                            &mut self.sequence,
+                        ));
+                        self.state = State::Ended;
+                    }
                     if self.state == State::Running {
                         if self.meta.include_usage {
                             self.pending
@@ -112,8 +132,13 @@ impl SseStream {
             to = n;
         }
         if to > self.sent {
-            self.pending
-                .push_back(self.meta.chunk(self.sent, to, to == self.output_tokens));
+            let chunk = match self.meta.kind {
+                ApiKind::Responses => {
+                    responses::delta(&self.meta, self.sent, to, &mut self.sequence)
+                }
+                _ => self.meta.chunk(self.sent, to, to == self.output_tokens),
+            };
+            self.pending.push_back(chunk);
             self.sent = to;
         }
         if cut {

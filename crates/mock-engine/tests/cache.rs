@@ -5,6 +5,7 @@ mod support;
 use std::time::Instant;
 
 use prefix_router_mock_engine::{MockEngineConfig, DEFAULT_MODEL};
+use serde_json::Value;
 use support::*;
 
 #[tokio::test]
@@ -186,6 +187,81 @@ async fn an_adapters_blocks_are_its_own() {
         }
         // 100 words: 6 full blocks of 16, cached the second time each model sends them.
         assert_eq!(cached, vec![0, 0, 0, 96, 96]);
+    })
+    .await
+    .expect("timed out");
+}
+
+/// The Responses API: a stored response continued with `previous_response_id` is the prompt's
+/// opening, so its blocks are cached; a stream opens with `response.created` and
+/// `response.in_progress` before its first token; a response another engine gave is a 404.
+#[tokio::test]
+async fn a_stored_response_is_continued_from_cache() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let e = start_default(0.05).await;
+        let addr = e.local_addr();
+        let first = serde_json::json!({
+            "model": DEFAULT_MODEL,
+            "instructions": words(60, "rules"),
+            "input": words(40, "q1"),
+            "max_output_tokens": 8,
+        });
+        let (s, a) = post_json(addr, "/v1/responses", first.to_string()).await;
+        assert_eq!(s, 200, "{a}");
+        assert_eq!(a["object"], "response");
+        assert_eq!(a["status"], "completed");
+        assert_eq!(a["usage"]["input_tokens"], 100);
+        assert_eq!(a["usage"]["output_tokens"], 8);
+        let id = a["id"].as_str().unwrap_or_default().to_owned();
+        assert!(id.starts_with("resp_"), "{id}");
+        let text = a["output"][0]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(text.split(' ').count(), 8);
+        // The next turn: the stored conversation (100 + 8 words) and 30 more.
+        let next = serde_json::json!({
+            "model": DEFAULT_MODEL,
+            "previous_response_id": id,
+            "input": words(30, "q2"),
+            "max_output_tokens": 4,
+            "stream": true,
+        });
+        let s = post_stream(addr, "/v1/responses", next.to_string()).await;
+        assert_eq!(s.status, 200);
+        assert!(s.clean_end);
+        let events: Vec<Value> = s
+            .events
+            .iter()
+            .map(|(_, d)| serde_json::from_str(d).expect("event JSON"))
+            .collect();
+        let types: Vec<&str> = events.iter().filter_map(|v| v["type"].as_str()).collect();
+        assert_eq!(
+            &types[..3],
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added"
+            ]
+        );
+        assert_eq!(types.last(), Some(&"response.completed"));
+        let done = &events[events.len() - 1]["response"];
+        assert_eq!(done["usage"]["input_tokens"], 138);
+        // The 108 tokens of the first turn fill 6 blocks of 16.
+        assert_eq!(done["usage"]["input_tokens_details"]["cached_tokens"], 96);
+        // Stored, and readable back; unknown ids are 404s, as on another engine.
+        let (s, _) = get(addr, &format!("/v1/responses/{id}")).await;
+        assert_eq!(s, 200);
+        let (s, body) = get(addr, "/v1/responses/resp_elsewhere").await;
+        assert_eq!(s, 404, "{body}");
+        let (s, v) = post_json(
+            addr,
+            "/v1/responses",
+            serde_json::json!({"previous_response_id": "resp_elsewhere", "input": "x"}).to_string(),
+        )
+        .await;
+        assert_eq!(s, 404, "{v}");
+        assert_eq!(v["error"]["param"], "previous_response_id");
     })
     .await
     .expect("timed out");

@@ -156,9 +156,10 @@ pub async fn post_stream(addr: SocketAddr, path: &str, body: String) -> Streamed
         buf.push_str(std::str::from_utf8(&data).expect("utf-8"));
         while let Some(end) = buf.find("\n\n") {
             let event: String = buf.drain(..end + 2).collect();
+            // An `event:` line may come first (the Responses API's).
             let payload = event
-                .trim_end()
-                .strip_prefix("data: ")
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
                 .unwrap_or_else(|| panic!("not an SSE data line: {event:?}"));
             events.push((at, payload.to_owned()));
         }
