@@ -681,6 +681,84 @@ async fn a_buffered_body_far_over_the_body_limit_is_a_413() {
     p.router.shutdown().await;
 }
 
+/// A request that continues a stored response (`previous_response_id`), or asks for it by its
+/// path, goes where that response was given: the picker reads the response's id from the answer
+/// Envoy streams to it, as serve does from the one it relays. Elsewhere an engine answers 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_response_is_continued_where_it_was_given() {
+    let engines = engines(3).await;
+    let p = picker(settings(&engines, "cache-aware"), 0).await;
+    let mut c = client(&p).await;
+    let head = |method: &str, path: &str, end: bool| {
+        Msg::RequestHeaders(headers(
+            &[
+                (":method", method),
+                (":path", path),
+                ("content-type", "application/json"),
+            ],
+            end,
+        ))
+    };
+    // The decision the picker names in the answer's headers.
+    async fn decision(s: &mut Stream) -> String {
+        let a = s
+            .send(
+                Msg::ResponseHeaders(headers(
+                    &[(":status", "200"), ("content-type", "application/json")],
+                    false,
+                )),
+                None,
+            )
+            .await;
+        let Some(Ans::ResponseHeaders(h)) = a.response else {
+            panic!("{a:?}")
+        };
+        let set = h
+            .response
+            .and_then(|c| c.header_mutation)
+            .map(|m| m.set_headers)
+            .unwrap_or_default();
+        set.iter()
+            .filter_map(|o| o.header.as_ref())
+            .find(|h| h.key == "x-prefix-router-decision")
+            .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned())
+            .unwrap_or_default()
+    }
+    let mut s = Stream::open(&mut c).await;
+    s.send(head("POST", "/v1/responses", false), None).await;
+    let a = s
+        .send(
+            Msg::RequestBody(body(br#"{"input":"hello there"}"#, true)),
+            None,
+        )
+        .await;
+    let (home, _) = destination(&a);
+    assert_ne!(decision(&mut s).await, "stored_response");
+    s.send(
+        Msg::ResponseBody(body(br#"{"id": "resp_abc","object":"response"}"#, true)),
+        None,
+    )
+    .await;
+    for turn in 0..5 {
+        let mut s = Stream::open(&mut c).await;
+        s.send(head("POST", "/v1/responses", false), None).await;
+        let next = format!(r#"{{"input":"turn {turn}","previous_response_id":"resp_abc"}}"#);
+        let a = s
+            .send(Msg::RequestBody(body(next.as_bytes(), true)), None)
+            .await;
+        assert_eq!(destination(&a).0, home, "turn {turn}");
+        assert_eq!(decision(&mut s).await, "stored_response", "turn {turn}");
+    }
+    // By its path, with no body to read.
+    let mut s = Stream::open(&mut c).await;
+    let a = s
+        .send(head("GET", "/v1/responses/resp_abc", true), None)
+        .await;
+    assert_eq!(destination(&a).0, home);
+    assert_eq!(decision(&mut s).await, "stored_response");
+    p.router.shutdown().await;
+}
+
 /// The first body byte is a sample of the time to first token only for an event stream whose
 /// chunks Envoy passes on as they come: a JSON answer, a buffered one, and one whose body the
 /// picker never sees arrive (or end) after their decode, and cache-aware would learn that as
