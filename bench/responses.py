@@ -11,7 +11,8 @@ turn, after a pause (`--think-ms`, as a person or a tool takes between turns); a
 - `stateless`: every turn sends the whole conversation so far as `input`, with `store: false`
   (as agents that keep their own history do);
 - `stored`: every turn names the last response with `previous_response_id` (the engine keeps
-  the conversation; only the engine that gave that response holds it).
+  the conversation, the first turn's instructions included; only the engine that gave that
+  response holds it).
 
 Prints one line per router: requests, failures (non-200 answers; a conversation stops at its
 first), the share of input tokens the engines served from cache
@@ -129,11 +130,16 @@ def run_once(args, router_bin: Path, logdir: Path) -> dict:
                 if t > 0 and args.think_ms > 0:
                     time.sleep(rng.uniform(0, args.think_ms) / 1000)
                 text = (words(f"doc{c}", args.document_words) + " " if t == 0 else "") + words(f"c{c}q{t}", 20)
-                body = {"instructions": instructions, "max_output_tokens": rng.randint(8, 32)}
+                body = {"max_output_tokens": rng.randint(8, 32)}
                 if args.mode == "stateless":
                     history.append({"role": "user", "content": text})
-                    body.update(input=history, store=False)
+                    body.update(instructions=instructions, input=history, store=False)
                 else:
+                    # The engine keeps the first turn's instructions with the conversation (vLLM
+                    # puts a turn's own `instructions` before the stored conversation, so sent
+                    # on every turn they would pile up and break the shared prefix).
+                    if t == 0:
+                        body["instructions"] = instructions
                     body.update(input=text, previous_response_id=previous)
                 status, out, secs, inst, why = post(f"{router}/v1/responses", body)
                 usage = out.get("usage") or {}

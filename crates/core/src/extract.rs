@@ -86,6 +86,9 @@ pub struct RequestInfo {
     /// The Responses API's `previous_response_id` (`None` for other APIs): the response the
     /// request continues, stored by the instance that gave it.
     pub previous_response_id: Option<String>,
+    /// A Responses API request whose response the engine stores (`store` not false): its id is
+    /// worth remembering. False for other APIs.
+    pub stores_response: bool,
 }
 
 /// How far extraction reads: the key's prefix and, when a strategy wants it, the block chain.

@@ -224,7 +224,14 @@ impl Exchange {
         let path = path.split('?').next().unwrap_or("/");
         // Every request the proxy sends to the pool needs an endpoint: paths serve does not
         // proxy go where `/v1/*` paths without a prompt go.
-        let api = Api::of_path(path).unwrap_or(Api::Other);
+        let method = wire::find(h.headers.as_ref(), ":method").unwrap_or(b"POST");
+        // A keyed path with another method (`GET /v1/responses`) has no body to route on: the
+        // engine answers it.
+        let api = match Api::of_path(path) {
+            Some(Api::Other) | None => Api::Other,
+            Some(_) if method != b"POST" => Api::Other,
+            Some(api) => api,
+        };
         // Only the native API reads a request header (its group id); the others route on the
         // body alone, so their headers are not copied.
         let mut headers = HeaderMap::new();
@@ -425,7 +432,9 @@ impl Exchange {
             routed.guard.log_as(line);
         }
         let mut endpoints = vec![(endpoint_of(&routed.instance), Arc::clone(&routed.instance))];
-        if self.options.fallbacks > 0 {
+        // A stored response lives on its instance only: any other would answer 404, hiding
+        // why that one did not answer.
+        if self.options.fallbacks > 0 && !routed.is_pinned() {
             for i in prepared.fallbacks(state, fleet, &routed.instance, self.options.fallbacks) {
                 endpoints.push((endpoint_of(&i), i));
             }

@@ -144,10 +144,12 @@ pub(crate) fn parse_in(
         (None, Some(n), _) => n,
         _ => DEFAULT_MAX_TOKENS,
     };
-    let conversation = match bool_field(&obj, "store", "store")? {
-        _ if kind != ApiKind::Responses => None,
-        Some(false) => None,
-        _ => Some(texts.0.clone()),
+    let conversation = match kind {
+        ApiKind::Responses => match bool_field(&obj, "store", "store")? {
+            Some(false) => None,
+            _ => Some(texts.0.clone()),
+        },
+        _ => None,
     };
     let stream = bool_field(&obj, "stream", "stream")?.unwrap_or(false);
     if !stream && !matches!(obj.get("stream_options"), None | Some(Value::Null)) {

@@ -66,23 +66,16 @@ pub(crate) fn not_stored(id: &str) -> ApiError {
     }
 }
 
-/// The messages of a Responses request: the stored conversation it continues
-/// (`previous_response_id`), then `instructions` as a system message, then `input`.
+/// The messages of a Responses request, in vLLM's order (`_construct_input_messages` in
+/// vllm/entrypoints/openai/serving_responses.py): `instructions` as a system message, then the
+/// whole stored conversation it continues (`previous_response_id`), its own instructions
+/// included, then `input`. (So instructions sent on every turn pile up in vLLM's prompt, and
+/// each turn's prompt shares only its opening with the last one's.)
 pub(crate) fn messages(
     obj: &Map<String, Value>,
     store: &ResponseStore,
     out: &mut Vec<Turn>,
 ) -> Result<(), ApiError> {
-    match obj.get("previous_response_id") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(id)) => out.extend(store.get(id).ok_or_else(|| not_stored(id))?),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "previous_response_id",
-                "`previous_response_id` must be a string",
-            ))
-        }
-    }
     match obj.get("instructions") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) => out.push(("system".into(), s.clone())),
@@ -90,6 +83,18 @@ pub(crate) fn messages(
             return Err(ApiError::invalid(
                 "instructions",
                 "`instructions` must be a string",
+            ))
+        }
+    }
+    match obj.get("previous_response_id") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(id)) => {
+            out.extend(store.get(id).ok_or_else(|| not_stored(id))?);
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "previous_response_id",
+                "`previous_response_id` must be a string",
             ))
         }
     }
@@ -409,9 +414,22 @@ mod tests {
         let roles: Vec<&str> = out.iter().map(|(r, _)| r.as_str()).collect();
         assert_eq!(
             roles,
-            ["user", "assistant", "system", "user", "assistant", "tool"]
+            ["system", "user", "assistant", "user", "assistant", "tool"]
         );
         assert_eq!(out[4].1, "f({})");
+        // The stored conversation keeps its own instructions, after the new ones (as vLLM).
+        store.put(
+            "resp_b",
+            vec![
+                ("system".into(), "old".into()),
+                ("user".into(), "hi".into()),
+            ],
+        );
+        let mut again = Vec::new();
+        let body = json!({"previous_response_id": "resp_b", "instructions": "new", "input": "q"});
+        messages(&obj(body), &store, &mut again).unwrap_or_else(|e| panic!("{e:?}"));
+        let texts: Vec<&str> = again.iter().map(|(_, t)| t.as_str()).collect();
+        assert_eq!(texts, ["new", "old", "hi", "q"]);
         let e = messages(
             &obj(json!({"previous_response_id": "resp_x", "input": "q"})),
             &store,

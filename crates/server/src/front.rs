@@ -15,9 +15,9 @@
 //! - a head must arrive within `timeouts.client_header` of its first byte, else the
 //!   connection closes with no answer (`header_timeout`);
 //! - with no request under way, a connection quiet for `timeouts.client_idle` closes (`idle`);
-//!   empty lines before a request line are skipped, and start no head;
 //!   one quiet for the shortest client timeout gives its buffers back until its next request
 //!   ([`await_request`]);
+//! - empty lines before a request line are skipped, and start no head;
 //! - a body must arrive within `timeouts.client_body` (408) and be at most
 //!   `limits.max_body_bytes` (413); a head over `limits.max_header_bytes` is a 431, a
 //!   malformed one a 400, each in the OpenAI shape, and the connection closes after it;

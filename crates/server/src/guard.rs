@@ -37,6 +37,9 @@ pub struct InFlightGuard {
     opening: Option<Box<OpeningEvents>>,
     /// A Responses API answer's id, looked for until found ([`crate::responses`]).
     response_id: Option<Box<IdScanner>>,
+    /// Whether the strategy learns from the engine's usage report (not for a request whose
+    /// prompt the router did not see whole: [`Self::teach_usage`]).
+    teach: bool,
     /// The access log's line, when the log is on: filled in as the request goes, sent on drop.
     log: Option<Box<Entry>>,
 }
@@ -60,8 +63,24 @@ impl InFlightGuard {
             first_byte_seen: false,
             opening: (api == Api::Responses).then(Box::default),
             response_id: (api == Api::Responses).then(Box::default),
+            teach: true,
             log: None,
         }
+    }
+
+    /// The engine does not store this answer (`store: false`, or not a Responses request):
+    /// its id is not looked for, and takes no place among those remembered.
+    pub fn keep_no_response_id(&mut self) {
+        self.response_id = None;
+    }
+
+    /// Whether the strategy hears the engine's usage. A request that continues a stored
+    /// response has a prompt the router never saw whole (the stored conversation, then its
+    /// text): its cached tokens compared with its text would teach cache-aware a wrong
+    /// characters-per-token ratio and cache size. The dashboard and the access log still count
+    /// them.
+    pub fn teach_usage(&mut self, on: bool) {
+        self.teach = on;
     }
 
     /// Writes `entry` to the access log when the request ends (with its status, times and
@@ -225,7 +244,8 @@ impl Drop for InFlightGuard {
         if let Some(ticket) = self.ticket.take() {
             // Finished explicitly rather than by the ticket's own drop, so that the strategy
             // hears the time the request really ended.
-            ticket.finish(outcome.end(self.usage), self.state.secs_at(now));
+            let told = self.usage.filter(|_| self.teach);
+            ticket.finish(outcome.end(told), self.state.secs_at(now));
         }
         if let Some(Usage {
             prompt_tokens,

@@ -8,10 +8,11 @@
 //! queued behind others for longer than `timeouts.idle_stream_ms` was cut.
 //!
 //! [`OpeningEvents`] reads the opening of the stream, event by event, by each event's first
-//! line: `event: response.created`, `event: response.in_progress` and `event: response.queued`
-//! open the stream; any other first line (another event name, or an event that starts with its
-//! `data:`, which names nothing before its JSON) is the first token. Once found, nothing more
-//! is read.
+//! line (past comments and `id:`/`retry:` fields): `event: response.created`,
+//! `event: response.in_progress` and `event: response.queued` open the stream; any other line
+//! (another event name, or an event that starts with its `data:`, which names nothing before its
+//! JSON) is the first token. A comment alone (a keep-alive) is not. Once found, nothing more is
+//! read.
 
 /// The first line of an event is read up to this many bytes: longer, it is none of the names.
 const HEAD: usize = 40;
@@ -32,6 +33,8 @@ pub struct OpeningEvents {
     in_body: bool,
     /// The last byte read (`\r` skipped) was a line feed.
     after_newline: bool,
+    /// Passing over a long line before the event's name (a comment).
+    skipping: bool,
 }
 
 impl OpeningEvents {
@@ -67,7 +70,10 @@ impl OpeningEvents {
             at += 1;
             match b {
                 b'\r' => {}
+                b'\n' if self.skipping => self.skipping = false,
+                _ if self.skipping => {}
                 b'\n' if self.head.is_empty() => {} // blank lines between events
+                b'\n' if passed_over(&self.head) => self.head.clear(),
                 b'\n' => {
                     if !is_opening(&self.head) {
                         return true;
@@ -76,12 +82,22 @@ impl OpeningEvents {
                     self.in_body = true;
                     self.after_newline = true;
                 }
+                _ if self.head.len() >= HEAD && passed_over(&self.head) => {
+                    self.head.clear();
+                    self.skipping = true;
+                }
                 _ if self.head.len() >= HEAD => return true,
                 _ => self.head.push(b),
             }
         }
         false
     }
+}
+
+/// A line read past on the way to an event's name: a comment (`: keep-alive`), or the `id` and
+/// `retry` fields, which may come first.
+fn passed_over(line: &[u8]) -> bool {
+    line.starts_with(b":") || line.starts_with(b"id:") || line.starts_with(b"retry:")
 }
 
 /// Whether an event's first line names an opening event.
@@ -153,11 +169,30 @@ mod tests {
     }
 
     #[test]
+    fn comments_and_ids_before_the_name_are_passed_over() {
+        let long_comment = format!(": {}\n\n", "k".repeat(3 * HEAD));
+        let stream = format!(
+            ": keep-alive\n\n{long_comment}id: 7\nretry: 100\nevent: response.created\ndata: {{}}\n\nid: 8\nevent: response.output_text.delta\ndata: {{}}\n\n"
+        );
+        let end = stream
+            .find("event: response.output_text.delta")
+            .unwrap_or(0)
+            + "event: response.output_text.delta".len()
+            + 1;
+        for step in [1, 3, 7, 1000] {
+            let at = found_at(stream.as_bytes(), step);
+            assert!(
+                at.is_some_and(|a| a >= end && a < end + step),
+                "step {step}: {at:?}"
+            );
+        }
+    }
+
+    #[test]
     fn anything_else_first_is_the_first_token() {
         for stream in [
             &b"data: {\"type\":\"response.created\"}\n\n"[..],
             b"event: error\ndata: {}\n\n",
-            b": keep-alive comment\n\n",
             b"event: response.created.but.longer.than.any.opening.name\n",
         ] {
             assert!(

@@ -11,7 +11,7 @@ use http::header::HeaderMap;
 use prefix_router_core::extract::{chat_route, completion_route, native_route, responses_route};
 use prefix_router_core::{
     dispatch, dispatch_to, Chain, ChainSpec, Dispatched, ExtractError, FleetSnapshot, Instance,
-    KeyHash, KeyOptions, Reason, RouteRequest, Strategy,
+    InstanceState, KeyHash, KeyOptions, Reason, RouteRequest, Strategy,
 };
 
 use crate::error::ApiError;
@@ -130,6 +130,8 @@ struct Extracted {
     whole_answer: bool,
     /// The stored response the request continues (`previous_response_id`).
     stored_response: Option<String>,
+    /// A Responses request whose answer the engine stores (`store` not false).
+    stores_response: bool,
 }
 
 /// Key, block chain (when the strategy reads one) and model of a request body, by API.
@@ -152,6 +154,7 @@ fn extract(
                 model: info.model,
                 whole_answer: !info.stream,
                 stored_response: info.previous_response_id,
+                stores_response: info.stores_response,
             }
         }
         Api::Invocations => {
@@ -172,6 +175,7 @@ fn extract(
                 // The body is not read: its first response byte stands for the first token.
                 whole_answer: false,
                 stored_response: None,
+                stores_response: false,
             }
         }
         Api::Other => Extracted {
@@ -249,6 +253,14 @@ pub fn candidates(
         return Err(ApiError::at_capacity(cap));
     }
     Ok(Some(open))
+}
+
+impl Routed {
+    /// Sent where its stored response lives, the one instance that can answer it: no retry or
+    /// fallback elsewhere.
+    pub fn is_pinned(&self) -> bool {
+        self.reason == Reason::StoredResponse.label()
+    }
 }
 
 /// One dispatched attempt: the instance chosen, why, and the guard holding its slot.
@@ -341,6 +353,9 @@ pub struct Prepared {
     /// The stored response the request continues or asks for: it goes where that response
     /// lives, when the router knows ([`crate::responses`]).
     pub stored_response: Option<String>,
+    /// Its answer is stored by the engine (a Responses request without `store: false`): the
+    /// answer's id is remembered ([`crate::responses`]).
+    pub stores_response: bool,
 }
 
 impl Prepared {
@@ -407,6 +422,7 @@ impl Prepared {
             model,
             whole_answer,
             stored_response,
+            stores_response,
         } = extract(api, headers, body, &opts)?;
         Ok(Self {
             api,
@@ -419,6 +435,7 @@ impl Prepared {
             received,
             whole_answer,
             stored_response,
+            stores_response,
         })
     }
 
@@ -432,7 +449,8 @@ impl Prepared {
     }
 
     /// The instance in `fleet` that stores the response the request continues, when the
-    /// router knows it and it can take the request.
+    /// router knows it and it serves the model, healthy or draining (a draining engine still
+    /// holds what it stored; nowhere else can answer).
     fn stored_home(
         &self,
         state: &AppState,
@@ -442,9 +460,11 @@ impl Prepared {
             .response_homes
             .home(self.stored_response.as_deref()?)?;
         let (index, instance) = fleet.get(home.as_str())?;
-        instance
-            .is_eligible(self.model.as_deref())
-            .then(|| (index, Arc::clone(instance)))
+        let up = matches!(
+            instance.state(),
+            InstanceState::Healthy | InstanceState::Draining
+        );
+        (up && instance.serves(self.model.as_deref())).then(|| (index, Arc::clone(instance)))
     }
 
     /// The strategy's view of the request, at `now`.
@@ -466,13 +486,25 @@ impl Prepared {
         // Each attempt is sent at its own time (the strategy learns time to first token from it).
         let started = Instant::now();
         let req = self.request(state, state.secs_at(started));
-        let dispatched = match self.stored_home(state, fleet) {
-            // Only that instance can answer it: no choice to make.
-            Some((index, home)) => Ok(Dispatched {
-                index,
-                reason: Reason::StoredResponse,
-                ticket: dispatch_to(&self.strategy, &req, home, Reason::StoredResponse),
-            }),
+        let home = self.stored_home(state, fleet);
+        let dispatched = match &home {
+            // Only that instance can answer it: no choice to make. The engine's prompt is the
+            // stored conversation and then this text, which the router has not seen whole: the
+            // strategy counts the request in flight but indexes no blocks for it, and learns
+            // nothing from its usage (`InFlightGuard::teach_usage`).
+            Some((index, home)) => {
+                let req = RouteRequest { chain: &[], ..req };
+                Ok(Dispatched {
+                    index: *index,
+                    reason: Reason::StoredResponse,
+                    ticket: dispatch_to(
+                        &self.strategy,
+                        &req,
+                        Arc::clone(home),
+                        Reason::StoredResponse,
+                    ),
+                })
+            }
             None => with_rng(|rng| dispatch(&self.strategy, &req, fleet, rng)),
         };
         state
@@ -486,7 +518,13 @@ impl Prepared {
             u64::from(ticket.info().prompt_units),
             u64::from(ticket.info().predicted_cached_units),
         );
-        let guard = InFlightGuard::new(Arc::clone(state), ticket, self.api, self.received);
+        let mut guard = InFlightGuard::new(Arc::clone(state), ticket, self.api, self.received);
+        if home.is_some() {
+            guard.teach_usage(false);
+        }
+        if !self.stores_response {
+            guard.keep_no_response_id();
+        }
         let stats = guard.stats();
         InstanceStats::bump(&stats.requests);
         if reason.is_overflow() {
@@ -521,7 +559,10 @@ impl Prepared {
             let req = self.request(state, state.now_s());
             dispatch_to(&self.strategy, &req, Arc::clone(&instance), reason)
         };
-        let guard = InFlightGuard::new(Arc::clone(state), ticket, self.api, self.received);
+        let mut guard = InFlightGuard::new(Arc::clone(state), ticket, self.api, self.received);
+        if !self.stores_response {
+            guard.keep_no_response_id();
+        }
         InstanceStats::bump(&guard.stats().requests);
         Routed {
             instance,

@@ -144,8 +144,11 @@ async fn forward(
         }
         // Another attempt is possible when retries remain and another instance could take it
         // (only computed on a failure: the common path allocates nothing for it).
+        // A stored response lives on its instance only: another would answer 404, hiding why
+        // that one did not answer.
+        let pinned = routed.is_pinned();
         let can_retry = |tried: &[Arc<Instance>], instance: &Arc<Instance>| {
-            attempt_no < settings.retries.max_retries && {
+            !pinned && attempt_no < settings.retries.max_retries && {
                 let mut rest = tried.to_vec();
                 rest.push(Arc::clone(instance));
                 without(&snapshot, &rest).eligible(model).next().is_some()

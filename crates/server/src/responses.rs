@@ -19,9 +19,11 @@ use std::sync::Mutex;
 
 use prefix_router_core::InstanceId;
 
-/// Responses remembered at most: the oldest is forgotten past it. About 100 bytes each (an id of
-/// about 40 characters, the instance's id shared), so about 6 MiB when full.
-pub const REMEMBERED: usize = 64 * 1024;
+/// Responses remembered at most: the oldest is forgotten past it. Each is a 64-bit hash of its
+/// id and the instance's id (shared), about 40 bytes with the map's and the queue's overhead, so
+/// about 10 MiB when full. At 1,000 stored responses a second, a response is remembered for
+/// about 4 minutes; a conversation that waits longer between turns is routed as a new request.
+pub const REMEMBERED: usize = 256 * 1024;
 
 /// Response id → the instance that gave it, for the [`REMEMBERED`] most recent responses.
 #[derive(Debug, Default)]
@@ -31,19 +33,26 @@ pub struct ResponseHomes {
 
 #[derive(Debug, Default)]
 struct Homes {
-    by_id: HashMap<Box<str>, InstanceId>,
-    /// Ids in the order they were recorded (the oldest first).
-    order: VecDeque<Box<str>>,
+    /// By the id's hash ([`key`]): two ids that share one are 1 in 2^64.
+    by_id: HashMap<u64, InstanceId>,
+    /// Hashes in the order they were recorded (the oldest first).
+    order: VecDeque<u64>,
+}
+
+/// The map's key for response `id`.
+fn key(id: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(id.as_bytes())
 }
 
 impl ResponseHomes {
     /// Remembers that `instance` gave response `id`.
     pub fn record(&self, id: &str, instance: &InstanceId) {
+        let k = key(id);
         let mut h = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if h.by_id.insert(id.into(), instance.clone()).is_some() {
+        if h.by_id.insert(k, instance.clone()).is_some() {
             return; // the same id again: already in the order
         }
-        h.order.push_back(id.into());
+        h.order.push_back(k);
         while h.order.len() > REMEMBERED {
             if let Some(old) = h.order.pop_front() {
                 h.by_id.remove(&old);
@@ -54,7 +63,7 @@ impl ResponseHomes {
     /// The instance that gave response `id`, if remembered.
     pub fn home(&self, id: &str) -> Option<InstanceId> {
         let h = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        h.by_id.get(id).cloned()
+        h.by_id.get(&key(id)).cloned()
     }
 
     /// Responses remembered.
@@ -84,6 +93,10 @@ const SEARCHED: usize = 64 * 1024;
 
 /// Longest id taken (vLLM's are `resp_` and 32 hex digits).
 const MAX_ID: usize = 256;
+
+/// Most whitespace read on either side of the colon after `"id"`: more is no answer an engine
+/// writes, and reading on would keep a growing piece of the answer to search again.
+const MAX_SPACE: usize = 16;
 
 /// Finds the first `"id"` string value of an answer as it streams by (`"id":"resp_..."`,
 /// whitespace allowed around the colon), keeping only what a value cut between two pieces
@@ -147,14 +160,19 @@ fn find_id(data: &[u8]) -> Found {
         let start = from + at;
         let mut i = start + 4;
         let skip = |i: &mut usize| {
-            while data
-                .get(*i)
-                .is_some_and(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
+            let from = *i;
+            while *i - from <= MAX_SPACE
+                && data
+                    .get(*i)
+                    .is_some_and(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
             {
                 *i += 1;
             }
+            *i - from <= MAX_SPACE
         };
-        skip(&mut i);
+        if !skip(&mut i) {
+            return Found::No;
+        }
         match data.get(i) {
             None => return Found::Cut(start),
             Some(b':') => {}
@@ -165,7 +183,9 @@ fn find_id(data: &[u8]) -> Found {
             }
         }
         i += 1;
-        skip(&mut i);
+        if !skip(&mut i) {
+            return Found::No;
+        }
         match data.get(i) {
             None => return Found::Cut(start),
             Some(b'"') => {}
@@ -228,6 +248,15 @@ mod tests {
         }
         let long = format!(r#"{{"id":"{}"}}"#, "r".repeat(MAX_ID + 1));
         assert_eq!(scan(long.as_bytes(), 7), None);
+        // A flood of whitespace after `"id"` is no id (and is not kept to search again).
+        let flood = format!("{{\"id\"{}:\"resp_1\"}}", " ".repeat(MAX_SPACE + 1));
+        assert_eq!(scan(flood.as_bytes(), 1), None);
+        let mut s = IdScanner::default();
+        s.feed(b"{\"id\"");
+        for _ in 0..100 {
+            s.feed(&[b' '; 64]);
+        }
+        assert!(s.carry.len() <= MAX_ID + 32, "carry {}", s.carry.len());
         // Past the searched bytes nothing more is read.
         let late = format!("{}\"id\":\"resp_1\"", " ".repeat(SEARCHED + 8192));
         assert_eq!(scan(late.as_bytes(), 4096), None);

@@ -30,9 +30,10 @@ use crate::usage::UsageScanner;
 #[error("upstream stream idle for more than {0:?}")]
 pub struct IdleTimeout(pub Duration);
 
-/// The instance sent its head but no data within the first-byte timeout.
+/// The instance sent its head but no data (for a Responses stream, nothing past its opening
+/// events) within the first-byte timeout.
 #[derive(Debug, thiserror::Error)]
-#[error("no answer data within {0:?} of the response head (the longer of timeouts.first_byte_ms and idle_stream_ms)")]
+#[error("no answer data (past a Responses stream's opening events) within {0:?} of the response head (the longer of timeouts.first_byte_ms and idle_stream_ms)")]
 pub struct FirstDataTimeout(pub Duration);
 
 /// An upstream body relayed to the client. Dropping it (client gone) drops the upstream body,

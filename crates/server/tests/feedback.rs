@@ -332,3 +332,33 @@ async fn a_responses_streams_first_token_comes_after_its_opening_events() {
     );
     r.shutdown().await;
 }
+
+/// A request that continues a stored response is counted in flight but teaches the strategy
+/// nothing from its usage: the engine's prompt was the stored conversation and then its text,
+/// which the router never saw whole (its cached tokens against its short text would skew
+/// cache-aware's characters per token and cache size).
+#[tokio::test]
+async fn a_continued_stored_response_teaches_no_usage() {
+    let engine = support::storing::storing_engine("a").await;
+    let r = router(settings(&[engine])).await;
+    let addr = r.local_addr();
+    let recorder = install(&r);
+    let first = post(addr, "/v1/responses", &[], r#"{"input":"hello"}"#).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        told(&recorder, 2).await,
+        [
+            "FirstToken",
+            "Finished { usage: Some(Usage { prompt_tokens: 100, cached_tokens: Some(90) }) }"
+        ]
+    );
+    let id = first.json()["id"].as_str().unwrap_or_default().to_string();
+    let next = serde_json::json!({"input": "more", "previous_response_id": id}).to_string();
+    let a = post(addr, "/v1/responses", &[], next).await;
+    assert_eq!(a.header("x-prefix-router-decision"), "stored_response");
+    assert_eq!(
+        told(&recorder, 2).await,
+        ["FirstToken", "Finished { usage: None }"]
+    );
+    r.shutdown().await;
+}

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use http::{Method, StatusCode};
 use prefix_router_core::{ConcurrencyThreshold, StrategyConfig, StrategyKind};
 use prefix_router_server::settings::Settings;
+use support::storing::storing_engine;
 use support::*;
 
 /// These tests are about prefix-aware's placement; `serve`'s default is cache-aware.
@@ -295,84 +296,6 @@ async fn prefix_aware_replicas_place_every_key_alike_without_talking() {
     }
 }
 
-/// An engine that stores the responses it gives, as vLLM does: `POST /v1/responses` answers
-/// with a new id (as JSON, or as a stream whose `response.created` event carries it) and 404s a
-/// `previous_response_id` it did not give; `GET`/`DELETE /v1/responses/{id}` 404 an id it
-/// does not hold. One request per connection.
-async fn storing_engine(name: &'static str) -> String {
-    let store = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    raw_engine(move |mut s| {
-        let store = std::sync::Arc::clone(&store);
-        async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            let body_start = loop {
-                match s.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break i + 4;
-                }
-            };
-            let head = String::from_utf8_lossy(&buf[..body_start]).to_string();
-            let len: usize = head
-                .to_ascii_lowercase()
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().to_string()))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            while buf.len() < body_start + len {
-                match s.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
-            let body: serde_json::Value =
-                serde_json::from_slice(&buf[body_start..]).unwrap_or_default();
-            let mut words = head.split_whitespace();
-            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-            let held = |id: &str| store.lock().map(|s| s.iter().any(|x| x == id)).unwrap_or(false);
-            let (status, ctype, answer) = match (method, path.strip_prefix("/v1/responses")) {
-                ("POST", Some("")) => {
-                    let previous = body["previous_response_id"].as_str().map(str::to_owned);
-                    if previous.as_deref().is_some_and(|p| !held(p)) {
-                        (404, "application/json", r#"{"error":{"message":"not found"}}"#.to_string())
-                    } else {
-                        let id = {
-                            let mut st = store.lock().unwrap_or_else(|p| p.into_inner());
-                            let id = format!("resp_{name}_{}", st.len());
-                            st.push(id.clone());
-                            id
-                        };
-                        if body["stream"] == serde_json::Value::Bool(true) {
-                            let events = format!(
-                                "event: response.created\ndata: {{\"response\":{{\"id\":\"{id}\",\"output\":[]}},\"type\":\"response.created\"}}\n\nevent: response.completed\ndata: {{\"response\":{{\"id\":\"{id}\"}},\"type\":\"response.completed\"}}\n\n"
-                            );
-                            (200, "text/event-stream", events)
-                        } else {
-                            let p = previous.map_or("null".into(), |p| format!("\"{p}\""));
-                            (200, "application/json", format!(r#"{{"id": "{id}","object":"response","output":[{{"id":"msg_1"}}],"previous_response_id":{p}}}"#))
-                        }
-                    }
-                }
-                (_, Some(rest)) if held(rest.trim_start_matches('/').split('/').next().unwrap_or("")) => {
-                    (200, "application/json", format!(r#"{{"id":"{}"}}"#, rest.trim_start_matches('/')))
-                }
-                _ => (404, "application/json", r#"{"error":{"message":"not found"}}"#.to_string()),
-            };
-            let reply = format!(
-                "HTTP/1.1 {status} X\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
-                answer.len()
-            );
-            let _ = s.write_all(reply.as_bytes()).await;
-            let _ = s.shutdown().await;
-        }
-    })
-    .await
-}
-
 /// A conversation on the Responses API's stored state (`previous_response_id`) goes where each
 /// response is stored: on any other instance the engine answers 404. Requests for a stored
 /// response by its path go there too. It was routed as any request, and failed about two
@@ -431,6 +354,39 @@ async fn a_stored_response_is_continued_where_it_lives() {
         unknown.header("x-prefix-router-decision"),
         "stored_response"
     );
+    // The home answering 503 is the client's answer: another instance would say 404, hiding
+    // it. Draining, the home still takes the conversation (nowhere else holds it).
+    let failing = post(
+        addr,
+        "/v1/responses",
+        &[],
+        serde_json::json!({"input": "FAIL", "previous_response_id": last}).to_string(),
+    )
+    .await;
+    assert_eq!(
+        failing.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        failing.body
+    );
+    assert_eq!(failing.header("x-prefix-router-instance"), home);
+    let snap = r.state().fleet.snapshot();
+    let (_, inst) = snap.get(&home).expect("home is a member");
+    inst.set_state(prefix_router_core::InstanceState::Draining);
+    let a = turn(Some(last.clone()), false, 8).await;
+    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+    assert_eq!(a.header("x-prefix-router-instance"), home);
+    inst.set_state(prefix_router_core::InstanceState::Healthy);
+    // With `store: false` the engine keeps nothing, and neither does the router.
+    let unstored = post(
+        addr,
+        "/v1/responses",
+        &[],
+        serde_json::json!({"input": "x", "store": false}).to_string(),
+    )
+    .await;
+    assert!(r.state().response_homes.home(&id_of(&unstored)).is_none());
+    assert!(r.state().response_homes.home(&id_of(&a)).is_some());
     let page = metrics_text(addr).await;
     assert!(page.contains("reason=\"stored_response\""), "{page}");
     r.shutdown().await;

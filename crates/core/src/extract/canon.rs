@@ -92,6 +92,8 @@ pub(crate) enum TopField {
     Instructions,
     /// The Responses API's `previous_response_id`.
     PreviousResponse,
+    /// The Responses API's `store`.
+    Store,
     Other,
 }
 
@@ -101,6 +103,7 @@ const SEEN_STREAM: u8 = 4;
 const SEEN_GROUP: u8 = 8;
 const SEEN_INSTRUCTIONS: u8 = 16;
 const SEEN_PREVIOUS: u8 = 32;
+const SEEN_STORE: u8 = 64;
 
 /// Accumulates what the router needs from one body.
 #[derive(Debug)]
@@ -111,6 +114,8 @@ pub(crate) struct Canon<'b> {
     stream: bool,
     group: Option<String>,
     previous_response_id: Option<String>,
+    /// The Responses API's `store` (`None` when absent or null: the engine stores).
+    store: Option<bool>,
     seen: u8,
 }
 
@@ -132,6 +137,7 @@ impl<'b> Canon<'b> {
             stream: false,
             group: None,
             previous_response_id: None,
+            store: None,
             seen: 0,
         }
     }
@@ -149,6 +155,7 @@ impl<'b> Canon<'b> {
             "prompt_cache_key" => TopField::Group,
             "instructions" if self.api == Api::Responses => TopField::Instructions,
             "previous_response_id" if self.api == Api::Responses => TopField::PreviousResponse,
+            "store" if self.api == Api::Responses => TopField::Store,
             k if k == self.api.main_field() => TopField::Main,
             _ => TopField::Other,
         }
@@ -163,6 +170,7 @@ impl<'b> Canon<'b> {
             TopField::Group => (SEEN_GROUP, "prompt_cache_key"),
             TopField::Instructions => (SEEN_INSTRUCTIONS, "instructions"),
             TopField::PreviousResponse => (SEEN_PREVIOUS, "previous_response_id"),
+            TopField::Store => (SEEN_STORE, "store"),
             TopField::Other => return Ok(()),
         };
         if self.seen & bit != 0 {
@@ -189,7 +197,9 @@ impl<'b> Canon<'b> {
             TopField::Model => self.model(value.raw()),
             TopField::Stream => self.stream(value.raw()),
             TopField::Group => self.group(value.raw()),
-            TopField::Instructions | TopField::PreviousResponse => Err(responses_elsewhere()),
+            TopField::Instructions | TopField::PreviousResponse | TopField::Store => {
+                Err(responses_elsewhere())
+            }
             TopField::Other => Ok(()),
         }
     }
@@ -462,6 +472,22 @@ impl<'b> Canon<'b> {
         Ok(())
     }
 
+    /// The Responses API's `store`: a boolean, or null (the engine's default, true).
+    pub(crate) fn store(&mut self, raw: &str) -> Result<(), ExtractError> {
+        self.store = match raw {
+            "true" => Some(true),
+            "false" => Some(false),
+            "null" => None,
+            _ => {
+                return Err(ExtractError::FieldType {
+                    field: "store",
+                    expected: "a boolean",
+                })
+            }
+        };
+        Ok(())
+    }
+
     /// The Responses API's `input`: a string (one user message), an array of input items, or
     /// null. Each item contributes as a chat message would: a message its role and content
     /// (text parts' text, other parts a stand-in as in chat); a `function_call` its name and
@@ -712,6 +738,7 @@ impl<'b> Canon<'b> {
             model: self.model,
             stream: self.stream,
             previous_response_id: self.previous_response_id,
+            stores_response: self.api == Api::Responses && self.store != Some(false),
         })
     }
 }

@@ -104,6 +104,18 @@ fn the_previous_response_is_read_whole() {
             "{bad}"
         );
     }
+    // Stored unless `store` says false.
+    let stored = |body: &str| {
+        route(body)
+            .map(|i| i.stores_response)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert!(stored(r#"{"input":"x"}"#) && stored(r#"{"input":"x","store":null}"#));
+    assert!(!stored(r#"{"input":"x","store":false}"#));
+    assert!(matches!(
+        route(r#"{"store":1}"#),
+        Err(ExtractError::FieldType { field: "store", .. })
+    ));
     // Chat has no such field: a chat body's is ignored.
     let chat = chat_route(
         br#"{"messages":[],"previous_response_id":"resp_1"}"#,
@@ -111,6 +123,7 @@ fn the_previous_response_is_read_whole() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(chat.previous_response_id, None);
+    assert!(!chat.stores_response);
 }
 
 #[test]

@@ -105,6 +105,7 @@ fn responses_top(r: &mut Reader<'_>, canon: &mut Canon<'_>) -> Result<(), Extrac
             TopField::Stream => canon.stream(r.value()?),
             TopField::Group => canon.group(r.value()?),
             TopField::PreviousResponse => canon.previous_response(r.value()?),
+            TopField::Store => canon.store(r.value()?),
         }
     })?;
     if let Some(raw) = instructions {

@@ -5,6 +5,7 @@
 pub mod chat_body;
 pub mod dns;
 pub mod kube_api;
+pub mod storing;
 
 use std::convert::Infallible;
 use std::future::Future;
