@@ -176,28 +176,36 @@ async fn pick(c: &mut ExternalProcessorClient<Channel>, doc: usize) -> (Stream, 
 }
 
 /// Finishes a routed request as Envoy would relay a streamed answer with usage.
-async fn answer(s: &mut Stream, cached: u32) {
-    let a = s
-        .send(
-            Msg::ResponseHeaders(headers(
-                &[(":status", "200"), ("content-type", "text/event-stream")],
-                false,
-            )),
-            None,
-        )
-        .await;
-    let Some(Ans::ResponseHeaders(h)) = a.response else {
+/// Sends a 200 response head of `content_type`; returns the picker's answer to it.
+async fn response_head(s: &mut Stream, content_type: &str) -> ProcessingResponse {
+    s.send(
+        Msg::ResponseHeaders(headers(
+            &[(":status", "200"), ("content-type", content_type)],
+            false,
+        )),
+        None,
+    )
+    .await
+}
+
+/// A header the picker set on the response in its answer `a` (to the response's head).
+fn set_on_response(a: &ProcessingResponse, name: &str) -> Option<String> {
+    let Some(Ans::ResponseHeaders(h)) = &a.response else {
         panic!("{a:?}")
     };
-    let set = h
-        .response
-        .and_then(|c| c.header_mutation)
-        .expect("routing headers")
-        .set_headers;
-    assert!(set.iter().any(|o| o
-        .header
-        .as_ref()
-        .is_some_and(|h| h.key == "x-prefix-router-instance")));
+    let set = &h.response.as_ref()?.header_mutation.as_ref()?.set_headers;
+    set.iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == name)
+        .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned())
+}
+
+async fn answer(s: &mut Stream, cached: u32) {
+    let a = response_head(s, "text/event-stream").await;
+    assert!(
+        set_on_response(&a, "x-prefix-router-instance").is_some(),
+        "{a:?}"
+    );
     s.send(
         Msg::ResponseBody(body(
             b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
@@ -701,28 +709,8 @@ async fn a_stored_response_is_continued_where_it_was_given() {
     };
     // The decision the picker names in the answer's headers.
     async fn decision(s: &mut Stream) -> String {
-        let a = s
-            .send(
-                Msg::ResponseHeaders(headers(
-                    &[(":status", "200"), ("content-type", "application/json")],
-                    false,
-                )),
-                None,
-            )
-            .await;
-        let Some(Ans::ResponseHeaders(h)) = a.response else {
-            panic!("{a:?}")
-        };
-        let set = h
-            .response
-            .and_then(|c| c.header_mutation)
-            .map(|m| m.set_headers)
-            .unwrap_or_default();
-        set.iter()
-            .filter_map(|o| o.header.as_ref())
-            .find(|h| h.key == "x-prefix-router-decision")
-            .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned())
-            .unwrap_or_default()
+        let a = response_head(s, "application/json").await;
+        set_on_response(&a, "x-prefix-router-decision").unwrap_or_default()
     }
     let mut s = Stream::open(&mut c).await;
     s.send(head("POST", "/v1/responses", false), None).await;

@@ -13,8 +13,9 @@ use prefix_router_server::routing::Routing;
 use prefix_router_server::RunningRouter;
 use support::*;
 
-/// What the recorder heard about requests, as `{event:?}` (each told no earlier than its send).
-fn feedback(recorder: &Recording) -> Vec<String> {
+/// What the recorder heard about requests, as `{event:?}` and how long after its send each was
+/// told (never before it).
+fn heard(recorder: &Recording) -> Vec<(String, f64)> {
     recorder
         .take()
         .into_iter()
@@ -26,7 +27,7 @@ fn feedback(recorder: &Recording) -> Vec<String> {
                 ..
             } => {
                 assert!(now >= sent_at, "{now} before {sent_at}");
-                Some(format!("{event:?}"))
+                Some((format!("{event:?}"), now - sent_at))
             }
             _ => None,
         })
@@ -44,18 +45,27 @@ fn install(r: &RunningRouter) -> Arc<Recording> {
     recorder
 }
 
-/// Waits until `n` events were told, then returns them.
-async fn told(recorder: &Recording, n: usize) -> Vec<String> {
+/// Waits until `n` events were told, then returns them with their times ([`heard`]).
+async fn told_at(recorder: &Recording, n: usize) -> Vec<(String, f64)> {
     let mut all = Vec::new();
     let done = tokio::time::timeout(WAIT, async {
         while all.len() < n {
-            all.extend(feedback(recorder));
+            all.extend(heard(recorder));
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     })
     .await;
     assert!(done.is_ok(), "only {all:?}");
     all
+}
+
+/// Waits until `n` events were told, then returns them.
+async fn told(recorder: &Recording, n: usize) -> Vec<String> {
+    told_at(recorder, n)
+        .await
+        .into_iter()
+        .map(|(e, _)| e)
+        .collect()
 }
 
 #[tokio::test]
@@ -238,30 +248,9 @@ async fn requests_that_ask_for_a_whole_answer_are_told_so() {
 #[tokio::test]
 async fn a_responses_streams_first_token_comes_after_its_opening_events() {
     let engine = raw_engine(|mut s| async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        // The head, then the body by its length.
-        let body_start = loop {
-            match s.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..body_start]).to_ascii_lowercase();
-        let len: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        while buf.len() < body_start + len {
-            match s.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
+        use tokio::io::AsyncWriteExt;
+        if read_request(&mut s, &mut Vec::new()).await.is_none() {
+            return;
         }
         let piece = |data: &str| format!("{:x}\r\n{data}\r\n", data.len());
         let opening = "event: response.created\ndata: {\"response\":{\"id\":\"resp_1\",\"usage\":null},\"type\":\"response.created\"}\n\nevent: response.in_progress\ndata: {\"response\":{\"id\":\"resp_1\"},\"type\":\"response.in_progress\"}\n\n";
@@ -292,33 +281,7 @@ async fn a_responses_streams_first_token_comes_after_its_opening_events() {
     assert_eq!(a.status, StatusCode::OK);
     let body = String::from_utf8_lossy(&a.body).into_owned();
     assert!(body.contains("response.completed"), "cut: {body}");
-    let calls = {
-        let mut all = Vec::new();
-        let done = tokio::time::timeout(WAIT, async {
-            while !all
-                .iter()
-                .any(|c| matches!(c, Call::Feedback { event, .. } if format!("{event:?}").starts_with("Finished")))
-            {
-                all.extend(recorder.take());
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        })
-        .await;
-        assert!(done.is_ok(), "only {all:?}");
-        all
-    };
-    let heard: Vec<(String, f64)> = calls
-        .into_iter()
-        .filter_map(|c| match c {
-            Call::Feedback {
-                event,
-                now,
-                sent_at,
-                ..
-            } => Some((format!("{event:?}"), now - sent_at)),
-            _ => None,
-        })
-        .collect();
+    let heard = told_at(&recorder, 2).await;
     let first = heard
         .iter()
         .find(|(e, _)| e == "FirstToken")

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const BODY: &str = r#"{"id":"x","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
@@ -50,30 +50,9 @@ async fn serve(mut s: TcpStream, closes: Closes, answered: Arc<AtomicUsize>) {
     let mut requests = 0;
     loop {
         // A request: the head, then Content-Length bytes of body.
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            let mut chunk = [0u8; 8192];
-            match s.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(k) => buf.extend_from_slice(&chunk[..k]),
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-        let len: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        while buf.len() < head_end + len {
-            let mut chunk = [0u8; 8192];
-            match s.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(k) => buf.extend_from_slice(&chunk[..k]),
-            }
+        if read_request(&mut s, &mut buf).await.is_none() {
+            return;
         }
-        buf.drain(..head_end + len);
         requests += 1;
         if closes == Closes::OnSecondRequest && requests == 2 {
             return;

@@ -289,14 +289,7 @@ impl<'b> Canon<'b> {
 
     /// Appends one message: role, separator, content, tool calls, terminator.
     pub(crate) fn message<N: JsonNode>(&mut self, m: MessageFields<N>) -> Result<(), ExtractError> {
-        let role = m.role.ok_or(ExtractError::Missing("messages[].role"))?;
-        if kind(role.raw()) != Kind::String {
-            return Err(ExtractError::FieldType {
-                field: "messages[].role",
-                expected: "a string",
-            });
-        }
-        self.text.push_json_str(role.raw(), "messages[].role")?;
+        self.required_str(m.role, "messages[].role")?;
         self.text.push_char(ROLE_SEPARATOR);
         if let Some(content) = m.content {
             match kind(content.raw()) {
@@ -544,14 +537,7 @@ impl<'b> Canon<'b> {
         };
         match ty.as_deref() {
             None | Some("message") => {
-                let role = f.role.ok_or(ExtractError::Missing("input[].role"))?;
-                if kind(role.raw()) != Kind::String {
-                    return Err(ExtractError::FieldType {
-                        field: "input[].role",
-                        expected: "a string",
-                    });
-                }
-                self.text.push_json_str(role.raw(), "input[].role")?;
+                self.required_str(f.role, "input[].role")?;
                 self.text.push_char(ROLE_SEPARATOR);
                 if let Some(c) = f.content {
                     self.item_content(c, "input[].content")?;
@@ -630,6 +616,22 @@ impl<'b> Canon<'b> {
                 expected: "a string, an array of content parts or null",
             }),
         }
+    }
+
+    /// A string field that must be there (a message's role): its text.
+    fn required_str<N: JsonNode>(
+        &mut self,
+        value: Option<N>,
+        field: &'static str,
+    ) -> Result<(), ExtractError> {
+        let value = value.ok_or(ExtractError::Missing(field))?;
+        if kind(value.raw()) != Kind::String {
+            return Err(ExtractError::FieldType {
+                field,
+                expected: "a string",
+            });
+        }
+        self.text.push_json_str(value.raw(), field)
     }
 
     /// A string field that may be absent or null.

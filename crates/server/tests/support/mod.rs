@@ -439,6 +439,42 @@ impl Upstream {
     }
 }
 
+/// Reads one HTTP/1.1 request from `s` through `buf` (what was read past it stays there, for
+/// the next request on a kept connection): its head as sent, and its `content-length` bytes of
+/// body. `None` when the peer closes (or the read fails) first.
+pub async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let len: usize = head
+        .to_ascii_lowercase()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("content-length:")
+                .map(|v| v.trim().to_owned())
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+        }
+    }
+    let body = buf[head_end..head_end + len].to_vec();
+    buf.drain(..head_end + len);
+    Some((head, body))
+}
+
 /// An engine on a raw socket, so that a test says exactly what goes on the wire: `serve` runs
 /// for each connection it accepts, on a task of its own. Returns its URL.
 pub async fn raw_engine<F, Fut>(serve: F) -> String

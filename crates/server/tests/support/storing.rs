@@ -1,6 +1,6 @@
 //! An engine stand-in that stores the Responses API's responses, as vLLM does.
 
-use super::raw_engine;
+use super::{raw_engine, read_request};
 
 /// An engine that stores the responses it gives: `POST /v1/responses` answers with a new id (as
 /// JSON, or as a stream whose `response.created` event carries it) and usage
@@ -12,35 +12,11 @@ pub async fn storing_engine(name: &'static str) -> String {
     raw_engine(move |mut s| {
         let store = std::sync::Arc::clone(&store);
         async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            let body_start = loop {
-                match s.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break i + 4;
-                }
+            use tokio::io::AsyncWriteExt;
+            let Some((head, raw_body)) = read_request(&mut s, &mut Vec::new()).await else {
+                return;
             };
-            let head = String::from_utf8_lossy(&buf[..body_start]).to_string();
-            let len: usize = head
-                .to_ascii_lowercase()
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix("content-length:")
-                        .map(|v| v.trim().to_string())
-                })
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            while buf.len() < body_start + len {
-                match s.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
-            let raw_body = String::from_utf8_lossy(&buf[body_start..]).to_string();
+            let raw_body = String::from_utf8_lossy(&raw_body).into_owned();
             let body: serde_json::Value = serde_json::from_str(&raw_body).unwrap_or_default();
             let mut words = head.split_whitespace();
             let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
