@@ -634,6 +634,22 @@ async fn each_body_mode_is_answered_as_envoy_expects() {
     p.router.shutdown().await;
 }
 
+/// Sends a chat body of about `len` bytes as Envoy's BUFFERED mode does (one message) on a new
+/// stream; returns the picker's answer to it.
+async fn send_buffered(c: &mut ExternalProcessorClient<Channel>, len: usize) -> ProcessingResponse {
+    let mut s = Stream::open(c).await;
+    s.push(with_modes(request_head(), 2, 0)).await;
+    let a = s.next().await;
+    assert!(matches!(a.response, Some(Ans::RequestHeaders(_))), "{a:?}");
+    let big = serde_json::json!({
+        "model": prefix_router_mock_engine::DEFAULT_MODEL,
+        "messages": [{"role": "user", "content": "x".repeat(len)}],
+    })
+    .to_string();
+    s.send(Msg::RequestBody(body(big.as_bytes(), true)), None)
+        .await
+}
+
 /// A BUFFERED body over tonic's default 4 MiB message limit is routed (within
 /// `limits.max_body_bytes`, 32 MiB by default): the stream failed, a 500 from Envoy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -641,18 +657,7 @@ async fn a_buffered_body_over_four_mib_is_routed() {
     let engines = engines(2).await;
     let p = picker(settings(&engines, "cache-aware"), 0).await;
     let mut c = client(&p).await;
-    let mut s = Stream::open(&mut c).await;
-    s.push(with_modes(request_head(), 2, 0)).await;
-    let a = s.next().await;
-    assert!(matches!(a.response, Some(Ans::RequestHeaders(_))), "{a:?}");
-    let big = serde_json::json!({
-        "model": prefix_router_mock_engine::DEFAULT_MODEL,
-        "messages": [{"role": "user", "content": "x".repeat(5 << 20)}],
-    })
-    .to_string();
-    let routed = s
-        .send(Msg::RequestBody(body(big.as_bytes(), true)), None)
-        .await;
+    let routed = send_buffered(&mut c, 5 << 20).await;
     let (header, _) = destination(&routed);
     assert!(header.starts_with("127.0.0.1:"), "{header}");
     p.router.shutdown().await;
@@ -669,18 +674,7 @@ async fn a_buffered_body_far_over_the_body_limit_is_a_413() {
     settings.limits.max_body_bytes = 64 * 1024;
     let p = picker(settings, 0).await;
     let mut c = client(&p).await;
-    let mut s = Stream::open(&mut c).await;
-    s.push(with_modes(request_head(), 2, 0)).await;
-    let a = s.next().await;
-    assert!(matches!(a.response, Some(Ans::RequestHeaders(_))), "{a:?}");
-    let big = serde_json::json!({
-        "model": prefix_router_mock_engine::DEFAULT_MODEL,
-        "messages": [{"role": "user", "content": "x".repeat(3 << 20)}],
-    })
-    .to_string();
-    let a = s
-        .send(Msg::RequestBody(body(big.as_bytes(), true)), None)
-        .await;
+    let a = send_buffered(&mut c, 3 << 20).await;
     let (status, text) = immediate_status(&a);
     assert_eq!(status, 413, "{text}");
     // The picker goes on: the next request on a new stream is routed.
