@@ -36,6 +36,8 @@ pub(crate) struct AppState {
     pub next_id: AtomicU64,
     /// The Responses API's stored responses.
     pub responses: ResponseStore,
+    /// Part of every response id: unique to this engine ([`crate::server`]).
+    pub engine_tag: u64,
 }
 
 type Reply = Response<ResponseBody>;
@@ -235,7 +237,7 @@ async fn admit(state: &AppState, head: Head) -> Result<(Pending, u64), ApiError>
         id: match head.kind {
             ApiKind::Chat => format!("chatcmpl-{id:016x}"),
             ApiKind::Completion => format!("cmpl-{id:016x}"),
-            ApiKind::Responses => format!("resp_{id:032x}"),
+            ApiKind::Responses => format!("resp_{:016x}{id:016x}", state.engine_tag),
         },
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)

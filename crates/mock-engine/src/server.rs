@@ -93,6 +93,7 @@ impl MockEngine {
             metrics,
             next_id: AtomicU64::new(0),
             responses: crate::responses::ResponseStore::default(),
+            engine_tag: engine_tag(addr),
         });
         let accept = tokio::spawn(accept_loop(listener, state, stop_rx));
         Ok(MockEngine {
@@ -152,6 +153,17 @@ impl Drop for MockEngine {
 }
 
 /// Accepts connections until told to stop; each connection lives until it ends or the stop.
+/// Sets this engine's response ids apart from every other engine's: its address and the time it
+/// started. (A counter alone started at 0 in every engine, so two engines gave the same ids, and
+/// a router following `previous_response_id` could not tell their responses apart; vLLM's ids
+/// are random.)
+fn engine_tag(addr: std::net::SocketAddr) -> u64 {
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    xxhash_rust::xxh3::xxh3_64(format!("{addr} {started}").as_bytes())
+}
+
 async fn accept_loop(listener: TcpListener, state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {

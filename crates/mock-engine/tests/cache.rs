@@ -262,6 +262,14 @@ async fn a_stored_response_is_continued_from_cache() {
         .await;
         assert_eq!(s, 404, "{v}");
         assert_eq!(v["error"]["param"], "previous_response_id");
+        // Another engine's first response has an id of its own (a router tells them apart).
+        let other = start_default(0.05).await;
+        let (_, b) = post_json(other.local_addr(), "/v1/responses", first.to_string()).await;
+        assert_ne!(b["id"], a["id"]);
+        assert!(
+            b["id"].as_str().is_some_and(|i| i.starts_with("resp_")),
+            "{b}"
+        );
     })
     .await
     .expect("timed out");
