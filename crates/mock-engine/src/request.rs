@@ -230,23 +230,12 @@ fn messages(obj: &Map<String, Value>, texts: &mut Texts) -> Result<(), ApiError>
         let content = match m.get("content") {
             Some(Value::String(s)) => s.clone(),
             None | Some(Value::Null) => String::new(),
-            Some(Value::Array(parts)) => {
-                let mut joined: Vec<&str> = Vec::with_capacity(parts.len());
-                for (j, p) in parts.iter().enumerate() {
-                    match (p.get("type"), p.get("text")) {
-                        (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => {
-                            joined.push(text)
-                        }
-                        _ => {
-                            return Err(ApiError::invalid(
-                                format!("messages[{i}].content[{j}]"),
-                                "content parts must be {\"type\":\"text\",\"text\":\"...\"}",
-                            ))
-                        }
-                    }
-                }
-                joined.join("\n")
-            }
+            Some(Value::Array(parts)) => text_parts(parts, &["text"], |j| {
+                ApiError::invalid(
+                    format!("messages[{i}].content[{j}]"),
+                    "content parts must be {\"type\":\"text\",\"text\":\"...\"}",
+                )
+            })?,
             Some(_) => {
                 return Err(ApiError::invalid(
                     format!("messages[{i}].content"),
@@ -257,6 +246,23 @@ fn messages(obj: &Map<String, Value>, texts: &mut Texts) -> Result<(), ApiError>
         texts.0.push((role, content));
     }
     Ok(())
+}
+
+/// The `text` of content parts whose `type` is one of `kinds`, joined by a newline; `bad(j)` is
+/// the error for part `j` of another kind (or without a string `text`).
+pub(crate) fn text_parts(
+    parts: &[Value],
+    kinds: &[&str],
+    bad: impl Fn(usize) -> ApiError,
+) -> Result<String, ApiError> {
+    let mut joined: Vec<&str> = Vec::with_capacity(parts.len());
+    for (j, p) in parts.iter().enumerate() {
+        match (p.get("type").and_then(Value::as_str), p.get("text")) {
+            (Some(t), Some(Value::String(text))) if kinds.contains(&t) => joined.push(text),
+            _ => return Err(bad(j)),
+        }
+    }
+    Ok(joined.join("\n"))
 }
 
 /// Reads `prompt`: a string, or an array holding one string.

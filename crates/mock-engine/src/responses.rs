@@ -15,6 +15,7 @@ use http::StatusCode;
 use serde_json::{json, Map, Value};
 
 use crate::api_error::ApiError;
+use crate::request::text_parts;
 use crate::response::Meta;
 use crate::words::push_words;
 
@@ -128,21 +129,12 @@ fn input_item(item: &Value, i: usize) -> Result<Turn, ApiError> {
             None | Some(Value::Null) => Ok(String::new()),
             Some(Value::String(s)) => Ok(s.clone()),
             Some(Value::Array(parts)) => {
-                let mut joined = Vec::with_capacity(parts.len());
-                for p in parts {
-                    match (p.get("type").and_then(Value::as_str), p.get("text")) {
-                        (Some("input_text" | "output_text" | "text"), Some(Value::String(t))) => {
-                            joined.push(t.as_str())
-                        }
-                        _ => {
-                            return Err(ApiError::invalid(
-                                format!("input[{i}].{field}"),
-                                "only text parts are supported",
-                            ))
-                        }
-                    }
-                }
-                Ok(joined.join("\n"))
+                text_parts(parts, &["input_text", "output_text", "text"], |_| {
+                    ApiError::invalid(
+                        format!("input[{i}].{field}"),
+                        "only text parts are supported",
+                    )
+                })
             }
             Some(_) => Err(ApiError::invalid(
                 format!("input[{i}].{field}"),

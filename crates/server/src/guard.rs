@@ -62,16 +62,16 @@ impl InFlightGuard {
             usage: None,
             first_byte_seen: false,
             opening: (api == Api::Responses).then(Box::default),
-            response_id: (api == Api::Responses).then(Box::default),
+            response_id: None,
             teach: true,
             log: None,
         }
     }
 
-    /// The engine does not store this answer (`store: false`, or not a Responses request):
-    /// its id is not looked for, and takes no place among those remembered.
-    pub fn keep_no_response_id(&mut self) {
-        self.response_id = None;
+    /// The engine stores this answer (a Responses request without `store: false`): its id is
+    /// looked for, and remembered against this instance ([`crate::responses`]).
+    pub fn remember_response_id(&mut self) {
+        self.response_id = Some(Box::default());
     }
 
     /// Whether the strategy hears the engine's usage. A request that continues a stored

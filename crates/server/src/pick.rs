@@ -522,8 +522,8 @@ impl Prepared {
         if home.is_some() {
             guard.teach_usage(false);
         }
-        if !self.stores_response {
-            guard.keep_no_response_id();
+        if self.stores_response {
+            guard.remember_response_id();
         }
         let stats = guard.stats();
         InstanceStats::bump(&stats.requests);
@@ -560,8 +560,8 @@ impl Prepared {
             dispatch_to(&self.strategy, &req, Arc::clone(&instance), reason)
         };
         let mut guard = InFlightGuard::new(Arc::clone(state), ticket, self.api, self.received);
-        if !self.stores_response {
-            guard.keep_no_response_id();
+        if self.stores_response {
+            guard.remember_response_id();
         }
         InstanceStats::bump(&guard.stats().requests);
         Routed {

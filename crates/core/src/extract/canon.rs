@@ -194,13 +194,21 @@ impl<'b> Canon<'b> {
                 Api::Completion => self.prompt(value),
                 Api::Responses => Err(responses_elsewhere()),
             },
-            TopField::Model => self.model(value.raw()),
-            TopField::Stream => self.stream(value.raw()),
-            TopField::Group => self.group(value.raw()),
-            TopField::Instructions | TopField::PreviousResponse | TopField::Store => {
-                Err(responses_elsewhere())
-            }
+            f => self.scalar(f, value.raw()),
+        }
+    }
+
+    /// A top-level field read whole from its raw value: every one but the text's own
+    /// (`messages`, `prompt`, `input`, `instructions`), which each back end walks its own way.
+    pub(crate) fn scalar(&mut self, field: TopField, raw: &str) -> Result<(), ExtractError> {
+        match field {
+            TopField::Model => self.model(raw),
+            TopField::Stream => self.stream(raw),
+            TopField::Group => self.group(raw),
+            TopField::PreviousResponse => self.previous_response(raw),
+            TopField::Store => self.store(raw),
             TopField::Other => Ok(()),
+            TopField::Main | TopField::Instructions => Err(responses_elsewhere()),
         }
     }
 
@@ -297,7 +305,7 @@ impl<'b> Canon<'b> {
                 Kind::String => self
                     .text
                     .push_json_str(content.raw(), "messages[].content")?,
-                Kind::Array => content.for_each_element(|part| self.part(part))?,
+                Kind::Array => content.for_each_element(|part| self.part(part, &CHAT_PART))?,
                 _ => {
                     return Err(ExtractError::FieldType {
                         field: "messages[].content",
@@ -322,10 +330,12 @@ impl<'b> Canon<'b> {
         Ok(())
     }
 
-    fn part<N: JsonNode>(&mut self, part: N) -> Result<(), ExtractError> {
+    /// One content part: the `text` of a part whose `type` is one of `f.text_types`, any other
+    /// part a stand-in.
+    fn part<N: JsonNode>(&mut self, part: N, f: &PartFields) -> Result<(), ExtractError> {
         if kind(part.raw()) != Kind::Object {
             return Err(ExtractError::FieldType {
-                field: "messages[].content[]",
+                field: f.part,
                 expected: "an object",
             });
         }
@@ -333,29 +343,24 @@ impl<'b> Canon<'b> {
         let mut text: Option<N> = None;
         part.for_each_entry(|k, v| {
             match k {
-                "type" => set_once(&mut ty, v, "messages[].content[].type")?,
-                "text" => set_once(&mut text, v, "messages[].content[].text")?,
+                "type" => set_once(&mut ty, v, f.ty)?,
+                "text" => set_once(&mut text, v, f.text)?,
                 _ => {}
             }
             Ok(())
         })?;
-        let ty = ty.ok_or(ExtractError::Missing("messages[].content[].type"))?;
+        let ty = ty.ok_or(ExtractError::Missing(f.ty))?;
         if kind(ty.raw()) != Kind::String {
             return Err(ExtractError::FieldType {
-                field: "messages[].content[].type",
+                field: f.ty,
                 expected: "a string",
             });
         }
-        if is_text_type(ty.raw())? {
-            let text = text.ok_or(ExtractError::Missing("messages[].content[].text"))?;
-            if kind(text.raw()) != Kind::String {
-                return Err(ExtractError::FieldType {
-                    field: "messages[].content[].text",
-                    expected: "a string",
-                });
-            }
-            self.text
-                .push_json_str(text.raw(), "messages[].content[].text")?;
+        let mut buf = [0u8; SHORT];
+        let textual =
+            decoded_in(ty.raw(), f.ty, &mut buf)?.is_some_and(|t| f.text_types.contains(&t));
+        if textual {
+            self.required_str(text, f.text)?;
         } else {
             self.stand_in(part.raw());
         }
@@ -398,29 +403,9 @@ impl<'b> Canon<'b> {
             "arguments" => set_once(&mut args, v, "messages[].tool_calls[].function.arguments"),
             _ => Ok(()),
         })?;
-        for (value, field) in [
-            (name, "messages[].tool_calls[].function.name"),
-            (args, "messages[].tool_calls[].function.arguments"),
-        ] {
-            match value.as_ref().map(|v| kind(v.raw())) {
-                None | Some(Kind::Null) => {}
-                Some(Kind::String) => {
-                    if let Some(v) = &value {
-                        self.text.push_json_str(v.raw(), field)?;
-                    }
-                }
-                Some(_) => {
-                    return Err(ExtractError::FieldType {
-                        field,
-                        expected: "a string",
-                    })
-                }
-            }
-            if field.ends_with("name") {
-                self.text.push_char(ROLE_SEPARATOR);
-            }
-        }
-        Ok(())
+        self.optional_str(name, "messages[].tool_calls[].function.name")?;
+        self.text.push_char(ROLE_SEPARATOR);
+        self.optional_str(args, "messages[].tool_calls[].function.arguments")
     }
 
     /// The Responses API's `instructions`: a string, or null (none). The engine renders them as
@@ -522,11 +507,12 @@ impl<'b> Canon<'b> {
             "output" => set_once(&mut f.output, v, "input[].output"),
             _ => Ok(()),
         })?;
+        let mut buf = [0u8; SHORT];
         let ty = match &f.ty {
             None => None,
+            // A type longer than any the text depends on is some other item.
             Some(t) if kind(t.raw()) == Kind::String => {
-                // A type longer than any the text depends on is some other item.
-                Some(short_str(t.raw(), "input[].type", 32)?.unwrap_or_default())
+                Some(decoded_in(t.raw(), "input[].type", &mut buf)?.unwrap_or_default())
             }
             Some(_) => {
                 return Err(ExtractError::FieldType {
@@ -535,7 +521,7 @@ impl<'b> Canon<'b> {
                 })
             }
         };
-        match ty.as_deref() {
+        match ty {
             None | Some("message") => {
                 self.required_str(f.role, "input[].role")?;
                 self.text.push_char(ROLE_SEPARATOR);
@@ -573,44 +559,7 @@ impl<'b> Canon<'b> {
         match kind(node.raw()) {
             Kind::Null => Ok(()),
             Kind::String => self.text.push_json_str(node.raw(), field),
-            Kind::Array => node.for_each_element(|part| {
-                if kind(part.raw()) != Kind::Object {
-                    return Err(ExtractError::FieldType {
-                        field: "input[].content[]",
-                        expected: "an object",
-                    });
-                }
-                let (mut ty, mut text): (Option<N>, Option<N>) = (None, None);
-                part.for_each_entry(|k, v| match k {
-                    "type" => set_once(&mut ty, v, "input[].content[].type"),
-                    "text" => set_once(&mut text, v, "input[].content[].text"),
-                    _ => Ok(()),
-                })?;
-                let ty = ty.ok_or(ExtractError::Missing("input[].content[].type"))?;
-                if kind(ty.raw()) != Kind::String {
-                    return Err(ExtractError::FieldType {
-                        field: "input[].content[].type",
-                        expected: "a string",
-                    });
-                }
-                let textual = matches!(
-                    short_str(ty.raw(), "input[].content[].type", 32)?.as_deref(),
-                    Some("input_text" | "output_text" | "text")
-                );
-                if !textual {
-                    self.stand_in(part.raw());
-                    return Ok(());
-                }
-                let text = text.ok_or(ExtractError::Missing("input[].content[].text"))?;
-                if kind(text.raw()) != Kind::String {
-                    return Err(ExtractError::FieldType {
-                        field: "input[].content[].text",
-                        expected: "a string",
-                    });
-                }
-                self.text
-                    .push_json_str(text.raw(), "input[].content[].text")
-            }),
+            Kind::Array => node.for_each_element(|part| self.part(part, &INPUT_PART)),
             _ => Err(ExtractError::FieldType {
                 field,
                 expected: "a string, an array of content parts or null",
@@ -768,8 +717,8 @@ impl<N> Default for ItemFields<N> {
     }
 }
 
-/// A raw JSON string decoded when it is at most `max` bytes long (an item's or a part's type, a
-/// response id); `None` when longer.
+/// A raw JSON string decoded when it is at most `max` bytes long (a response id); `None` when
+/// longer.
 fn short_str(raw: &str, field: &'static str, max: usize) -> Result<Option<String>, ExtractError> {
     let mut out = String::new();
     let mut fits = true;
@@ -785,7 +734,7 @@ fn short_str(raw: &str, field: &'static str, max: usize) -> Result<Option<String
 
 /// The lazy back ends read chat and completions bodies only (the Responses API's text is built
 /// by [`super::scan_impl`], the router's reader).
-pub(crate) fn responses_elsewhere() -> ExtractError {
+fn responses_elsewhere() -> ExtractError {
     ExtractError::Json("the Responses API is read by the router's own reader only".into())
 }
 
@@ -836,21 +785,51 @@ fn duplicate(field: &str) -> ExtractError {
     ExtractError::Json(format!("duplicate field '{field}'"))
 }
 
-/// Whether a part's raw `type` string decodes to exactly `text` (decoding at most 5 characters).
-fn is_text_type(raw: &str) -> Result<bool, ExtractError> {
-    let mut buf = [0u8; 5];
+/// The field names and text types of a content part: chat's (`text`) or a Responses input's.
+struct PartFields {
+    part: &'static str,
+    ty: &'static str,
+    text: &'static str,
+    text_types: &'static [&'static str],
+}
+
+const CHAT_PART: PartFields = PartFields {
+    part: "messages[].content[]",
+    ty: "messages[].content[].type",
+    text: "messages[].content[].text",
+    text_types: &["text"],
+};
+
+const INPUT_PART: PartFields = PartFields {
+    part: "input[].content[]",
+    ty: "input[].content[].type",
+    text: "input[].content[].text",
+    text_types: &["input_text", "output_text", "text"],
+};
+
+/// Longest `type` the text depends on, decoded on the stack.
+const SHORT: usize = 32;
+
+/// A raw JSON string decoded into `buf` when it fits (a part's or an item's `type`); `None` when
+/// longer (no type the text depends on is), without decoding the rest.
+fn decoded_in<'a>(
+    raw: &str,
+    field: &'static str,
+    buf: &'a mut [u8; SHORT],
+) -> Result<Option<&'a str>, ExtractError> {
     let mut len = 0usize;
     let mut overflow = false;
-    decode_json_str(raw, "messages[].content[].type", |piece| {
-        for &b in piece.as_bytes() {
-            if len == buf.len() {
-                overflow = true;
-                return false;
-            }
-            buf[len] = b;
-            len += 1;
-        }
+    decode_json_str(raw, field, |piece| {
+        let Some(dst) = buf.get_mut(len..len + piece.len()) else {
+            overflow = true;
+            return false;
+        };
+        dst.copy_from_slice(piece.as_bytes());
+        len += piece.len();
         true
     })?;
-    Ok(!overflow && &buf[..len] == b"text")
+    // Whole decoded pieces of valid UTF-8 (refused otherwise by decode_json_str).
+    Ok((!overflow)
+        .then(|| std::str::from_utf8(&buf[..len]).ok())
+        .flatten())
 }

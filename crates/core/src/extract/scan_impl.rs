@@ -81,10 +81,7 @@ fn top_entry(r: &mut Reader<'_>, canon: &mut Canon<'_>, key: &str) -> Result<(),
             let raw = r.value()?;
             match field {
                 TopField::Main => canon.prompt(Raw(raw)),
-                TopField::Model => canon.model(raw),
-                TopField::Stream => canon.stream(raw),
-                TopField::Group => canon.group(raw),
-                _ => Err(super::canon::responses_elsewhere()),
+                f => canon.scalar(f, raw),
             }
         }
     }
@@ -101,11 +98,7 @@ fn responses_top(r: &mut Reader<'_>, canon: &mut Canon<'_>) -> Result<(), Extrac
             TopField::Other => r.value().map(drop),
             TopField::Main => r.value().map(|v| input = Some(v)),
             TopField::Instructions => r.value().map(|v| instructions = Some(v)),
-            TopField::Model => canon.model(r.value()?),
-            TopField::Stream => canon.stream(r.value()?),
-            TopField::Group => canon.group(r.value()?),
-            TopField::PreviousResponse => canon.previous_response(r.value()?),
-            TopField::Store => canon.store(r.value()?),
+            f => canon.scalar(f, r.value()?),
         }
     })?;
     if let Some(raw) = instructions {

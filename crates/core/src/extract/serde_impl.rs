@@ -129,10 +129,7 @@ impl<'de> Visitor<'de> for Top<'_, '_> {
                     let raw: &'de RawValue = map.next_value()?;
                     let r = match field {
                         TopField::Main => st.canon.prompt(raw),
-                        TopField::Model => st.canon.model(raw.get()),
-                        TopField::Stream => st.canon.stream(raw.get()),
-                        TopField::Group => st.canon.group(raw.get()),
-                        _ => Err(super::canon::responses_elsewhere()),
+                        f => st.canon.scalar(f, raw.get()),
                     };
                     st.fail(r)?;
                 }
